@@ -1,0 +1,37 @@
+"""Metadata store: one interface, an etcd and an embedded implementation."""
+
+from magnetar.common.metadata.store import (
+    NOT_EXISTS,
+    BadVersionError,
+    EventType,
+    LeaderElection,
+    MetadataError,
+    MetadataStore,
+    NoSuchKeyError,
+    SessionLostError,
+    StoreClosedError,
+    Versioned,
+    WatchEvent,
+)
+
+__all__ = [
+    "NOT_EXISTS",
+    "BadVersionError",
+    "EventType",
+    "LeaderElection",
+    "MetadataError",
+    "MetadataStore",
+    "NoSuchKeyError",
+    "SessionLostError",
+    "StoreClosedError",
+    "Versioned",
+    "WatchEvent",
+    "open_store",
+]
+
+
+async def open_store(url: str, **options: object) -> MetadataStore:
+    """Open the store named by ``url`` (``etcd://h:p[,h:p]`` or ``local:///path/meta.db``)."""
+    from magnetar.common.metadata.factory import open_store as _open
+
+    return await _open(url, **options)
