@@ -1,2 +1,109 @@
-def main():
-    print("hello")
+"""The ``magnetar`` command: one entry point with a subcommand per service and tool."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+import uvloop
+
+from magnetar.common.config import ConfigError, add_arguments, load_config
+from magnetar.common.metadata import MetadataError
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+async def _run_until_signalled(start, stop) -> None:  # type: ignore[no-untyped-def]
+    loop = asyncio.get_running_loop()
+    stopped = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopped.set)
+    try:
+        await start()
+    except (OSError, MetadataError, ValueError) as e:
+        logging.getLogger("magnetar").error("cannot start: %s", e)
+        await stop()
+        raise SystemExit(1) from None
+    try:
+        await stopped.wait()
+    finally:
+        await stop()
+
+
+def _cmd_bookie(args: argparse.Namespace) -> int:
+    from magnetar.bookie.config import BookieConfig
+    from magnetar.bookie.service import Bookie
+
+    config = load_config(BookieConfig, args)
+    bookie = Bookie(config)
+    uvloop.run(_run_until_signalled(bookie.start, bookie.stop))
+    return 0
+
+
+def _cmd_standalone(args: argparse.Namespace) -> int:
+    from magnetar.standalone import Standalone, StandaloneConfig
+
+    config = load_config(StandaloneConfig, args)
+    node = Standalone(config)
+    uvloop.run(_run_until_signalled(node.start, node.stop))
+    return 0
+
+
+def _cmd_bk(args: argparse.Namespace) -> int:
+    from magnetar import bkshell
+
+    return uvloop.run(bkshell.run(args))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from magnetar import bkshell
+    from magnetar.bookie.config import BookieConfig
+    from magnetar.standalone import StandaloneConfig
+
+    parser = argparse.ArgumentParser(
+        prog="magnetar", description="Magnetar messaging and streaming platform"
+    )
+    parser.add_argument(
+        "--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR [default: INFO]"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "bookie", help="run a storage node", formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_arguments(p, BookieConfig)
+    p.set_defaults(func=_cmd_bookie)
+
+    p = sub.add_parser("standalone", help="run metadata, one bookie and one broker in one process")
+    add_arguments(p, StandaloneConfig)
+    p.set_defaults(func=_cmd_standalone)
+
+    p = sub.add_parser("bk", help="BookKeeper-style tools (bookiesanity, ...)")
+    bkshell.add_arguments(p)
+    p.set_defaults(func=_cmd_bk)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.log_level)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as e:
+        print(f"magnetar {args.command}: configuration error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

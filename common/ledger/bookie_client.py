@@ -1,0 +1,231 @@
+"""A client of one bookie: pipelined adds over one gRPC stream, and the unary calls.
+
+Adds are queued and a sender task packs whatever is waiting into one ``AddRequest`` per stream
+message, so many adds share a message while the previous one is in flight. A receiver task
+matches results to callers by tag. If the stream breaks, every pending add fails with
+``BookieUnavailableError`` and the next add opens a new stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from dataclasses import dataclass
+
+import grpc
+
+from magnetar.common.proto import bookie_pb2 as pb
+from magnetar.common.proto import bookie_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+_MAX_BATCH_BYTES = 4 * 1024 * 1024
+
+
+class BookieError(Exception):
+    """A bookie answered with a status other than OK."""
+
+    def __init__(self, address: str, status: int, message: str) -> None:
+        self.address = address
+        self.status = status
+        self.status_name = pb.Status.Name(status)
+        super().__init__(f"bookie {address}: {self.status_name}: {message}")
+
+
+class BookieUnavailableError(BookieError):
+    """The bookie could not be reached, or the call did not finish in time."""
+
+    def __init__(self, address: str, message: str) -> None:
+        super().__init__(address, pb.INTERNAL, message)
+        self.status_name = "UNAVAILABLE"
+        self.args = (f"bookie {address}: unavailable: {message}",)
+
+
+@dataclass(slots=True, frozen=True)
+class LedgerPosition:
+    lac: int
+    last_entry_id: int
+
+
+class BookieClient:
+    def __init__(self, address: str, *, timeout: float = 10.0) -> None:
+        self.address = address
+        self.timeout = timeout
+        self._channel = grpc.aio.insecure_channel(
+            address,
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ],
+        )
+        self._stub = bookie_pb2_grpc.BookieStub(self._channel)
+        self._tags = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[None]] = {}
+        self._outbox: list[pb.AddOp] = []
+        self._outbox_ready = asyncio.Event()
+        self._call: grpc.aio.StreamStreamCall | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False
+
+    async def close(self) -> None:
+        self._closed = True
+        self._fail_all("client closed")
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._call is not None:
+            self._call.cancel()
+        await self._channel.close()
+
+    async def __aenter__(self) -> BookieClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- adds ----------------------------------------------------------------------------
+
+    def add(
+        self, ledger_id: int, entry_id: int, entry: bytes, *, recovery: bool = False
+    ) -> asyncio.Future[None]:
+        """Queue an add; the future completes when the bookie made it durable."""
+        if self._closed:
+            raise BookieUnavailableError(self.address, "client closed")
+        if self._call is None:
+            self._open_stream()
+        tag = next(self._tags)
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting[tag] = fut
+        self._outbox.append(
+            pb.AddOp(
+                tag=tag, ledger_id=ledger_id, entry_id=entry_id, entry=entry, recovery=recovery
+            )
+        )
+        self._outbox_ready.set()
+        return fut
+
+    @property
+    def pending_adds(self) -> int:
+        return len(self._waiting)
+
+    def _open_stream(self) -> None:
+        call = self._stub.AddEntries()
+        self._call = call
+        self._tasks = [t for t in self._tasks if not t.done()]
+        self._tasks.append(
+            asyncio.create_task(self._send(call), name=f"bookie-send-{self.address}")
+        )
+        self._tasks.append(
+            asyncio.create_task(self._receive(call), name=f"bookie-recv-{self.address}")
+        )
+
+    async def _send(self, call: grpc.aio.StreamStreamCall) -> None:
+        try:
+            while True:
+                if not self._outbox:
+                    self._outbox_ready.clear()
+                    await self._outbox_ready.wait()
+                    continue
+                take, size = 0, 0
+                for op in self._outbox:
+                    take += 1
+                    size += len(op.entry)
+                    if size >= _MAX_BATCH_BYTES:
+                        break
+                batch = self._outbox[:take]
+                del self._outbox[:take]
+                await call.write(pb.AddRequest(ops=batch))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self._stream_broken(call, e)
+
+    async def _receive(self, call: grpc.aio.StreamStreamCall) -> None:
+        try:
+            async for response in call:
+                for result in response.results:
+                    fut = self._waiting.pop(result.tag, None)
+                    if fut is None or fut.done():
+                        continue
+                    if result.status == pb.OK:
+                        fut.set_result(None)
+                    else:
+                        fut.set_exception(BookieError(self.address, result.status, result.message))
+            self._stream_broken(call, EOFError("stream ended"))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self._stream_broken(call, e)
+
+    def _stream_broken(self, call: grpc.aio.StreamStreamCall, error: BaseException) -> None:
+        if self._call is not call:
+            return
+        self._call = None
+        call.cancel()
+        detail = error.details() if isinstance(error, grpc.aio.AioRpcError) else str(error)
+        if self._waiting:
+            log.warning(
+                "bookie %s: add stream broken (%s); failing %d adds",
+                self.address,
+                detail,
+                len(self._waiting),
+            )
+        self._outbox.clear()
+        self._fail_all(f"add stream broken: {detail}")
+
+    def _fail_all(self, reason: str) -> None:
+        waiting, self._waiting = self._waiting, {}
+        for fut in waiting.values():
+            if not fut.done():
+                fut.set_exception(BookieUnavailableError(self.address, reason))
+
+    # -- unary calls --------------------------------------------------------------------
+
+    async def _unary(self, method: str, request: object, timeout: float | None = None) -> object:
+        try:
+            return await getattr(self._stub, method)(request, timeout=timeout or self.timeout)
+        except grpc.aio.AioRpcError as e:
+            raise BookieUnavailableError(
+                self.address, f"{method}: {e.code().name}: {e.details()}"
+            ) from None
+
+    def _check(self, response: object) -> None:
+        status = response.status  # type: ignore[attr-defined]
+        if status != pb.OK:
+            raise BookieError(self.address, status, response.message)  # type: ignore[attr-defined]
+
+    async def read(self, ledger_id: int, entry_id: int, *, fence: bool = False) -> bytes:
+        """The formatted entry (``entry_id`` -1: the last one this bookie stores)."""
+        response = await self._unary(
+            "ReadEntry", pb.ReadRequest(ledger_id=ledger_id, entry_id=entry_id, fence=fence)
+        )
+        self._check(response)
+        return response.entry  # type: ignore[attr-defined,no-any-return]
+
+    async def read_lac(
+        self, ledger_id: int, *, previous: int = -2, wait_ms: int = 0
+    ) -> LedgerPosition:
+        """LAC and last entry; with ``previous`` >= -1 and ``wait_ms``, a long poll that returns
+        when the LAC passes ``previous`` (status TIMEOUT raises BookieError)."""
+        request = pb.ReadLacRequest(ledger_id=ledger_id, previous_lac=previous, timeout_ms=wait_ms)
+        response = await self._unary("ReadLac", request, timeout=self.timeout + wait_ms / 1000)
+        self._check(response)
+        return LedgerPosition(response.lac, response.last_entry_id)  # type: ignore[attr-defined]
+
+    async def fence(self, ledger_id: int) -> LedgerPosition:
+        response = await self._unary("Fence", pb.FenceRequest(ledger_id=ledger_id))
+        self._check(response)
+        return LedgerPosition(response.lac, response.last_entry_id)  # type: ignore[attr-defined]
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        response = await self._unary("DeleteLedger", pb.DeleteLedgerRequest(ledger_id=ledger_id))
+        self._check(response)
+
+    async def info(self) -> pb.BookieInfoResponse:
+        return await self._unary("GetBookieInfo", pb.BookieInfoRequest())  # type: ignore[return-value]
+
+    async def wait_ready(self, timeout: float = 10.0) -> None:
+        """Wait until the channel is connected (TimeoutError if not within ``timeout``)."""
+        await asyncio.wait_for(self._channel.channel_ready(), timeout)

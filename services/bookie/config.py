@@ -1,0 +1,98 @@
+"""Bookie configuration (``magnetar bookie --help`` prints every setting with its default)."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+
+from magnetar.common.config import ConfigError, setting
+
+MiB = 1024 * 1024
+
+
+@dataclass(slots=True)
+class BookieConfig:
+    metadata_url: str = setting(
+        "etcd://127.0.0.1:2379", "metadata store URL (etcd://h:p[,h:p] or local:///path/meta.db)"
+    )
+    bind_address: str = setting("0.0.0.0", "address the gRPC and HTTP servers listen on")
+    advertised_address: str = setting(
+        "", "host name or IP clients use to reach this bookie (default: this host's IP)"
+    )
+    port: int = setting(3181, "gRPC port of the bookie protocol")
+    http_port: int = setting(8000, "HTTP port for /health, /ready, /metrics and the admin API")
+    journal_dir: str = setting(
+        "data/bookie/journal", "journal directory (put it on the fastest disk)"
+    )
+    ledger_dir: str = setting("data/bookie/ledgers", "entry logs and index directory")
+    journal_sync: bool = setting(
+        True, "fsync the journal before acknowledging an add (turn off only for tests)"
+    )
+    journal_max_group_wait_ms: float = setting(
+        1.0, "longest an add waits for others to share its fsync"
+    )
+    journal_max_group_bytes: int = setting(
+        512 * 1024, "bytes after which a group is written without waiting"
+    )
+    journal_file_max_bytes: int = setting(
+        256 * MiB, "journal file size at which a new file is started"
+    )
+    write_cache_bytes: int = setting(
+        128 * MiB, "memtable budget; half of it triggers a flush, all of it makes adds wait"
+    )
+    checkpoint_interval_s: float = setting(
+        10.0, "seconds between checkpoints (memtable flush + journal trim)"
+    )
+    entry_log_max_bytes: int = setting(
+        1024 * MiB, "entry log file size at which a new file is started"
+    )
+    read_cache_bytes: int = setting(32 * MiB, "cache of entries read from entry logs")
+    max_entry_size: int = setting(5 * MiB, "largest entry accepted, header included")
+    gc_interval_s: float = setting(
+        300.0, "seconds between garbage-collection runs (0: only on request)"
+    )
+    compaction_threshold: float = setting(
+        0.5, "entry logs with a smaller live fraction are compacted"
+    )
+    disk_usage_threshold: float = setting(
+        0.95, "disk usage fraction at which the bookie turns read-only"
+    )
+    disk_usage_lwm: float = setting(
+        0.90, "disk usage fraction under which a read-only bookie is writable again"
+    )
+    disk_quota_bytes: int = setting(
+        0, "if > 0, usage = bytes in journal and ledger dirs / this quota, not the disk's own usage"
+    )
+    disk_check_interval_s: float = setting(5.0, "seconds between disk usage checks")
+    session_ttl_s: int = setting(
+        10, "metadata session TTL; a bookie silent that long is considered gone"
+    )
+
+    def validate(self) -> None:
+        for name in ("port", "http_port"):
+            value = getattr(self, name)
+            if not 0 <= value <= 65535:
+                raise ConfigError(f"{name} must be a TCP port (0-65535), got {value}")
+        if not 0 < self.disk_usage_lwm <= self.disk_usage_threshold <= 1:
+            raise ConfigError("need 0 < disk_usage_lwm <= disk_usage_threshold <= 1")
+        if self.max_entry_size > self.write_cache_bytes // 2:
+            raise ConfigError(
+                "max_entry_size must fit in half the write cache (write_cache_bytes / 2)"
+            )
+        if self.journal_max_group_bytes <= 0 or self.journal_file_max_bytes <= 0:
+            raise ConfigError("journal sizes must be positive")
+        if not 0 <= self.compaction_threshold < 1:
+            raise ConfigError("compaction_threshold must be in [0, 1)")
+
+    def resolved_address(self) -> str:
+        """The ``host:port`` this bookie registers under."""
+        host = self.advertised_address
+        if not host:
+            if self.bind_address not in ("0.0.0.0", "::", ""):
+                host = self.bind_address
+            else:
+                try:
+                    host = socket.gethostbyname(socket.gethostname())
+                except OSError:
+                    host = "127.0.0.1"
+        return f"{host}:{self.port}"

@@ -1,0 +1,168 @@
+"""The persistent index and ledger table of a bookie, in one SQLite file in the ledger dir.
+
+- ``entries``: (ledger id, entry id) -> (entry log id, offset, length).
+- ``ledgers``: fenced / deleted flags. Fencing is written here before the fence is answered,
+  so a fenced ledger stays fenced across restarts.
+- ``log_usage``: bytes each ledger holds in each entry log, which GC uses to find logs that
+  hold only deleted data (remove) or little live data (compact).
+- ``meta``: the checkpoint mark (first journal file that replay must read).
+
+Writes happen on one thread (the storage's flush thread); readers use their own connections.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+
+from magnetar.bookie.entry_logger import Location
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries (
+    ledger_id INTEGER NOT NULL, entry_id INTEGER NOT NULL,
+    log_id INTEGER NOT NULL, offset INTEGER NOT NULL, length INTEGER NOT NULL,
+    PRIMARY KEY (ledger_id, entry_id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ledgers (
+    ledger_id INTEGER PRIMARY KEY, fenced INTEGER NOT NULL DEFAULT 0,
+    deleted INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS log_usage (
+    log_id INTEGER NOT NULL, ledger_id INTEGER NOT NULL, bytes INTEGER NOT NULL,
+    PRIMARY KEY (log_id, ledger_id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+"""
+
+
+class LedgerIndex:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._writer = self._connect()
+        self._writer.executescript(_SCHEMA)
+        # Fence and delete flags are written on their own connection: they must not join (or
+        # wait for the thread of) a flush transaction, only for SQLite's write lock.
+        self._flags = self._connect()
+        self._local = threading.local()
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA busy_timeout=30000")
+        return conn
+
+    def _reader(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = self._connect()
+        return conn
+
+    def close(self) -> None:
+        self._writer.close()
+        self._flags.close()
+
+    # -- reads (any thread) -------------------------------------------------------------
+
+    def lookup(self, ledger_id: int, entry_id: int) -> tuple[int, int, int] | None:
+        row = (
+            self._reader()
+            .execute(
+                "SELECT log_id, offset, length FROM entries WHERE ledger_id=? AND entry_id=?",
+                (ledger_id, entry_id),
+            )
+            .fetchone()
+        )
+        return row
+
+    def last_entry_id(self, ledger_id: int) -> int:
+        row = (
+            self._reader()
+            .execute("SELECT max(entry_id) FROM entries WHERE ledger_id=?", (ledger_id,))
+            .fetchone()
+        )
+        return -1 if row[0] is None else row[0]
+
+    def has_entries(self, ledger_id: int) -> bool:
+        row = (
+            self._reader()
+            .execute("SELECT 1 FROM entries WHERE ledger_id=? LIMIT 1", (ledger_id,))
+            .fetchone()
+        )
+        return row is not None
+
+    def ledger_flags(self) -> tuple[set[int], set[int]]:
+        fenced, deleted = set(), set()
+        for ledger_id, is_fenced, is_deleted in self._writer.execute(
+            "SELECT ledger_id, fenced, deleted FROM ledgers"
+        ):
+            if is_deleted:
+                deleted.add(ledger_id)
+            elif is_fenced:
+                fenced.add(ledger_id)
+        return fenced, deleted
+
+    def checkpoint_mark(self) -> int:
+        row = self._writer.execute("SELECT value FROM meta WHERE key='journal_mark'").fetchone()
+        return 0 if row is None else row[0]
+
+    def log_usage(self) -> dict[int, dict[int, int]]:
+        usage: dict[int, dict[int, int]] = defaultdict(dict)
+        for log_id, ledger_id, size in self._writer.execute(
+            "SELECT log_id, ledger_id, bytes FROM log_usage"
+        ):
+            usage[log_id][ledger_id] = size
+        return dict(usage)
+
+    # -- writes (flush thread; flags from any one thread) ----------------------------------------------------------
+
+    def set_fenced(self, ledger_id: int) -> None:
+        self._flags.execute(
+            "INSERT INTO ledgers(ledger_id, fenced) VALUES (?, 1) "
+            "ON CONFLICT(ledger_id) DO UPDATE SET fenced=1",
+            (ledger_id,),
+        )
+
+    def set_deleted(self, ledger_id: int) -> None:
+        self._flags.execute(
+            "INSERT INTO ledgers(ledger_id, deleted) VALUES (?, 1) "
+            "ON CONFLICT(ledger_id) DO UPDATE SET deleted=1",
+            (ledger_id,),
+        )
+
+    def commit_flush(self, locations: Iterable[Location], journal_mark: int | None) -> None:
+        """Record where flushed entries landed and, atomically with it, the new checkpoint mark."""
+        usage: dict[tuple[int, int], int] = defaultdict(int)
+        rows = []
+        for loc in locations:
+            rows.append((loc.ledger_id, loc.entry_id, loc.log_id, loc.offset, loc.length))
+            usage[(loc.log_id, loc.ledger_id)] += loc.length + 4
+        self._writer.execute("BEGIN")
+        try:
+            self._writer.executemany("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?)", rows)
+            self._writer.executemany(
+                "INSERT INTO log_usage VALUES (?, ?, ?) "
+                "ON CONFLICT(log_id, ledger_id) DO UPDATE SET bytes = bytes + excluded.bytes",
+                [(log_id, ledger_id, size) for (log_id, ledger_id), size in usage.items()],
+            )
+            if journal_mark is not None:
+                self._writer.execute(
+                    "INSERT INTO meta VALUES ('journal_mark', ?) "
+                    "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                    (journal_mark,),
+                )
+            self._writer.execute("COMMIT")
+        except BaseException:
+            self._writer.execute("ROLLBACK")
+            raise
+
+    def forget_log(self, log_id: int) -> None:
+        """Drop the usage rows of a removed log (its live entries were moved or deleted)."""
+        self._writer.execute("DELETE FROM log_usage WHERE log_id=?", (log_id,))
+
+    def drop_deleted_entries(self, deleted: Iterable[int]) -> None:
+        self._writer.execute("BEGIN")
+        for ledger_id in deleted:
+            self._writer.execute("DELETE FROM entries WHERE ledger_id=?", (ledger_id,))
+            self._writer.execute("DELETE FROM log_usage WHERE ledger_id=?", (ledger_id,))
+        self._writer.execute("COMMIT")

@@ -1,0 +1,322 @@
+"""The journal: the bookie's write-ahead log.
+
+Every add is appended here and made durable (fsync) before it is acknowledged. Adds that arrive
+while a write is in progress form the next *group* and share one fsync (group commit); a group
+closes when it holds ``max_group_bytes`` or its oldest record has waited ``max_group_wait``.
+
+File layout: ``<id as 16 hex digits>.jnl`` starting with an 8-byte magic, then records of
+``[u32 body length][u32 CRC32C of body][body]``. The body is a one-byte record type and its data.
+Replay stops at the first record that is short or fails its CRC (a torn write) and cuts the
+file there, so a crash mid-write loses only unacknowledged adds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import os
+import struct
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import crc32c
+
+from magnetar.bookie.fsutil import fsync_dir
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"MGJNL\x00\x00\x01"
+_RECORD = struct.Struct(">II")
+_MAX_RECORD = 1 << 30
+
+
+class RecordType(enum.IntEnum):
+    ADD = 1  # data: a formatted entry
+    FENCE = 2  # data: ledger id, int64
+
+
+class JournalError(OSError):
+    """The journal could not write or sync; the adds of that group are not durable."""
+
+
+def encode_record(kind: RecordType, data: bytes) -> bytes:
+    body = bytes((kind,)) + data
+    return _RECORD.pack(len(body), crc32c.crc32c(body)) + body
+
+
+def file_name(file_id: int) -> str:
+    return f"{file_id:016x}.jnl"
+
+
+def list_journal_files(directory: Path) -> list[int]:
+    ids = []
+    for p in directory.glob("*.jnl"):
+        try:
+            ids.append(int(p.stem, 16))
+        except ValueError:
+            log.warning("ignoring unexpected file %s in the journal directory", p)
+    return sorted(ids)
+
+
+@dataclass(slots=True)
+class _Pending:
+    data: bytes | None  # None marks a roll request
+    future: asyncio.Future[int]
+    enqueued: float
+
+
+class Journal:
+    """Append-only, group-committed write-ahead log in one directory."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        sync: bool = True,
+        max_group_wait: float = 0.001,
+        max_group_bytes: int = 512 * 1024,
+        max_file_bytes: int = 256 * 1024 * 1024,
+        on_sync: Callable[[float, int, int], None] | None = None,
+        on_error: Callable[[OSError], None] | None = None,
+    ) -> None:
+        self.directory = directory
+        self.sync = sync
+        self.max_group_wait = max_group_wait
+        self.max_group_bytes = max_group_bytes
+        self.max_file_bytes = max_file_bytes
+        self._on_sync = on_sync  # (seconds, records, bytes) after every group
+        self._on_error = on_error
+        self._queue: list[_Pending] = []
+        self._queued_bytes = 0
+        self._wakeup = asyncio.Event()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="journal")
+        self._fd = -1
+        self.file_id = -1
+        self._file_size = 0
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    async def start(self, file_id: int) -> None:
+        """Start writing into a new file ``file_id``."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._open_file, file_id)
+        self._task = asyncio.create_task(self._run(), name="journal-writer")
+
+    def append(self, data: bytes) -> asyncio.Future[int]:
+        """Queue encoded records; the future resolves (to the file id) once they are durable."""
+        if self._closed:
+            raise JournalError("journal is closed")
+        fut = asyncio.get_running_loop().create_future()
+        self._queue.append(_Pending(data, fut, time.monotonic()))
+        self._queued_bytes += len(data)
+        self._wakeup.set()
+        return fut
+
+    def roll(self) -> asyncio.Future[int]:
+        """Start a new file after everything queued so far is durable; resolves to its id.
+
+        Every record appended before this call is in a file with a smaller id, which is what a
+        checkpoint needs to know which files it may delete.
+        """
+        fut = asyncio.get_running_loop().create_future()
+        self._queue.append(_Pending(None, fut, 0.0))
+        self._wakeup.set()
+        return fut
+
+    def remove_files_before(self, file_id: int) -> int:
+        removed = 0
+        for fid in list_journal_files(self.directory):
+            if fid < file_id:
+                (self.directory / file_name(fid)).unlink(missing_ok=True)
+                removed += 1
+        return removed
+
+    async def close(self) -> None:
+        if self._task is not None and not self._task.done() and not self._closed:
+            # An empty append completes after everything queued before it: drain, then stop.
+            try:
+                await self.append(b"")
+            except JournalError:
+                pass
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self._close_file)
+        self._executor.shutdown(wait=True)
+
+    # -- writer task ---------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._queue:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            if self.max_group_wait > 0 and self._queue[0].data is not None:
+                deadline = self._queue[0].enqueued + self.max_group_wait
+                while self._queued_bytes < self.max_group_bytes and not self._closed:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._wakeup.clear()
+                    try:
+                        await asyncio.wait_for(self._wakeup.wait(), remaining)
+                    except TimeoutError:
+                        break
+            group, self._queue = self._queue, []
+            self._queued_bytes = 0
+            await self._write_group(loop, group)
+
+    async def _write_group(self, loop: asyncio.AbstractEventLoop, group: list[_Pending]) -> None:
+        # Records between roll markers go to one file; a marker switches files.
+        start = 0
+        for i, item in enumerate([*group, None]):
+            if item is not None and item.data is not None:
+                continue
+            chunk = group[start:i]
+            start = i + 1
+            if chunk:
+                await self._write_chunk(loop, chunk)
+            if item is not None:
+                try:
+                    new_id = await loop.run_in_executor(self._executor, self._roll_file)
+                except OSError as e:
+                    self._fail([item], e)
+                else:
+                    if not item.future.done():
+                        item.future.set_result(new_id)
+
+    async def _write_chunk(self, loop: asyncio.AbstractEventLoop, chunk: list[_Pending]) -> None:
+        data = b"".join(p.data for p in chunk if p.data is not None)
+        started = time.perf_counter()
+        try:
+            file_id = await loop.run_in_executor(self._executor, self._write_sync, data)
+        except OSError as e:
+            self._fail(chunk, e)
+            return
+        if self._on_sync is not None:
+            self._on_sync(time.perf_counter() - started, len(chunk), len(data))
+        for p in chunk:
+            if not p.future.done():
+                p.future.set_result(file_id)
+
+    def _fail(self, items: list[_Pending], error: OSError) -> None:
+        log.error(
+            "journal %s: write failed (%s); failing %d pending adds",
+            self.directory,
+            error,
+            len(items),
+        )
+        wrapped = JournalError(error.errno, f"journal write failed: {error.strerror or error}")
+        for p in items:
+            if not p.future.done():
+                p.future.set_exception(wrapped)
+        if self._on_error is not None:
+            self._on_error(error)
+
+    # -- blocking file work, on the journal thread ------------------------------------------
+
+    def _open_file(self, file_id: int) -> None:
+        path = self.directory / file_name(file_id)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        os.write(fd, MAGIC)
+        os.fsync(fd)
+        fsync_dir(self.directory)
+        self._fd, self.file_id, self._file_size = fd, file_id, len(MAGIC)
+
+    def _close_file(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def _roll_file(self) -> int:
+        self._close_file()
+        self._open_file(self.file_id + 1)
+        return self.file_id
+
+    def _write_sync(self, data: bytes) -> int:
+        if self._file_size >= self.max_file_bytes:
+            self._roll_file()
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+            if self.sync:
+                os.fdatasync(self._fd)
+        except OSError:
+            # Cut back to the last whole group so the file never holds a half-written record
+            # ahead of later, acknowledged ones.
+            try:
+                os.ftruncate(self._fd, self._file_size)
+            except OSError:
+                pass
+            raise
+        self._file_size += len(data)
+        return self.file_id
+
+
+@dataclass(slots=True, frozen=True)
+class ReplayedRecord:
+    file_id: int
+    kind: RecordType
+    data: bytes
+
+
+def replay(directory: Path, from_file_id: int) -> Iterator[ReplayedRecord]:
+    """Yield every complete record of the files with id >= ``from_file_id``, in order.
+
+    A short or corrupt record ends its file: the file is truncated there (it was never
+    acknowledged, because acknowledgements follow the fsync of whole groups).
+    """
+    for fid in list_journal_files(directory):
+        if fid < from_file_id:
+            continue
+        path = directory / file_name(fid)
+        with open(path, "rb") as f:
+            data = f.read()
+        if not data.startswith(MAGIC):
+            if len(data) < len(MAGIC) and MAGIC.startswith(data):
+                log.warning("journal file %s: header torn, ignoring the empty file", path)
+                continue
+            log.error("journal file %s: bad magic, skipping it", path)
+            continue
+        pos = len(MAGIC)
+        good = pos
+        while pos < len(data):
+            if pos + _RECORD.size > len(data):
+                break
+            size, crc = _RECORD.unpack_from(data, pos)
+            body_start = pos + _RECORD.size
+            if size == 0 or size > _MAX_RECORD or body_start + size > len(data):
+                break
+            body = data[body_start : body_start + size]
+            if crc32c.crc32c(body) != crc:
+                break
+            try:
+                kind = RecordType(body[0])
+            except ValueError:
+                break
+            yield ReplayedRecord(fid, kind, body[1:])
+            pos = body_start + size
+            good = pos
+        if good < len(data):
+            log.warning(
+                "journal file %s: torn or corrupt record at offset %d; cutting %d trailing bytes",
+                path,
+                good,
+                len(data) - good,
+            )
+            with open(path, "r+b") as f:
+                f.truncate(good)
+                os.fsync(f.fileno())

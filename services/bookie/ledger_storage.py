@@ -1,0 +1,640 @@
+"""Ledger storage: the journal, memtable, entry logs and index of one bookie, put together.
+
+Write path: check the add, put the entry in the memtable, append it to the journal; the add is
+acknowledged once its journal group is fsynced. Read path: memtable -> the memtable being
+flushed -> read cache -> index + entry log. A checkpoint swaps the memtable, rolls the journal,
+writes the old memtable to the entry log, commits its index rows together with the new journal
+mark, and deletes the journal files before the mark. On start, the journal is replayed from the
+mark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from magnetar.bookie import journal as jnl
+from magnetar.bookie.config import BookieConfig
+from magnetar.bookie.entry_logger import EntryLogger, EntryLogMissingError
+from magnetar.bookie.index import LedgerIndex
+from magnetar.bookie.memtable import Memtable
+from magnetar.bookie.metrics import BookieMetrics
+from magnetar.common.ledger.entry import (
+    DigestMismatchError,
+    EntryFormatError,
+    decode_header,
+    verify_entry,
+)
+from magnetar.common.proto.bookie_pb2 import Status
+
+log = logging.getLogger(__name__)
+
+
+class StorageError(Exception):
+    """An operation failed with a bookie protocol status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class AddOpLike(Protocol):
+    ledger_id: int
+    entry_id: int
+    entry: bytes
+    recovery: bool
+
+
+@dataclass(slots=True)
+class LedgerState:
+    """What the bookie knows of one ledger. ``loaded`` says whether the index was consulted for
+    entries older than this process (lazily, on the first request that needs it)."""
+
+    fenced: bool = False
+    lac: int = -1
+    last_entry_id: int = -1
+    loaded: bool = False
+    lac_changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def advance_lac(self, lac: int) -> None:
+        if lac > self.lac:
+            self.lac = lac
+            self.lac_changed.set()
+            self.lac_changed = asyncio.Event()
+
+
+@dataclass(slots=True)
+class GcResult:
+    removed_logs: int = 0
+    compacted_logs: int = 0
+    freed_bytes: int = 0
+
+
+class _ReadCache:
+    """Least-recently-used cache of entries read from entry logs, bounded in bytes."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._items: OrderedDict[tuple[int, int], bytes] = OrderedDict()
+        self._size = 0
+
+    def get(self, key: tuple[int, int]) -> bytes | None:
+        value = self._items.get(key)
+        if value is not None:
+            self._items.move_to_end(key)
+        return value
+
+    def put(self, key: tuple[int, int], value: bytes) -> None:
+        if len(value) > self.capacity:
+            return
+        old = self._items.pop(key, None)
+        if old is not None:
+            self._size -= len(old)
+        self._items[key] = value
+        self._size += len(value)
+        while self._size > self.capacity:
+            _, evicted = self._items.popitem(last=False)
+            self._size -= len(evicted)
+
+    def drop_ledger(self, ledger_id: int) -> None:
+        for key in [k for k in self._items if k[0] == ledger_id]:
+            self._size -= len(self._items.pop(key))
+
+
+class LedgerStorage:
+    def __init__(self, config: BookieConfig, metrics: BookieMetrics | None = None) -> None:
+        self.config = config
+        self.metrics = metrics or BookieMetrics()
+        self.journal_dir = Path(config.journal_dir)
+        self.ledger_dir = Path(config.ledger_dir)
+        self._index: LedgerIndex | None = None
+        self._entry_logger = EntryLogger(self.ledger_dir / "current", config.entry_log_max_bytes)
+        self._journal = jnl.Journal(
+            self.journal_dir / "current",
+            sync=config.journal_sync,
+            max_group_wait=config.journal_max_group_wait_ms / 1000,
+            max_group_bytes=config.journal_max_group_bytes,
+            max_file_bytes=config.journal_file_max_bytes,
+            on_sync=self._journal_synced,
+            on_error=self._journal_failed,
+        )
+        self._memtable = Memtable()
+        self._flushing: Memtable | None = None
+        self._flush_done = asyncio.Event()
+        self._flush_done.set()
+        self._flush_lock = asyncio.Lock()
+        self._flush_task: asyncio.Task[None] | None = None
+        # One thread for entry-log and index writes keeps them in order; reads use the default pool.
+        self._flush_executor = ThreadPoolExecutor(1, thread_name_prefix="bookie-flush")
+        self._read_cache = _ReadCache(config.read_cache_bytes)
+        self._ledgers: dict[int, LedgerState] = {}
+        self._deleted: set[int] = set()
+        self._deleted_pending_gc: set[int] = set()
+        self._journal_dirty = False
+        self._read_only_reason: str | None = None
+        self._started = False
+
+    # -- life cycle --------------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.ledger_dir.mkdir(parents=True, exist_ok=True)
+        self.journal_dir.mkdir(parents=True, exist_ok=True)
+        self._index = await loop.run_in_executor(
+            self._flush_executor, LedgerIndex, self.ledger_dir / "index.db"
+        )
+        fenced, deleted = await loop.run_in_executor(self._flush_executor, self._index.ledger_flags)
+        self._deleted = deleted
+        self._deleted_pending_gc = set(deleted)
+        for ledger_id in fenced:
+            self._ledgers[ledger_id] = LedgerState(fenced=True)
+        mark = await loop.run_in_executor(self._flush_executor, self._index.checkpoint_mark)
+        replayed = await loop.run_in_executor(self._flush_executor, self._replay, mark)
+        files = jnl.list_journal_files(self._journal.directory)
+        await self._journal.start(max([mark - 1, *files]) + 1)
+        await loop.run_in_executor(self._flush_executor, self._entry_logger.open)
+        self._journal_dirty = replayed > 0
+        self.metrics.memtable_bytes.set(self._memtable.size)
+        self.metrics.entry_log_bytes.set(self._entry_logger.total_bytes())
+        self._started = True
+        log.info(
+            "ledger storage ready: journal %s (replayed %d records from file %d), ledgers %s",
+            self.journal_dir,
+            replayed,
+            mark,
+            self.ledger_dir,
+        )
+
+    def _replay(self, mark: int) -> int:
+        count = 0
+        for record in jnl.replay(self._journal.directory, mark):
+            count += 1
+            if record.kind is jnl.RecordType.ADD:
+                try:
+                    header = decode_header(record.data)
+                except EntryFormatError:
+                    log.error(
+                        "journal record %d of file %d is not an entry; skipped",
+                        count,
+                        record.file_id,
+                    )
+                    continue
+                if header.ledger_id in self._deleted:
+                    continue
+                self._memtable.put(header.ledger_id, header.entry_id, record.data)
+                state = self._ledgers.setdefault(header.ledger_id, LedgerState())
+                state.last_entry_id = max(state.last_entry_id, header.entry_id)
+                state.lac = max(state.lac, header.lac)
+        return count
+
+    async def close(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        await self._journal.close()
+        if self._flush_task is not None:
+            await asyncio.gather(self._flush_task, return_exceptions=True)
+        try:
+            await self.checkpoint()
+        except Exception:
+            log.exception("final checkpoint failed; the journal still holds every acknowledged add")
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._flush_executor, self._entry_logger.close)
+        if self._index is not None:
+            await loop.run_in_executor(self._flush_executor, self._index.close)
+        self._flush_executor.shutdown(wait=True)
+
+    # -- state -------------------------------------------------------------------------
+
+    @property
+    def read_only(self) -> bool:
+        return self._read_only_reason is not None
+
+    @property
+    def read_only_reason(self) -> str | None:
+        return self._read_only_reason
+
+    def set_read_only(self, reason: str | None) -> None:
+        if reason != self._read_only_reason:
+            if reason:
+                log.warning("bookie turns read-only: %s", reason)
+            else:
+                log.info("bookie is writable again")
+        self._read_only_reason = reason
+        self.metrics.read_only.set(1 if reason else 0)
+
+    @property
+    def memtable_bytes(self) -> int:
+        return self._memtable.size + (self._flushing.size if self._flushing else 0)
+
+    def entry_log_bytes(self) -> int:
+        return self._entry_logger.total_bytes()
+
+    def _journal_synced(self, seconds: float, records: int, size: int) -> None:
+        self.metrics.journal_fsync.observe(seconds)
+        self.metrics.journal_group_entries.inc(records)
+
+    def _journal_failed(self, error: OSError) -> None:
+        self.set_read_only(f"journal write failed: {error}")
+
+    async def _ledger_state(self, ledger_id: int, *, create: bool = False) -> LedgerState:
+        """The state of a ledger this bookie knows, merged with the index on first use."""
+        if ledger_id in self._deleted:
+            raise StorageError(Status.NO_SUCH_LEDGER, f"ledger {ledger_id} was deleted")
+        state = self._ledgers.get(ledger_id)
+        if state is not None and state.loaded:
+            return state
+        assert self._index is not None
+        last = await asyncio.get_running_loop().run_in_executor(
+            None, self._index.last_entry_id, ledger_id
+        )
+        if last < 0 and state is None and not create:
+            raise StorageError(
+                Status.NO_SUCH_LEDGER, f"ledger {ledger_id} is not stored on this bookie"
+            )
+        state = self._ledgers.setdefault(ledger_id, LedgerState())
+        if not state.loaded:
+            state.loaded = True
+            if last > state.last_entry_id:
+                state.last_entry_id = last
+                entry = await self._read_stored(ledger_id, last)
+                if entry is not None:
+                    state.advance_lac(decode_header(entry).lac)
+        return state
+
+    # -- adds --------------------------------------------------------------------------
+
+    async def wait_for_capacity(self) -> None:
+        """Back-pressure: hold new adds while the memtable is full and a flush is running."""
+        half = self.config.write_cache_bytes // 2
+        while self._memtable.size >= half:
+            if self._flushing is None:
+                self._start_flush()
+            await self._flush_done.wait()
+            if self._flushing is None and self._memtable.size >= half:
+                self._start_flush()
+                await asyncio.sleep(0)
+
+    def add(self, ops: Sequence[AddOpLike]) -> Awaitable[list[tuple[int, str]]]:
+        """Accept a batch of adds; the awaitable gives (status, message) per op once every
+        accepted op is durable. Checks and memtable inserts happen now, in order."""
+        started = time.perf_counter()
+        results: list[tuple[int, str]] = [(Status.OK, "")] * len(ops)
+        accepted: list[tuple[int, LedgerState, int]] = []
+        records: list[bytes] = []
+        size = 0
+        for i, op in enumerate(ops):
+            try:
+                state, lac = self._check_add(op)
+            except StorageError as e:
+                results[i] = (e.status, e.message)
+                continue
+            self._memtable.put(op.ledger_id, op.entry_id, op.entry)
+            if op.entry_id > state.last_entry_id:
+                state.last_entry_id = op.entry_id
+            records.append(jnl.encode_record(jnl.RecordType.ADD, op.entry))
+            accepted.append((i, state, lac))
+            size += len(op.entry)
+        if self._memtable.size >= self.config.write_cache_bytes // 2 and self._flushing is None:
+            self._start_flush()
+        durable = self._journal.append(b"".join(records)) if records else None
+        if records:
+            self._journal_dirty = True
+        return self._finish_add(durable, results, accepted, size, started)
+
+    def _check_add(self, op: AddOpLike) -> tuple[LedgerState, int]:
+        if len(op.entry) > self.config.max_entry_size:
+            raise StorageError(
+                Status.TOO_LARGE,
+                f"entry of {len(op.entry)} bytes exceeds max_entry_size {self.config.max_entry_size}",
+            )
+        try:
+            header = verify_entry(op.entry)
+        except EntryFormatError as e:
+            raise StorageError(Status.BAD_REQUEST, str(e)) from None
+        except DigestMismatchError as e:
+            raise StorageError(Status.DIGEST_MISMATCH, f"received entry is corrupt: {e}") from None
+        if header.ledger_id != op.ledger_id or header.entry_id != op.entry_id:
+            raise StorageError(
+                Status.BAD_REQUEST,
+                f"request names ledger {op.ledger_id} entry {op.entry_id} but the entry header says "
+                f"ledger {header.ledger_id} entry {header.entry_id}",
+            )
+        if op.entry_id < 0:
+            raise StorageError(Status.BAD_REQUEST, f"entry id {op.entry_id} is negative")
+        if self._read_only_reason is not None:
+            raise StorageError(Status.READ_ONLY, f"bookie is read-only: {self._read_only_reason}")
+        if op.ledger_id in self._deleted:
+            raise StorageError(Status.NO_SUCH_LEDGER, f"ledger {op.ledger_id} was deleted")
+        state = self._ledgers.get(op.ledger_id)
+        if state is None:
+            state = self._ledgers[op.ledger_id] = LedgerState()
+        elif state.fenced and not op.recovery:
+            raise StorageError(Status.FENCED, f"ledger {op.ledger_id} is fenced")
+        return state, header.lac
+
+    async def _finish_add(
+        self,
+        durable: asyncio.Future[int] | None,
+        results: list[tuple[int, str]],
+        accepted: list[tuple[int, LedgerState, int]],
+        size: int,
+        started: float,
+    ) -> list[tuple[int, str]]:
+        m = self.metrics
+        if durable is not None:
+            try:
+                await durable
+            except jnl.JournalError as e:
+                status = Status.DISK_FULL if e.errno == 28 else Status.INTERNAL
+                for i, _state, _lac in accepted:
+                    results[i] = (status, f"journal write failed: {e.strerror or e}")
+            else:
+                for _i, state, lac in accepted:
+                    state.advance_lac(lac)
+                m.add_bytes.inc(size)
+                m.add_latency.observe(time.perf_counter() - started)
+        ok = sum(1 for status, _ in results if status == Status.OK)
+        if ok:
+            m.adds.labels("OK").inc(ok)
+        for status, _ in results:
+            if status != Status.OK:
+                m.adds.labels(Status.Name(status)).inc()
+        return results
+
+    # -- reads -------------------------------------------------------------------------
+
+    async def read(self, ledger_id: int, entry_id: int) -> bytes:
+        """The formatted entry, digest checked. ``entry_id`` -1 reads the last stored entry."""
+        try:
+            entry = await self._read(ledger_id, entry_id)
+        except StorageError as e:
+            self.metrics.reads.labels(Status.Name(e.status)).inc()
+            raise
+        self.metrics.reads.labels("OK").inc()
+        return entry
+
+    async def _read(self, ledger_id: int, entry_id: int) -> bytes:
+        if ledger_id in self._deleted:
+            raise StorageError(Status.NO_SUCH_LEDGER, f"ledger {ledger_id} was deleted")
+        if entry_id == -1:
+            state = await self._ledger_state(ledger_id)
+            entry_id = state.last_entry_id
+            if entry_id < 0:
+                raise StorageError(Status.NO_SUCH_ENTRY, f"ledger {ledger_id} has no entries here")
+        elif entry_id < -1:
+            raise StorageError(Status.BAD_REQUEST, f"entry id {entry_id} is not valid")
+        entry = self._memtable.get(ledger_id, entry_id)
+        if entry is None and self._flushing is not None:
+            entry = self._flushing.get(ledger_id, entry_id)
+        if entry is not None:
+            return entry
+        entry = await self._read_stored(ledger_id, entry_id)
+        if entry is not None:
+            return entry
+        if ledger_id not in self._ledgers:
+            await self._ledger_state(ledger_id)  # raises NO_SUCH_LEDGER for an unknown ledger
+        raise StorageError(Status.NO_SUCH_ENTRY, f"ledger {ledger_id} has no entry {entry_id} here")
+
+    async def _read_stored(self, ledger_id: int, entry_id: int) -> bytes | None:
+        """Read through the read cache and the entry logs (never the journal)."""
+        key = (ledger_id, entry_id)
+        entry = self._read_cache.get(key)
+        if entry is not None:
+            return entry
+        loop = asyncio.get_running_loop()
+        try:
+            entry = await loop.run_in_executor(None, self._read_from_log, ledger_id, entry_id)
+        except DigestMismatchError as e:
+            self.metrics.digest_errors.inc()
+            log.error("ledger %d entry %d: stored copy is corrupt: %s", ledger_id, entry_id, e)
+            raise StorageError(Status.DIGEST_MISMATCH, f"stored entry is corrupt: {e}") from None
+        except OSError as e:
+            log.error("ledger %d entry %d: cannot read the entry log: %s", ledger_id, entry_id, e)
+            raise StorageError(Status.INTERNAL, f"cannot read entry log: {e}") from None
+        if entry is not None:
+            self._read_cache.put(key, entry)
+        return entry
+
+    def _read_from_log(self, ledger_id: int, entry_id: int) -> bytes | None:
+        assert self._index is not None
+        for _attempt in range(2):
+            location = self._index.lookup(ledger_id, entry_id)
+            if location is None:
+                return None
+            log_id, offset, length = location
+            try:
+                entry = self._entry_logger.read(log_id, offset, length)
+            except EntryLogMissingError:
+                continue  # compaction moved it between lookup and read; look again
+            header = verify_entry(entry)
+            if header.ledger_id != ledger_id or header.entry_id != entry_id:
+                raise DigestMismatchError(
+                    f"index points at ledger {header.ledger_id} entry {header.entry_id} instead"
+                )
+            return entry
+        return None
+
+    async def read_lac(
+        self, ledger_id: int, previous: int = -1, wait_s: float = 0.0
+    ) -> LedgerState:
+        """The ledger's state; with ``wait_s`` > 0, first wait (at most that long) until its LAC
+        passes ``previous``."""
+        waiting = wait_s > 0 and previous >= -1
+        state = await self._ledger_state(ledger_id, create=waiting)
+        if waiting and state.lac <= previous:
+            deadline = time.monotonic() + wait_s
+            while state.lac <= previous:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break  # the caller sees lac <= previous: a timed-out poll
+                try:
+                    await asyncio.wait_for(state.lac_changed.wait(), remaining)
+                except TimeoutError:
+                    pass
+                if ledger_id in self._deleted:
+                    raise StorageError(Status.NO_SUCH_LEDGER, f"ledger {ledger_id} was deleted")
+        return state
+
+    # -- fencing and deletion ----------------------------------------------------------
+
+    async def fence(self, ledger_id: int) -> LedgerState:
+        """Refuse further non-recovery adds to the ledger, durably, and report what is here.
+
+        The flag is set in memory before anything is awaited, so no add accepted after this call
+        starts can slip in; it is committed to the index before the call returns, so it survives
+        a restart.
+        """
+        if ledger_id in self._deleted:
+            raise StorageError(Status.NO_SUCH_LEDGER, f"ledger {ledger_id} was deleted")
+        state = self._ledgers.setdefault(ledger_id, LedgerState())
+        already = state.fenced
+        state.fenced = True
+        if not already:
+            assert self._index is not None
+            try:
+                await asyncio.get_running_loop().run_in_executor(
+                    None, self._index.set_fenced, ledger_id
+                )
+            except Exception as e:
+                state.fenced = False
+                raise StorageError(Status.INTERNAL, f"cannot persist the fence: {e}") from None
+            log.info("ledger %d fenced", ledger_id)
+        return await self._ledger_state(ledger_id, create=True)
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        if ledger_id in self._deleted:
+            return
+        assert self._index is not None
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                None, self._index.set_deleted, ledger_id
+            )
+        except Exception as e:
+            raise StorageError(Status.INTERNAL, f"cannot persist the deletion: {e}") from None
+        self._deleted.add(ledger_id)
+        self._deleted_pending_gc.add(ledger_id)
+        state = self._ledgers.pop(ledger_id, None)
+        if state is not None:
+            state.lac_changed.set()
+        self._memtable.drop_ledger(ledger_id)
+        self._read_cache.drop_ledger(ledger_id)
+        log.info("ledger %d deleted; its space is reclaimed by the next GC", ledger_id)
+
+    # -- checkpoint --------------------------------------------------------------------
+
+    def _start_flush(self) -> None:
+        if self._flush_task is None or self._flush_task.done():
+            self._flush_task = asyncio.create_task(self.checkpoint(), name="bookie-checkpoint")
+
+    async def checkpoint(self) -> None:
+        """Flush the memtable to the entry log and index, then let old journal files go."""
+        async with self._flush_lock:
+            await self._checkpoint_locked()
+
+    async def _checkpoint_locked(self) -> None:
+        if self._memtable.size == 0 and not self._journal_dirty:
+            return
+        assert self._index is not None
+        loop = asyncio.get_running_loop()
+        snapshot, self._memtable = self._memtable, Memtable()
+        self._flushing = snapshot
+        self._flush_done.clear()
+        self._journal_dirty = False
+        try:
+            mark = await self._journal.roll()
+            deleted = frozenset(self._deleted)
+
+            def flush() -> int:
+                locations = self._entry_logger.append(
+                    e for e in snapshot.sorted_entries() if e[0] not in deleted
+                )
+                self._index.commit_flush(locations, mark)
+                return len(locations)
+
+            flushed = await loop.run_in_executor(self._flush_executor, flush)
+        except Exception as e:
+            # Nothing is lost: the journal still holds these entries (its mark did not move).
+            log.error("checkpoint failed, keeping the memtable and the journal: %s", e)
+            for ledger_id, entry_id, entry in snapshot.sorted_entries():
+                if (
+                    self._memtable.get(ledger_id, entry_id) is None
+                    and ledger_id not in self._deleted
+                ):
+                    self._memtable.put(ledger_id, entry_id, entry)
+            self._journal_dirty = True
+            if isinstance(e, OSError) and e.errno == 28:
+                self.set_read_only(f"ledger disk full: {e}")
+            raise
+        finally:
+            self._flushing = None
+            self._flush_done.set()
+            self.metrics.memtable_bytes.set(self._memtable.size)
+        removed = await loop.run_in_executor(
+            self._flush_executor, self._journal.remove_files_before, mark
+        )
+        self.metrics.checkpoints.inc()
+        self.metrics.entry_log_bytes.set(self._entry_logger.total_bytes())
+        log.debug(
+            "checkpoint: %d entries flushed, journal mark %d, %d journal files removed",
+            flushed,
+            mark,
+            removed,
+        )
+
+    # -- garbage collection --------------------------------------------------------------
+
+    async def gc(self) -> GcResult:
+        """Reclaim entry-log space of deleted ledgers: remove logs with no live data, compact
+        logs whose live fraction is under ``compaction_threshold``."""
+        async with self._flush_lock:
+            # Flushing first puts everything in entry logs, and rolling lets the current log's
+            # garbage be collected too.
+            await self._checkpoint_locked()
+            loop = asyncio.get_running_loop()
+            deleted = set(self._deleted_pending_gc)
+            result = await loop.run_in_executor(self._flush_executor, self._gc_sync, deleted)
+            self._deleted_pending_gc -= deleted
+        self.metrics.gc_freed_bytes.inc(result.freed_bytes)
+        self.metrics.entry_log_bytes.set(self._entry_logger.total_bytes())
+        if result.removed_logs or result.compacted_logs:
+            log.info(
+                "gc: removed %d entry logs, compacted %d, freed %d bytes",
+                result.removed_logs,
+                result.compacted_logs,
+                result.freed_bytes,
+            )
+        return result
+
+    def _gc_sync(self, deleted: set[int]) -> GcResult:
+        assert self._index is not None
+        index, logger = self._index, self._entry_logger
+        result = GcResult()
+        if deleted:
+            index.drop_deleted_entries(deleted)
+        usage = index.log_usage()
+        if any(ledger_id in deleted for ledger_id in usage.get(logger.current_log_id, {})) or (
+            logger.current_log_id not in usage
+        ):
+            logger.roll()
+        for log_id in logger.log_ids():
+            if log_id == logger.current_log_id:
+                continue
+            live = sum(usage.get(log_id, {}).values())
+            try:
+                total = (logger.directory / f"{log_id:08x}.log").stat().st_size
+            except FileNotFoundError:
+                continue
+            if live == 0:
+                result.freed_bytes += logger.remove(log_id)
+                index.forget_log(log_id)
+                result.removed_logs += 1
+            elif live / max(total, 1) < self.config.compaction_threshold:
+                result.freed_bytes += self._compact(log_id, total)
+                result.compacted_logs += 1
+        return result
+
+    def _compact(self, log_id: int, total: int) -> int:
+        """Copy the live entries of a log into the current one, repoint the index, remove it."""
+        assert self._index is not None
+        index, logger = self._index, self._entry_logger
+        live = []
+        for ledger_id, entry_id, offset, entry in logger.scan(log_id):
+            if ledger_id in self._deleted:
+                continue
+            location = index.lookup(ledger_id, entry_id)
+            if location is not None and location[0] == log_id and location[1] == offset:
+                live.append((ledger_id, entry_id, entry))
+        moved = logger.append(live)
+        index.commit_flush(moved, None)
+        freed = logger.remove(log_id)
+        index.forget_log(log_id)
+        return freed - sum(loc.length + 4 for loc in moved)

@@ -1,0 +1,123 @@
+"""The bookie protocol over gRPC: a thin layer that turns requests into LedgerStorage calls."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import grpc
+
+from magnetar.bookie.ledger_storage import LedgerStorage, StorageError
+from magnetar.common.proto import bookie_pb2 as pb
+from magnetar.common.proto import bookie_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+#: gRPC message limit: an add request may batch many entries of up to max_entry_size each.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+class BookieService(bookie_pb2_grpc.BookieServicer):
+    def __init__(self, storage: LedgerStorage, info: Callable[[], pb.BookieInfoResponse]) -> None:
+        self.storage = storage
+        self._info = info
+
+    async def AddEntries(
+        self, request_iterator: AsyncIterator[pb.AddRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.AddResponse]:
+        # Requests are taken in as fast as they come (each is checked and journaled at once);
+        # responses go back in request order as their journal groups become durable.
+        pending: asyncio.Queue[tuple[pb.AddRequest, Awaitable[list[tuple[int, str]]]] | None]
+        pending = asyncio.Queue()
+
+        async def take_requests() -> None:
+            try:
+                async for request in request_iterator:
+                    await self.storage.wait_for_capacity()
+                    pending.put_nowait((request, self.storage.add(request.ops)))
+            finally:
+                pending.put_nowait(None)
+
+        reader = asyncio.create_task(take_requests())
+        try:
+            while (item := await pending.get()) is not None:
+                request, done = item
+                outcomes = await done
+                yield pb.AddResponse(
+                    results=[
+                        pb.AddResult(
+                            tag=op.tag,
+                            ledger_id=op.ledger_id,
+                            entry_id=op.entry_id,
+                            status=status,
+                            message=msg,
+                        )
+                        for op, (status, msg) in zip(request.ops, outcomes, strict=True)
+                    ]
+                )
+            await reader  # surfaces a broken request stream
+        finally:
+            reader.cancel()
+
+    async def ReadEntry(
+        self, request: pb.ReadRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReadResponse:
+        try:
+            if request.fence:
+                await self.storage.fence(request.ledger_id)
+            entry = await self.storage.read(request.ledger_id, request.entry_id)
+        except StorageError as e:
+            return pb.ReadResponse(
+                status=e.status,
+                message=e.message,
+                ledger_id=request.ledger_id,
+                entry_id=request.entry_id,
+            )
+        entry_id = request.entry_id
+        if entry_id == -1:
+            entry_id = int.from_bytes(entry[8:16], "big", signed=True)
+        return pb.ReadResponse(
+            status=pb.OK, ledger_id=request.ledger_id, entry_id=entry_id, entry=entry
+        )
+
+    async def ReadLac(
+        self, request: pb.ReadLacRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReadLacResponse:
+        wait_s = request.timeout_ms / 1000 if request.previous_lac >= -1 else 0.0
+        try:
+            state = await self.storage.read_lac(request.ledger_id, request.previous_lac, wait_s)
+        except StorageError as e:
+            return pb.ReadLacResponse(status=e.status, message=e.message, lac=-1, last_entry_id=-1)
+        status = pb.TIMEOUT if wait_s > 0 and state.lac <= request.previous_lac else pb.OK
+        return pb.ReadLacResponse(status=status, lac=state.lac, last_entry_id=state.last_entry_id)
+
+    async def Fence(
+        self, request: pb.FenceRequest, context: grpc.aio.ServicerContext
+    ) -> pb.FenceResponse:
+        try:
+            state = await self.storage.fence(request.ledger_id)
+        except StorageError as e:
+            return pb.FenceResponse(status=e.status, message=e.message, lac=-1, last_entry_id=-1)
+        return pb.FenceResponse(status=pb.OK, lac=state.lac, last_entry_id=state.last_entry_id)
+
+    async def DeleteLedger(
+        self, request: pb.DeleteLedgerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteLedgerResponse:
+        try:
+            await self.storage.delete_ledger(request.ledger_id)
+        except StorageError as e:
+            return pb.DeleteLedgerResponse(status=e.status, message=e.message)
+        return pb.DeleteLedgerResponse(status=pb.OK)
+
+    async def GetBookieInfo(
+        self, request: pb.BookieInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.BookieInfoResponse:
+        return self._info()
+
+
+def grpc_server_options() -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ]

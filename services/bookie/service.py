@@ -1,0 +1,266 @@
+"""A running bookie: storage, the gRPC bookie protocol, HTTP, registration and the loops that
+keep it healthy (checkpoint, garbage collection, disk check)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+import grpc
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from magnetar.bookie import disk_checker
+from magnetar.bookie.config import BookieConfig
+from magnetar.bookie.ledger_storage import LedgerStorage
+from magnetar.bookie.metrics import BookieMetrics
+from magnetar.bookie.server import BookieService, grpc_server_options
+from magnetar.common.ledger.bookies import BookieRegistration, registration_key
+from magnetar.common.metadata import MetadataError, MetadataStore, open_store
+from magnetar.common.proto import bookie_pb2 as pb
+from magnetar.common.proto import bookie_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class Bookie:
+    """One bookie. ``store`` may be shared (standalone mode); otherwise the bookie opens its own
+    from ``config.metadata_url`` and reopens it if the session is lost."""
+
+    def __init__(self, config: BookieConfig, store: MetadataStore | None = None) -> None:
+        self.config = config
+        self.address = config.resolved_address()
+        self.metrics = BookieMetrics()
+        self.storage = LedgerStorage(config, self.metrics)
+        self._store = store
+        self._owns_store = store is None
+        self._grpc: grpc.aio.Server | None = None
+        self._http: web.AppRunner | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._usage = disk_checker.DiskUsage(0.0, 0, 0)
+        self._registered = False
+        self._stopping = False
+        self._reregister = asyncio.Event()
+        self.port = config.port
+        self.http_port = config.http_port
+
+    @property
+    def http_address(self) -> str:
+        return f"{self.address.rsplit(':', 1)[0]}:{self.http_port}"
+
+    async def start(self) -> None:
+        await self.storage.start()
+        self._check_disk()
+        self._grpc = grpc.aio.server(options=grpc_server_options())
+        bookie_pb2_grpc.add_BookieServicer_to_server(
+            BookieService(self.storage, self.info), self._grpc
+        )
+        bound = self._grpc.add_insecure_port(f"{self.config.bind_address}:{self.config.port}")
+        if bound == 0:
+            raise OSError(
+                f"cannot listen on {self.config.bind_address}:{self.config.port} (port in use?)"
+            )
+        if self.config.port == 0:
+            self.port = bound
+            self.address = f"{self.address.rsplit(':', 1)[0]}:{bound}"
+        await self._grpc.start()
+        await self._start_http()
+        if self._store is None:
+            self._store = await open_store(
+                self.config.metadata_url, session_ttl=self.config.session_ttl_s
+            )
+        self._store.add_session_listener(self._reregister.set)
+        await self._register()
+        self._tasks = [
+            asyncio.create_task(
+                self._every(self.config.checkpoint_interval_s, self.storage.checkpoint),
+                name="checkpoint",
+            ),
+            asyncio.create_task(
+                self._every(self.config.disk_check_interval_s, self._disk_check_round),
+                name="disk-check",
+            ),
+            asyncio.create_task(self._keep_registered(), name="registration"),
+        ]
+        if self.config.gc_interval_s > 0:
+            self._tasks.append(
+                asyncio.create_task(
+                    self._every(self.config.gc_interval_s, self.storage.gc), name="gc"
+                )
+            )
+        log.info("bookie %s serving (http %s)", self.address, self.http_address)
+
+    async def stop(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._store is not None and self._registered:
+            with contextlib.suppress(MetadataError, OSError):
+                await self._store.delete(registration_key(self.address))
+        if self._grpc is not None:
+            await self._grpc.stop(grace=1.0)
+        await self.storage.close()
+        if self._http is not None:
+            await self._http.cleanup()
+        if self._owns_store and self._store is not None:
+            with contextlib.suppress(MetadataError, OSError):
+                await self._store.close()
+        log.info("bookie %s stopped", self.address)
+
+    # -- registration ------------------------------------------------------------------
+
+    def registration(self) -> BookieRegistration:
+        return BookieRegistration(
+            address=self.address,
+            http_address=self.http_address,
+            read_only=self.storage.read_only,
+            free_bytes=self._usage.free_bytes,
+            total_bytes=self._usage.total_bytes,
+        )
+
+    async def _register(self) -> None:
+        assert self._store is not None
+        await self._store.put(
+            registration_key(self.address), self.registration().to_json(), ephemeral=True
+        )
+        self._registered = True
+
+    async def _keep_registered(self) -> None:
+        """Re-register after a lost session (a new session, for a store of our own)."""
+        while True:
+            await self._reregister.wait()
+            self._reregister.clear()
+            self._registered = False
+            log.error("bookie %s lost its metadata session; registering again", self.address)
+            while not self._registered:
+                try:
+                    if self._owns_store:
+                        assert self._store is not None
+                        with contextlib.suppress(Exception):
+                            await self._store.close()
+                        self._store = await open_store(
+                            self.config.metadata_url, session_ttl=self.config.session_ttl_s
+                        )
+                        self._store.add_session_listener(self._reregister.set)
+                    await self._register()
+                    log.info("bookie %s registered again", self.address)
+                except (MetadataError, OSError) as e:
+                    log.error("re-registration of bookie %s failed (%s); retrying", self.address, e)
+                    await asyncio.sleep(1.0)
+
+    # -- periodic work ------------------------------------------------------------------
+
+    async def _every(self, seconds: float, work: Callable[[], Awaitable[object]]) -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            try:
+                await work()
+            except Exception:
+                log.exception(
+                    "bookie %s: periodic %s failed", self.address, getattr(work, "__name__", work)
+                )
+
+    def _check_disk(self) -> bool:
+        """Measure usage and flip read-only as the thresholds say; True if the state changed."""
+        c = self.config
+        self._usage = disk_checker.measure(
+            self.storage.journal_dir, self.storage.ledger_dir, c.disk_quota_bytes
+        )
+        self.metrics.disk_usage.set(self._usage.usage)
+        self.metrics.memtable_bytes.set(self.storage.memtable_bytes)
+        was = self.storage.read_only
+        reason = disk_checker.read_only_reason(
+            self._usage.usage, was, c.disk_usage_threshold, c.disk_usage_lwm
+        )
+        self.storage.set_read_only(reason)
+        return was != self.storage.read_only
+
+    async def _disk_check_round(self) -> None:
+        if self._check_disk() and self._registered:
+            await self._register()
+
+    async def check_now(self) -> bool:
+        """Run a disk check at once (also used by the admin API); returns read-only or not."""
+        await self._disk_check_round()
+        return self.storage.read_only
+
+    # -- info and HTTP -------------------------------------------------------------------
+
+    def info(self) -> pb.BookieInfoResponse:
+        return pb.BookieInfoResponse(
+            address=self.address,
+            read_only=self.storage.read_only,
+            free_bytes=self._usage.free_bytes,
+            total_bytes=self._usage.total_bytes,
+            disk_usage=self._usage.usage,
+            max_entry_size=self.config.max_entry_size,
+        )
+
+    async def _start_http(self) -> None:
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/ready", self._ready)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/api/v1/bookie/info", self._info_http)
+        app.router.add_put("/api/v1/bookie/gc", self._gc_http)
+        app.router.add_post("/api/v1/bookie/gc", self._gc_http)
+        app.router.add_post("/api/v1/bookie/checkpoint", self._checkpoint_http)
+        app.router.add_post("/api/v1/bookie/disk_check", self._disk_check_http)
+        self._http = web.AppRunner(app, access_log=None)
+        await self._http.setup()
+        site = web.TCPSite(self._http, self.config.bind_address, self.config.http_port)
+        await site.start()
+        if self.config.http_port == 0:
+            self.http_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _ready(self, request: web.Request) -> web.Response:
+        if self._registered and not self._stopping:
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text="not registered in the metadata store\n")
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        self.metrics.memtable_bytes.set(self.storage.memtable_bytes)
+        body = generate_latest(self.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _info_http(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "address": self.address,
+                "read_only": self.storage.read_only,
+                "read_only_reason": self.storage.read_only_reason,
+                "disk_usage": self._usage.usage,
+                "free_bytes": self._usage.free_bytes,
+                "total_bytes": self._usage.total_bytes,
+                "memtable_bytes": self.storage.memtable_bytes,
+                "entry_log_bytes": self.storage.entry_log_bytes(),
+            }
+        )
+
+    async def _gc_http(self, request: web.Request) -> web.Response:
+        result = await self.storage.gc()
+        read_only = await self.check_now()
+        return web.json_response(
+            {
+                "removed_logs": result.removed_logs,
+                "compacted_logs": result.compacted_logs,
+                "freed_bytes": result.freed_bytes,
+                "read_only": read_only,
+            }
+        )
+
+    async def _checkpoint_http(self, request: web.Request) -> web.Response:
+        await self.storage.checkpoint()
+        return web.json_response({"entry_log_bytes": self.storage.entry_log_bytes()})
+
+    async def _disk_check_http(self, request: web.Request) -> web.Response:
+        read_only = await self.check_now()
+        return web.json_response({"read_only": read_only, "disk_usage": self._usage.usage})

@@ -1,0 +1,66 @@
+"""``magnetar standalone``: embedded metadata store, one bookie and one broker in one process,
+everything durable under one data directory."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from magnetar.bookie.config import BookieConfig
+from magnetar.bookie.service import Bookie
+from magnetar.common.config import setting
+from magnetar.common.metadata import MetadataStore, open_store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class StandaloneConfig:
+    data_dir: str = setting(
+        "data/standalone", "directory for the metadata store, journal and ledgers"
+    )
+    broker_port: int = setting(6650, "Pulsar protocol port")
+    http_port: int = setting(8080, "HTTP port of the broker")
+    bookie_port: int = setting(3181, "gRPC port of the embedded bookie")
+    bookie_http_port: int = setting(8000, "HTTP port of the embedded bookie")
+    journal_sync: bool = setting(
+        True, "fsync the journal before acknowledging (turn off only for tests)"
+    )
+
+
+class Standalone:
+    def __init__(self, config: StandaloneConfig) -> None:
+        self.config = config
+        self.data_dir = Path(config.data_dir)
+        self.store: MetadataStore | None = None
+        self.bookie: Bookie | None = None
+
+    async def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.store = await open_store(f"local://{(self.data_dir / 'meta.db').resolve()}")
+        bookie_config = BookieConfig(
+            metadata_url="local://",
+            bind_address="127.0.0.1",
+            advertised_address="127.0.0.1",
+            port=self.config.bookie_port,
+            http_port=self.config.bookie_http_port,
+            journal_dir=str(self.data_dir / "bookie" / "journal"),
+            ledger_dir=str(self.data_dir / "bookie" / "ledgers"),
+            journal_sync=self.config.journal_sync,
+        )
+        self.bookie = Bookie(bookie_config, self.store)
+        await self.bookie.start()
+        log.info(
+            "standalone: metadata %s, bookie %s. The Pulsar-protocol broker on port %d is not "
+            "part of this build yet (tracked as the broker issue).",
+            self.data_dir / "meta.db",
+            self.bookie.address,
+            self.config.broker_port,
+        )
+
+    async def stop(self) -> None:
+        if self.bookie is not None:
+            await self.bookie.stop()
+        if self.store is not None:
+            await self.store.close()
