@@ -1,7 +1,8 @@
 """The metadata store contract shared by every Magnetar service.
 
 Two implementations exist: ``etcd://`` (a real etcd cluster, through aetcd) and ``local://``
-(an embedded SQLite file used by standalone mode). Both must pass ``tests/unit/test_metadata_contract.py``.
+(an embedded SQLite file used by standalone mode). Both pass
+``tests/integration/test_metadata_contract.py``.
 
 Keys are ``/``-separated paths such as ``/magnetar/bookies/available/127.0.0.1:3181``.
 Values are bytes. Every stored key has a *version*: a positive integer that changes on every

@@ -122,6 +122,8 @@ class Journal:
         Every record appended before this call is in a file with a smaller id, which is what a
         checkpoint needs to know which files it may delete.
         """
+        if self._closed:
+            raise JournalError("journal is closed")
         fut = asyncio.get_running_loop().create_future()
         self._queue.append(_Pending(None, fut, 0.0))
         self._wakeup.set()
@@ -149,6 +151,10 @@ class Journal:
                 await self._task
             except asyncio.CancelledError:
                 pass
+        left, self._queue = self._queue, []
+        for p in left:
+            if not p.future.done():
+                p.future.set_exception(JournalError("journal closed before this record was written"))
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, self._close_file)
         self._executor.shutdown(wait=True)

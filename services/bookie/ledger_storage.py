@@ -199,13 +199,13 @@ class LedgerStorage:
         if not self._started:
             return
         self._started = False
-        await self._journal.close()
         if self._flush_task is not None:
             await asyncio.gather(self._flush_task, return_exceptions=True)
         try:
-            await self.checkpoint()
+            await self.checkpoint()  # needs the journal (to roll it), so before closing it
         except Exception:
             log.exception("final checkpoint failed; the journal still holds every acknowledged add")
+        await self._journal.close()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._flush_executor, self._entry_logger.close)
         if self._index is not None:

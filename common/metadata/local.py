@@ -1,0 +1,370 @@
+"""``local://`` metadata store: one SQLite file owned by one process (standalone mode).
+
+- Durability: WAL with ``synchronous=FULL``, so a write that returned survives a crash.
+- Versions: a store-wide revision counter bumped by every write (like etcd's revision), kept
+  in the file so it never goes backwards across restarts.
+- Ownership: an exclusive ``flock`` on ``<path>.lock``; a second process (or a second open in
+  this one) is refused instead of silently sharing a file whose watches are in-process only.
+- Session: the process itself. Ephemeral keys are deleted at ``close()`` and, for a process
+  that crashed before closing, when the next owner opens the file.
+- Threads: every SQLite call runs on one worker thread, never on the event loop; watchers are
+  notified from that thread in commit order via ``call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import functools
+import logging
+import os
+import sqlite3
+import weakref
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+from magnetar.common.metadata.election import StoreLeaderElection
+from magnetar.common.metadata.store import (
+    NOT_EXISTS,
+    BadVersionError,
+    EventType,
+    LeaderElection,
+    MetadataError,
+    MetadataStore,
+    NoSuchKeyError,
+    StoreClosedError,
+    Versioned,
+    WatchEvent,
+)
+from magnetar.common.metadata.watch import WatchStream
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS kv (
+    key BLOB PRIMARY KEY,
+    value BLOB NOT NULL,
+    version INTEGER NOT NULL,
+    ephemeral INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS revision (
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    value INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO revision (id, value) VALUES (0, 0);
+"""
+
+
+class LocalMetadataStore(MetadataStore):
+    """Metadata store in a local SQLite file; open it with :meth:`open`."""
+
+    def __init__(
+        self,
+        path: Path,
+        executor: ThreadPoolExecutor,
+        db: _Database,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.path = path
+        self._executor = executor
+        self._db = db
+        self._loop = loop
+        self._closed = False
+        # Weak: a watch dropped without aclose() must not keep receiving events forever.
+        self._watches: weakref.WeakSet[_LocalWatch] = weakref.WeakSet()
+
+    @classmethod
+    async def open(cls, path: str | Path) -> LocalMetadataStore:
+        path = Path(path)
+        loop = asyncio.get_running_loop()
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-metadata")
+        try:
+            db = await loop.run_in_executor(executor, _Database.open, path)
+        except BaseException:
+            executor.shutdown(wait=False)
+            raise
+        store = cls(path, executor, db, loop)
+        db.on_commit = store._publish
+        log.info("local metadata store %s opened", path)
+        return store
+
+    # -- reads ---------------------------------------------------------------------------
+
+    async def get(self, key: str) -> Versioned | None:
+        return await self._run(self._db.get, _bytes(key))
+
+    async def scan(self, prefix: str) -> dict[str, Versioned]:
+        rows = await self._run(self._db.scan, prefix.encode(), False)
+        return {key: versioned for key, versioned in rows}
+
+    async def children(self, path: str) -> list[str]:
+        parent = path.rstrip("/") + "/"
+        rows = await self._run(self._db.scan, parent.encode(), True)
+        names = {key[len(parent) :].split("/", 1)[0] for key, _ in rows}
+        names.discard("")
+        return sorted(names)
+
+    # -- writes --------------------------------------------------------------------------
+
+    async def put(
+        self,
+        key: str,
+        value: bytes,
+        expected_version: int | None = None,
+        *,
+        ephemeral: bool = False,
+    ) -> int:
+        _check_expected_version(expected_version, allow_not_exists=True)
+        return await self._run(self._db.put, key, bytes(value), expected_version, ephemeral)
+
+    async def delete(self, key: str, expected_version: int | None = None) -> None:
+        _check_expected_version(expected_version, allow_not_exists=False)
+        await self._run(self._db.delete, key, expected_version)
+
+    # -- watches, sessions, elections ----------------------------------------------------
+
+    def watch(self, key: str, *, prefix: bool = False) -> WatchStream:
+        self._check_open()
+        return _LocalWatch(self, key, prefix)
+
+    def add_session_listener(self, callback: Callable[[], None]) -> None:
+        # The session is this process: it cannot be lost while the process lives, so the
+        # listener is never called.
+        del callback
+
+    @property
+    def session_lost(self) -> bool:
+        return self._closed
+
+    def election(self, name: str) -> LeaderElection:
+        return StoreLeaderElection(self, name)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._loop.run_in_executor(self._executor, self._db.close)
+        finally:
+            self._executor.shutdown(wait=False)
+            for watch in list(self._watches):
+                watch.end()
+        log.info("local metadata store %s closed", self.path)
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"the local metadata store {self.path} is closed")
+
+    async def _run(self, fn: Callable[..., T], *args: object) -> T:
+        self._check_open()
+        return await self._loop.run_in_executor(self._executor, functools.partial(fn, *args))
+
+    def _publish(self, events: list[WatchEvent]) -> None:
+        """Called on the SQLite thread after a commit; hands the events to the loop in order."""
+        self._loop.call_soon_threadsafe(self._dispatch, events)
+
+    def _dispatch(self, events: list[WatchEvent]) -> None:
+        for event in events:
+            for watch in list(self._watches):
+                if watch.matches(event.key):
+                    watch.deliver(event)
+
+
+class _LocalWatch(WatchStream):
+    def __init__(self, store: LocalMetadataStore, key: str, prefix: bool) -> None:
+        super().__init__(key, prefix)
+        self._store = store
+        self._queue: asyncio.Queue[WatchEvent | None] = asyncio.Queue()
+
+    async def _register(self) -> None:
+        self._store._check_open()
+        self._store._watches.add(self)
+
+    async def _receive(self) -> WatchEvent | None:
+        return await self._queue.get()
+
+    async def _unregister(self) -> None:
+        self._store._watches.discard(self)
+
+    def deliver(self, event: WatchEvent) -> None:
+        self._queue.put_nowait(event)
+
+    def end(self) -> None:
+        self._queue.put_nowait(None)
+
+
+class _Database:
+    """The SQLite side; every method runs on the store's single worker thread."""
+
+    def __init__(self, path: Path, conn: sqlite3.Connection, lock_fd: int) -> None:
+        self.path = path
+        self._conn = conn
+        self._lock_fd = lock_fd
+        self.on_commit: Callable[[list[WatchEvent]], None] = lambda events: None
+
+    @classmethod
+    def open(cls, path: Path) -> _Database:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock_fd = _lock(path)
+        try:
+            # isolation_level=None: we issue BEGIN IMMEDIATE/COMMIT ourselves.
+            conn = sqlite3.connect(path, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.executescript(_SCHEMA)
+            db = cls(path, conn, lock_fd)
+            stale = db._delete_ephemeral()
+        except BaseException:
+            os.close(lock_fd)
+            raise
+        if stale:
+            log.info(
+                "deleted %d ephemeral key(s) left in %s by a process that did not close it",
+                stale,
+                path,
+            )
+        return db
+
+    @property
+    def revision(self) -> int:
+        return self._conn.execute("SELECT value FROM revision WHERE id = 0").fetchone()[0]
+
+    def get(self, key: bytes) -> Versioned | None:
+        row = self._conn.execute("SELECT value, version FROM kv WHERE key = ?", (key,)).fetchone()
+        return Versioned(row[0], row[1]) if row is not None else None
+
+    def scan(self, prefix: bytes, keys_only: bool) -> list[tuple[str, Versioned]]:
+        columns = "key, x'', version" if keys_only else "key, value, version"
+        end = _prefix_end(prefix)
+        if end is None:
+            sql, args = f"SELECT {columns} FROM kv WHERE key >= ?", (prefix,)
+        else:
+            sql, args = f"SELECT {columns} FROM kv WHERE key >= ? AND key < ?", (prefix, end)
+        return [(k.decode(), Versioned(v, ver)) for k, v, ver in self._conn.execute(sql, args)]
+
+    def put(self, key: str, value: bytes, expected: int | None, ephemeral: bool) -> int:
+        k = _bytes(key)
+        with self._transaction() as events:
+            _check_current(key, expected, self.get(k))
+            revision = self._next_revision()
+            self._conn.execute(
+                "INSERT INTO kv (key, value, version, ephemeral) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value, "
+                "version = excluded.version, ephemeral = excluded.ephemeral",
+                (k, value, revision, int(ephemeral)),
+            )
+            events.append(WatchEvent(EventType.PUT, key, value, revision))
+        return revision
+
+    def delete(self, key: str, expected: int | None) -> None:
+        k = _bytes(key)
+        with self._transaction() as events:
+            current = self.get(k)
+            if expected is not None:
+                if current is None:
+                    raise NoSuchKeyError(f"cannot delete {key} at version {expected}: no such key")
+                _check_current(key, expected, current)
+            if current is None:
+                return
+            revision = self._next_revision()
+            self._conn.execute("DELETE FROM kv WHERE key = ?", (k,))
+            events.append(WatchEvent(EventType.DELETE, key, None, revision))
+
+    def close(self) -> None:
+        try:
+            self._delete_ephemeral()
+            self._conn.close()
+        finally:
+            # Closing the descriptor releases the flock.
+            os.close(self._lock_fd)
+
+    def _delete_ephemeral(self) -> int:
+        with self._transaction() as events:
+            keys = [row[0] for row in self._conn.execute("SELECT key FROM kv WHERE ephemeral = 1")]
+            for k in keys:
+                revision = self._next_revision()
+                self._conn.execute("DELETE FROM kv WHERE key = ?", (k,))
+                events.append(WatchEvent(EventType.DELETE, k.decode(), None, revision))
+        return len(keys)
+
+    def _next_revision(self) -> int:
+        self._conn.execute("UPDATE revision SET value = value + 1 WHERE id = 0")
+        return self.revision
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[list[WatchEvent]]:
+        """One write transaction; its events are published only if it commits."""
+        events: list[WatchEvent] = []
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield events
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+        if events:
+            self.on_commit(events)
+
+
+def _lock(path: Path) -> int:
+    """Take the exclusive ownership lock of ``path`` or explain who holds it."""
+    lock_path = path.with_name(path.name + ".lock")
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise MetadataError(
+            f"metadata store {path} is in use: {lock_path} is locked by another process "
+            f"(pid {holder}); stop that process or use another path"
+        ) from None
+    # Record our pid so the next refused opener can say who holds the lock.
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _check_expected_version(expected: int | None, *, allow_not_exists: bool) -> None:
+    if expected is None or expected > 0 or (allow_not_exists and expected == NOT_EXISTS):
+        return
+    allowed = "positive, NOT_EXISTS or None" if allow_not_exists else "positive or None"
+    raise ValueError(f"expected_version must be {allowed}, not {expected}")
+
+
+def _check_current(key: str, expected: int | None, current: Versioned | None) -> None:
+    if expected is None:
+        return
+    if expected == NOT_EXISTS:
+        if current is not None:
+            raise BadVersionError(
+                f"{key}: expected to not exist but it is at version {current.version}"
+            )
+        return
+    if current is None:
+        raise BadVersionError(f"{key}: expected at version {expected} but it does not exist")
+    if current.version != expected:
+        raise BadVersionError(
+            f"{key}: expected at version {expected} but it is at version {current.version}"
+        )
+
+
+def _bytes(key: str) -> bytes:
+    if not key:
+        raise ValueError("metadata keys must be non-empty")
+    return key.encode()
+
+
+def _prefix_end(prefix: bytes) -> bytes | None:
+    """Smallest byte string greater than every string starting with ``prefix`` (None: none)."""
+    trimmed = prefix.rstrip(b"\xff")
+    if not trimmed:
+        return None
+    return trimmed[:-1] + bytes([trimmed[-1] + 1])
