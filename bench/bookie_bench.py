@@ -73,7 +73,9 @@ def percentile(sorted_values: list[float], p: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(p / 100 * len(sorted_values)))]
 
 
-async def run_size(address: str, ledger_id: int, size: int, seconds: float, in_flight: int) -> dict[str, float]:
+async def run_size(
+    address: str, ledger_id: int, size: int, seconds: float, in_flight: int
+) -> dict[str, float]:
     payload = os.urandom(size)
     latencies: list[float] = []
     async with BookieClient(address, timeout=30) as client:
@@ -93,7 +95,9 @@ async def run_size(address: str, ledger_id: int, size: int, seconds: float, in_f
         while time.perf_counter() < deadline:
             await window.acquire()
             t0 = time.perf_counter()
-            fut = client.add(ledger_id, entry_id, encode_entry(ledger_id, entry_id, entry_id - 1, 0, payload))
+            fut = client.add(
+                ledger_id, entry_id, encode_entry(ledger_id, entry_id, entry_id - 1, 0, payload)
+            )
             fut.add_done_callback(lambda f, t0=t0: done(f, t0))
             pending.add(fut)
             entry_id += 1
@@ -137,8 +141,12 @@ async def main_async(args: argparse.Namespace, workdir: Path) -> None:
     fsync_rate = disk_fsync_rate(workdir, 2.0)
     seq_bw = disk_seq_bandwidth(workdir, args.seq_mb << 20)
     print(f"disk ({workdir}): fsync {fsync_rate:,.0f}/s, sequential write {seq_bw / 1e6:,.1f} MB/s")
-    print(f"bookie: journal fsync on, {args.in_flight} adds in flight, {args.seconds:.0f} s per size")
-    print(f"{'entry':>7} {'adds/s':>10} {'MB/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'of seq bw':>9} {'failed':>6}")
+    print(
+        f"bookie: journal fsync on, {args.in_flight} adds in flight, {args.seconds:.0f} s per size"
+    )
+    print(
+        f"{'entry':>7} {'adds/s':>10} {'MB/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'of seq bw':>9} {'failed':>6}"
+    )
     for r in rows:
         ratio = r["mb_s"] * 1e6 / seq_bw
         print(
@@ -148,16 +156,24 @@ async def main_async(args: argparse.Namespace, workdir: Path) -> None:
     one_k = next((r for r in rows if r["size"] == 1024), None)
     if one_k is not None:
         target = min(0.5 * seq_bw / 1024, 40_000)
-        print(f"1 KB target: min(50% of seq bw, 40k adds/s) = {target:,.0f} adds/s; measured {one_k['adds_s']:,.0f}")
+        print(
+            f"1 KB target: min(50% of seq bw, 40k adds/s) = {target:,.0f} adds/s; measured {one_k['adds_s']:,.0f}"
+        )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dir", help="scratch directory on the disk to measure [default: a temp dir]")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--dir", help="scratch directory on the disk to measure [default: a temp dir]"
+    )
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--in-flight", type=int, default=2000)
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1024, 65536])
-    parser.add_argument("--seq-mb", type=int, default=512, help="MiB written for the sequential probe")
+    parser.add_argument(
+        "--seq-mb", type=int, default=512, help="MiB written for the sequential probe"
+    )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="bookie-bench-", dir=args.dir))
     try:

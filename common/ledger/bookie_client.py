@@ -145,6 +145,11 @@ class BookieClient:
     async def _receive(self, call: grpc.aio.StreamStreamCall) -> None:
         try:
             async for response in call:
+                waiting = self._waiting
+                for tag in response.ok_tags:
+                    fut = waiting.pop(tag, None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(None)
                 for result in response.results:
                     fut = self._waiting.pop(result.tag, None)
                     if fut is None or fut.done():

@@ -22,7 +22,8 @@ import crc32c
 
 _HEAD = struct.Struct(">qqqq")
 _DIGEST = struct.Struct(">I")
-HEADER_SIZE = _HEAD.size + _DIGEST.size
+_FULL = struct.Struct(">qqqqI")
+HEADER_SIZE = _FULL.size
 
 
 class EntryFormatError(ValueError):
@@ -53,22 +54,31 @@ def decode_header(entry: bytes | memoryview) -> EntryHeader:
         raise EntryFormatError(
             f"entry of {len(entry)} bytes is shorter than its {HEADER_SIZE}-byte header"
         )
-    ledger_id, entry_id, lac, length = _HEAD.unpack_from(entry, 0)
-    (digest,) = _DIGEST.unpack_from(entry, _HEAD.size)
-    return EntryHeader(ledger_id, entry_id, lac, length, digest)
+    return EntryHeader(*_FULL.unpack_from(entry, 0))
+
+
+def check_entry(entry: bytes) -> tuple[int, int, int]:
+    """(ledger id, entry id, lac) of an entry whose digest holds; the hot-path form of
+    verify_entry (no header object). Raises EntryFormatError or DigestMismatchError."""
+    if len(entry) < HEADER_SIZE:
+        raise EntryFormatError(
+            f"entry of {len(entry)} bytes is shorter than its {HEADER_SIZE}-byte header"
+        )
+    ledger_id, entry_id, lac, _length, digest = _FULL.unpack_from(entry, 0)
+    view = memoryview(entry)
+    actual = crc32c.crc32c(view[HEADER_SIZE:], crc32c.crc32c(view[: _HEAD.size]))
+    if actual != digest:
+        raise DigestMismatchError(
+            f"ledger {ledger_id} entry {entry_id}: digest {actual:#010x} "
+            f"computed, {digest:#010x} stored"
+        )
+    return ledger_id, entry_id, lac
 
 
 def verify_entry(entry: bytes | memoryview) -> EntryHeader:
     """Decode the header and check the digest; raise DigestMismatchError if it does not hold."""
-    header = decode_header(entry)
-    view = memoryview(entry)
-    actual = crc32c.crc32c(view[HEADER_SIZE:], crc32c.crc32c(view[: _HEAD.size]))
-    if actual != header.digest:
-        raise DigestMismatchError(
-            f"ledger {header.ledger_id} entry {header.entry_id}: digest {actual:#010x} "
-            f"computed, {header.digest:#010x} stored"
-        )
-    return header
+    check_entry(bytes(entry) if isinstance(entry, memoryview) else entry)
+    return decode_header(entry)
 
 
 def entry_payload(entry: bytes) -> bytes:

@@ -67,10 +67,12 @@ class AddResult(_message.Message):
     def __init__(self, tag: _Optional[int] = ..., ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class AddResponse(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "ok_tags")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    OK_TAGS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[AddResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[AddResult, _Mapping]]] = ...) -> None: ...
+    ok_tags: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, results: _Optional[_Iterable[_Union[AddResult, _Mapping]]] = ..., ok_tags: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReadRequest(_message.Message):
     __slots__ = ("ledger_id", "entry_id", "fence")

@@ -132,11 +132,10 @@ class LedgerIndex:
 
     def commit_flush(self, locations: Iterable[Location], journal_mark: int | None) -> None:
         """Record where flushed entries landed and, atomically with it, the new checkpoint mark."""
+        rows = locations if isinstance(locations, list) else list(locations)
         usage: dict[tuple[int, int], int] = defaultdict(int)
-        rows = []
-        for loc in locations:
-            rows.append((loc.ledger_id, loc.entry_id, loc.log_id, loc.offset, loc.length))
-            usage[(loc.log_id, loc.ledger_id)] += loc.length + 4
+        for ledger_id, _entry_id, log_id, _offset, length in rows:
+            usage[(log_id, ledger_id)] += length + 4  # + the record's length prefix
         self._writer.execute("BEGIN")
         try:
             self._writer.executemany("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?)", rows)

@@ -43,9 +43,13 @@ class JournalError(OSError):
     """The journal could not write or sync; the adds of that group are not durable."""
 
 
+_KIND_BYTES = {kind: bytes((kind,)) for kind in RecordType}
+_KIND_CRC = {kind: crc32c.crc32c(_KIND_BYTES[kind]) for kind in RecordType}
+
+
 def encode_record(kind: RecordType, data: bytes) -> bytes:
-    body = bytes((kind,)) + data
-    return _RECORD.pack(len(body), crc32c.crc32c(body)) + body
+    crc = crc32c.crc32c(data, _KIND_CRC[kind])
+    return b"".join((_RECORD.pack(len(data) + 1, crc), _KIND_BYTES[kind], data))
 
 
 def file_name(file_id: int) -> str:
@@ -154,7 +158,9 @@ class Journal:
         left, self._queue = self._queue, []
         for p in left:
             if not p.future.done():
-                p.future.set_exception(JournalError("journal closed before this record was written"))
+                p.future.set_exception(
+                    JournalError("journal closed before this record was written")
+                )
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, self._close_file)
         self._executor.shutdown(wait=True)

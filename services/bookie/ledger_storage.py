@@ -11,6 +11,7 @@ mark.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import time
 from collections import OrderedDict
@@ -29,10 +30,14 @@ from magnetar.bookie.metrics import BookieMetrics
 from magnetar.common.ledger.entry import (
     DigestMismatchError,
     EntryFormatError,
+    check_entry,
     decode_header,
     verify_entry,
 )
-from magnetar.common.proto.bookie_pb2 import Status
+from magnetar.common.proto import bookie_pb2 as pb
+
+#: Status names by number, for metric labels (the protobuf enum wrapper is slow to ask).
+STATUS_NAMES = {value: name for name, value in pb.Status.items()}
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +146,7 @@ class LedgerStorage:
         self._journal_dirty = False
         self._read_only_reason: str | None = None
         self._started = False
+        self._adds_ok = self.metrics.adds.labels("OK")
 
     # -- life cycle --------------------------------------------------------------------
 
@@ -248,7 +254,7 @@ class LedgerStorage:
     async def _ledger_state(self, ledger_id: int, *, create: bool = False) -> LedgerState:
         """The state of a ledger this bookie knows, merged with the index on first use."""
         if ledger_id in self._deleted:
-            raise StorageError(Status.NO_SUCH_LEDGER, f"ledger {ledger_id} was deleted")
+            raise StorageError(pb.NO_SUCH_LEDGER, f"ledger {ledger_id} was deleted")
         state = self._ledgers.get(ledger_id)
         if state is not None and state.loaded:
             return state
@@ -258,7 +264,7 @@ class LedgerStorage:
         )
         if last < 0 and state is None and not create:
             raise StorageError(
-                Status.NO_SUCH_LEDGER, f"ledger {ledger_id} is not stored on this bookie"
+                pb.NO_SUCH_LEDGER, f"ledger {ledger_id} is not stored on this bookie"
             )
         state = self._ledgers.setdefault(ledger_id, LedgerState())
         if not state.loaded:
@@ -283,92 +289,97 @@ class LedgerStorage:
                 self._start_flush()
                 await asyncio.sleep(0)
 
-    def add(self, ops: Sequence[AddOpLike]) -> Awaitable[list[tuple[int, str]]]:
-        """Accept a batch of adds; the awaitable gives (status, message) per op once every
-        accepted op is durable. Checks and memtable inserts happen now, in order."""
+    def add(self, ops: Sequence[AddOpLike]) -> Awaitable[list[tuple[int, int, str]]]:
+        """Accept a batch of adds. Checks and memtable inserts happen now, in order; the
+        awaitable completes once every accepted add is durable and gives the failures as
+        (op index, status, message). Every op not listed there succeeded."""
         started = time.perf_counter()
-        results: list[tuple[int, str]] = [(Status.OK, "")] * len(ops)
+        failures: list[tuple[int, int, str]] = []
         accepted: list[tuple[int, LedgerState, int]] = []
         records: list[bytes] = []
         size = 0
+        memtable = self._memtable
         for i, op in enumerate(ops):
+            entry = op.entry  # read once: a protobuf bytes field may be copied on every access
             try:
-                state, lac = self._check_add(op)
+                state, entry_id, lac = self._check_add(op, entry)
             except StorageError as e:
-                results[i] = (e.status, e.message)
+                failures.append((i, e.status, e.message))
                 continue
-            self._memtable.put(op.ledger_id, op.entry_id, op.entry)
-            if op.entry_id > state.last_entry_id:
-                state.last_entry_id = op.entry_id
-            records.append(jnl.encode_record(jnl.RecordType.ADD, op.entry))
+            memtable.put(op.ledger_id, entry_id, entry)
+            if entry_id > state.last_entry_id:
+                state.last_entry_id = entry_id
+            records.append(jnl.encode_record(jnl.RecordType.ADD, entry))
             accepted.append((i, state, lac))
-            size += len(op.entry)
-        if self._memtable.size >= self.config.write_cache_bytes // 2 and self._flushing is None:
+            size += len(entry)
+        if memtable.size >= self.config.write_cache_bytes // 2 and self._flushing is None:
             self._start_flush()
-        durable = self._journal.append(b"".join(records)) if records else None
+        durable = None
         if records:
+            durable = self._journal.append(b"".join(records))
             self._journal_dirty = True
-        return self._finish_add(durable, results, accepted, size, started)
+        return self._finish_add(durable, failures, accepted, size, started)
 
-    def _check_add(self, op: AddOpLike) -> tuple[LedgerState, int]:
-        if len(op.entry) > self.config.max_entry_size:
+    def _check_add(self, op: AddOpLike, entry: bytes) -> tuple[LedgerState, int, int]:
+        if len(entry) > self.config.max_entry_size:
             raise StorageError(
-                Status.TOO_LARGE,
-                f"entry of {len(op.entry)} bytes exceeds max_entry_size {self.config.max_entry_size}",
+                pb.TOO_LARGE,
+                f"entry of {len(entry)} bytes exceeds max_entry_size {self.config.max_entry_size}",
             )
         try:
-            header = verify_entry(op.entry)
+            ledger_id, entry_id, lac = check_entry(entry)
         except EntryFormatError as e:
-            raise StorageError(Status.BAD_REQUEST, str(e)) from None
+            raise StorageError(pb.BAD_REQUEST, str(e)) from None
         except DigestMismatchError as e:
-            raise StorageError(Status.DIGEST_MISMATCH, f"received entry is corrupt: {e}") from None
-        if header.ledger_id != op.ledger_id or header.entry_id != op.entry_id:
+            raise StorageError(pb.DIGEST_MISMATCH, f"received entry is corrupt: {e}") from None
+        if ledger_id != op.ledger_id or entry_id != op.entry_id:
             raise StorageError(
-                Status.BAD_REQUEST,
-                f"request names ledger {op.ledger_id} entry {op.entry_id} but the entry header says "
-                f"ledger {header.ledger_id} entry {header.entry_id}",
+                pb.BAD_REQUEST,
+                f"request names ledger {op.ledger_id} entry {op.entry_id} but the entry header "
+                f"says ledger {ledger_id} entry {entry_id}",
             )
-        if op.entry_id < 0:
-            raise StorageError(Status.BAD_REQUEST, f"entry id {op.entry_id} is negative")
+        if entry_id < 0:
+            raise StorageError(pb.BAD_REQUEST, f"entry id {entry_id} is negative")
         if self._read_only_reason is not None:
-            raise StorageError(Status.READ_ONLY, f"bookie is read-only: {self._read_only_reason}")
-        if op.ledger_id in self._deleted:
-            raise StorageError(Status.NO_SUCH_LEDGER, f"ledger {op.ledger_id} was deleted")
-        state = self._ledgers.get(op.ledger_id)
+            raise StorageError(pb.READ_ONLY, f"bookie is read-only: {self._read_only_reason}")
+        if ledger_id in self._deleted:
+            raise StorageError(pb.NO_SUCH_LEDGER, f"ledger {ledger_id} was deleted")
+        state = self._ledgers.get(ledger_id)
         if state is None:
-            state = self._ledgers[op.ledger_id] = LedgerState()
+            state = self._ledgers[ledger_id] = LedgerState()
         elif state.fenced and not op.recovery:
-            raise StorageError(Status.FENCED, f"ledger {op.ledger_id} is fenced")
-        return state, header.lac
+            raise StorageError(pb.FENCED, f"ledger {ledger_id} is fenced")
+        return state, entry_id, lac
 
     async def _finish_add(
         self,
         durable: asyncio.Future[int] | None,
-        results: list[tuple[int, str]],
+        failures: list[tuple[int, int, str]],
         accepted: list[tuple[int, LedgerState, int]],
         size: int,
         started: float,
-    ) -> list[tuple[int, str]]:
+    ) -> list[tuple[int, int, str]]:
         m = self.metrics
         if durable is not None:
             try:
                 await durable
             except jnl.JournalError as e:
-                status = Status.DISK_FULL if e.errno == 28 else Status.INTERNAL
-                for i, _state, _lac in accepted:
-                    results[i] = (status, f"journal write failed: {e.strerror or e}")
+                status = pb.DISK_FULL if e.errno == errno.ENOSPC else pb.INTERNAL
+                message = f"journal write failed: {e.strerror or e}"
+                failures.extend((i, status, message) for i, _state, _lac in accepted)
+                failures.sort()
+                accepted = []
             else:
                 for _i, state, lac in accepted:
-                    state.advance_lac(lac)
+                    if lac > state.lac:
+                        state.advance_lac(lac)
                 m.add_bytes.inc(size)
                 m.add_latency.observe(time.perf_counter() - started)
-        ok = sum(1 for status, _ in results if status == Status.OK)
-        if ok:
-            m.adds.labels("OK").inc(ok)
-        for status, _ in results:
-            if status != Status.OK:
-                m.adds.labels(Status.Name(status)).inc()
-        return results
+        if accepted:
+            self._adds_ok.inc(len(accepted))
+        for _i, status, _message in failures:
+            m.adds.labels(STATUS_NAMES[status]).inc()
+        return failures
 
     # -- reads -------------------------------------------------------------------------
 
@@ -377,21 +388,21 @@ class LedgerStorage:
         try:
             entry = await self._read(ledger_id, entry_id)
         except StorageError as e:
-            self.metrics.reads.labels(Status.Name(e.status)).inc()
+            self.metrics.reads.labels(STATUS_NAMES[e.status]).inc()
             raise
         self.metrics.reads.labels("OK").inc()
         return entry
 
     async def _read(self, ledger_id: int, entry_id: int) -> bytes:
         if ledger_id in self._deleted:
-            raise StorageError(Status.NO_SUCH_LEDGER, f"ledger {ledger_id} was deleted")
+            raise StorageError(pb.NO_SUCH_LEDGER, f"ledger {ledger_id} was deleted")
         if entry_id == -1:
             state = await self._ledger_state(ledger_id)
             entry_id = state.last_entry_id
             if entry_id < 0:
-                raise StorageError(Status.NO_SUCH_ENTRY, f"ledger {ledger_id} has no entries here")
+                raise StorageError(pb.NO_SUCH_ENTRY, f"ledger {ledger_id} has no entries here")
         elif entry_id < -1:
-            raise StorageError(Status.BAD_REQUEST, f"entry id {entry_id} is not valid")
+            raise StorageError(pb.BAD_REQUEST, f"entry id {entry_id} is not valid")
         entry = self._memtable.get(ledger_id, entry_id)
         if entry is None and self._flushing is not None:
             entry = self._flushing.get(ledger_id, entry_id)
@@ -402,7 +413,7 @@ class LedgerStorage:
             return entry
         if ledger_id not in self._ledgers:
             await self._ledger_state(ledger_id)  # raises NO_SUCH_LEDGER for an unknown ledger
-        raise StorageError(Status.NO_SUCH_ENTRY, f"ledger {ledger_id} has no entry {entry_id} here")
+        raise StorageError(pb.NO_SUCH_ENTRY, f"ledger {ledger_id} has no entry {entry_id} here")
 
     async def _read_stored(self, ledger_id: int, entry_id: int) -> bytes | None:
         """Read through the read cache and the entry logs (never the journal)."""
@@ -416,10 +427,10 @@ class LedgerStorage:
         except DigestMismatchError as e:
             self.metrics.digest_errors.inc()
             log.error("ledger %d entry %d: stored copy is corrupt: %s", ledger_id, entry_id, e)
-            raise StorageError(Status.DIGEST_MISMATCH, f"stored entry is corrupt: {e}") from None
+            raise StorageError(pb.DIGEST_MISMATCH, f"stored entry is corrupt: {e}") from None
         except OSError as e:
             log.error("ledger %d entry %d: cannot read the entry log: %s", ledger_id, entry_id, e)
-            raise StorageError(Status.INTERNAL, f"cannot read entry log: {e}") from None
+            raise StorageError(pb.INTERNAL, f"cannot read entry log: {e}") from None
         if entry is not None:
             self._read_cache.put(key, entry)
         return entry
@@ -461,7 +472,7 @@ class LedgerStorage:
                 except TimeoutError:
                     pass
                 if ledger_id in self._deleted:
-                    raise StorageError(Status.NO_SUCH_LEDGER, f"ledger {ledger_id} was deleted")
+                    raise StorageError(pb.NO_SUCH_LEDGER, f"ledger {ledger_id} was deleted")
         return state
 
     # -- fencing and deletion ----------------------------------------------------------
@@ -474,7 +485,7 @@ class LedgerStorage:
         a restart.
         """
         if ledger_id in self._deleted:
-            raise StorageError(Status.NO_SUCH_LEDGER, f"ledger {ledger_id} was deleted")
+            raise StorageError(pb.NO_SUCH_LEDGER, f"ledger {ledger_id} was deleted")
         state = self._ledgers.setdefault(ledger_id, LedgerState())
         already = state.fenced
         state.fenced = True
@@ -486,7 +497,7 @@ class LedgerStorage:
                 )
             except Exception as e:
                 state.fenced = False
-                raise StorageError(Status.INTERNAL, f"cannot persist the fence: {e}") from None
+                raise StorageError(pb.INTERNAL, f"cannot persist the fence: {e}") from None
             log.info("ledger %d fenced", ledger_id)
         return await self._ledger_state(ledger_id, create=True)
 
@@ -499,7 +510,7 @@ class LedgerStorage:
                 None, self._index.set_deleted, ledger_id
             )
         except Exception as e:
-            raise StorageError(Status.INTERNAL, f"cannot persist the deletion: {e}") from None
+            raise StorageError(pb.INTERNAL, f"cannot persist the deletion: {e}") from None
         self._deleted.add(ledger_id)
         self._deleted_pending_gc.add(ledger_id)
         state = self._ledgers.pop(ledger_id, None)
@@ -637,4 +648,4 @@ class LedgerStorage:
         index.commit_flush(moved, None)
         freed = logger.remove(log_id)
         index.forget_log(log_id)
-        return freed - sum(loc.length + 4 for loc in moved)
+        return freed - sum(loc[4] + 4 for loc in moved)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import grpc
 
@@ -28,7 +28,7 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
     ) -> AsyncIterator[pb.AddResponse]:
         # Requests are taken in as fast as they come (each is checked and journaled at once);
         # responses go back in request order as their journal groups become durable.
-        pending: asyncio.Queue[tuple[pb.AddRequest, Awaitable[list[tuple[int, str]]]] | None]
+        pending: asyncio.Queue[tuple[pb.AddRequest, Awaitable[list[tuple[int, int, str]]]] | None]
         pending = asyncio.Queue()
 
         async def take_requests() -> None:
@@ -43,19 +43,8 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
         try:
             while (item := await pending.get()) is not None:
                 request, done = item
-                outcomes = await done
-                yield pb.AddResponse(
-                    results=[
-                        pb.AddResult(
-                            tag=op.tag,
-                            ledger_id=op.ledger_id,
-                            entry_id=op.entry_id,
-                            status=status,
-                            message=msg,
-                        )
-                        for op, (status, msg) in zip(request.ops, outcomes, strict=True)
-                    ]
-                )
+                failures = await done
+                yield _add_response(request.ops, failures)
             await reader  # surfaces a broken request stream
         finally:
             reader.cancel()
@@ -114,6 +103,25 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
         self, request: pb.BookieInfoRequest, context: grpc.aio.ServicerContext
     ) -> pb.BookieInfoResponse:
         return self._info()
+
+
+def _add_response(ops: Sequence[pb.AddOp], failures: list[tuple[int, int, str]]) -> pb.AddResponse:
+    if not failures:
+        return pb.AddResponse(ok_tags=[op.tag for op in ops])
+    failed = {i for i, _status, _message in failures}
+    return pb.AddResponse(
+        ok_tags=[op.tag for i, op in enumerate(ops) if i not in failed],
+        results=[
+            pb.AddResult(
+                tag=ops[i].tag,
+                ledger_id=ops[i].ledger_id,
+                entry_id=ops[i].entry_id,
+                status=status,
+                message=message,
+            )
+            for i, status, message in failures
+        ],
+    )
 
 
 def grpc_server_options() -> list[tuple[str, int]]:
