@@ -116,9 +116,8 @@ async def run_size(
     }
 
 
-async def main_async(args: argparse.Namespace, workdir: Path) -> None:
-    port, http_port = free_port(), free_port()
-    bookie = subprocess.Popen(
+def start_bookie(workdir: Path, port: int, http_port: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
         [
             sys.executable, "-m", "magnetar.cli", "--log-level", "WARNING", "bookie",
             "--metadata-url", f"local://{workdir / 'meta.db'}",
@@ -127,17 +126,18 @@ async def main_async(args: argparse.Namespace, workdir: Path) -> None:
             "--journal-sync",
         ]
     )  # fmt: skip
-    address = f"127.0.0.1:{port}"
-    try:
-        async with BookieClient(address) as probe:
-            await probe.wait_ready(30)
-        rows = []
-        for i, size in enumerate(args.sizes):
-            rows.append(await run_size(address, 1000 + i, size, args.seconds, args.in_flight))
-    finally:
-        bookie.terminate()
-        bookie.wait(30)
 
+
+async def measure_bookie(args: argparse.Namespace, address: str) -> list[dict[str, float]]:
+    async with BookieClient(address) as probe:
+        await probe.wait_ready(30)
+    rows = []
+    for i, size in enumerate(args.sizes):
+        rows.append(await run_size(address, 1000 + i, size, args.seconds, args.in_flight))
+    return rows
+
+
+def report(args: argparse.Namespace, workdir: Path, rows: list[dict[str, float]]) -> None:
     fsync_rate = disk_fsync_rate(workdir, 2.0)
     seq_bw = disk_seq_bandwidth(workdir, args.seq_mb << 20)
     print(f"disk ({workdir}): fsync {fsync_rate:,.0f}/s, sequential write {seq_bw / 1e6:,.1f} MB/s")
@@ -177,7 +177,14 @@ def main() -> None:
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="bookie-bench-", dir=args.dir))
     try:
-        uvloop.run(main_async(args, workdir))
+        port, http_port = free_port(), free_port()
+        bookie = start_bookie(workdir, port, http_port)
+        try:
+            rows = uvloop.run(measure_bookie(args, f"127.0.0.1:{port}"))
+        finally:
+            bookie.terminate()
+            bookie.wait(30)
+        report(args, workdir, rows)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

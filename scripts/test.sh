@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Installs what the tests need (etcd, Java, Python deps; see install-test-deps.sh) and runs the
+# whole test suite. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-test-deps.sh
+ruff check .
+ruff format --check .
+exec python3 -m pytest -q -p no:cacheprovider "$@"
