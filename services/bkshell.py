@@ -16,15 +16,21 @@ from magnetar.common.metadata import MetadataStore, open_store
 DEFAULT_METADATA_URL = "etcd://127.0.0.1:2379"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def _metadata_option(parser: argparse.ArgumentParser, default: object) -> None:
     parser.add_argument(
         "--metadata-url",
-        default=os.environ.get("MAGNETAR_METADATA_URL", DEFAULT_METADATA_URL),
+        default=default,
         help=f"metadata store URL [default: $MAGNETAR_METADATA_URL or {DEFAULT_METADATA_URL}]",
     )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # --metadata-url is accepted before the tool name and after it.
+    _metadata_option(parser, None)
     sub = parser.add_subparsers(dest="bk_command", required=True, metavar="TOOL")
 
     p = sub.add_parser("bookiesanity", help="write, read back and delete a ledger on one bookie")
+    _metadata_option(p, argparse.SUPPRESS)
     p.add_argument(
         "--bookie",
         metavar="HOST:PORT",
@@ -34,14 +40,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per call [default: 10]")
 
     p = sub.add_parser("listbookies", help="registered bookies with their state")
+    _metadata_option(p, argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", help="one JSON object per bookie")
 
 
+def metadata_url(args: argparse.Namespace) -> str:
+    return args.metadata_url or os.environ.get("MAGNETAR_METADATA_URL") or DEFAULT_METADATA_URL
+
+
 async def run(args: argparse.Namespace) -> int:
+    url = metadata_url(args)
     try:
-        store = await open_store(args.metadata_url)
+        store = await open_store(url)
     except Exception as e:
-        print(f"cannot open metadata store {args.metadata_url}: {e}", file=sys.stderr)
+        print(f"cannot open metadata store {url}: {e}", file=sys.stderr)
         return 2
     try:
         if args.bk_command == "bookiesanity":

@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    _setup_logging(args.log_level)
+    _setup_logging(args.log_level or ("WARNING" if args.command == "bk" else "INFO"))
     try:
         return int(args.func(args) or 0)
     except ConfigError as e:

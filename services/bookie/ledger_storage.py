@@ -17,7 +17,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -67,13 +67,23 @@ class LedgerState:
     lac: int = -1
     last_entry_id: int = -1
     loaded: bool = False
-    lac_changed: asyncio.Event = field(default_factory=asyncio.Event)
+    # Created only while a long poll waits: most ledgers never have one.
+    lac_changed: asyncio.Event | None = None
 
     def advance_lac(self, lac: int) -> None:
         if lac > self.lac:
             self.lac = lac
+            self.wake()
+
+    def wake(self) -> None:
+        if self.lac_changed is not None:
             self.lac_changed.set()
+            self.lac_changed = None
+
+    def lac_change(self) -> asyncio.Event:
+        if self.lac_changed is None:
             self.lac_changed = asyncio.Event()
+        return self.lac_changed
 
 
 @dataclass(slots=True)
@@ -372,7 +382,9 @@ class LedgerStorage:
             else:
                 for _i, state, lac in accepted:
                     if lac > state.lac:
-                        state.advance_lac(lac)
+                        state.lac = lac
+                        if state.lac_changed is not None:
+                            state.wake()
                 m.add_bytes.inc(size)
                 m.add_latency.observe(time.perf_counter() - started)
         if accepted:
@@ -468,7 +480,7 @@ class LedgerStorage:
                 if remaining <= 0:
                     break  # the caller sees lac <= previous: a timed-out poll
                 try:
-                    await asyncio.wait_for(state.lac_changed.wait(), remaining)
+                    await asyncio.wait_for(state.lac_change().wait(), remaining)
                 except TimeoutError:
                     pass
                 if ledger_id in self._deleted:
@@ -515,7 +527,7 @@ class LedgerStorage:
         self._deleted_pending_gc.add(ledger_id)
         state = self._ledgers.pop(ledger_id, None)
         if state is not None:
-            state.lac_changed.set()
+            state.wake()
         self._memtable.drop_ledger(ledger_id)
         self._read_cache.drop_ledger(ledger_id)
         log.info("ledger %d deleted; its space is reclaimed by the next GC", ledger_id)
