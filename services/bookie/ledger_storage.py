@@ -289,15 +289,20 @@ class LedgerStorage:
     # -- adds --------------------------------------------------------------------------
 
     async def wait_for_capacity(self) -> None:
-        """Back-pressure: hold new adds while the memtable is full and a flush is running."""
+        """Back-pressure: hold new adds while the memtable is full and a flush is running.
+
+        A read-only bookie refuses adds anyway, so it does not hold them; after a failed flush
+        the next attempt waits a little instead of spinning.
+        """
         half = self.config.write_cache_bytes // 2
-        while self._memtable.size >= half:
+        while self._memtable.size >= half and not self.read_only:
             if self._flushing is None:
                 self._start_flush()
+                await asyncio.sleep(0)  # let the checkpoint take the memtable
+                if self._flushing is None:
+                    await asyncio.sleep(0.05)  # it failed or found nothing to do
+                continue
             await self._flush_done.wait()
-            if self._flushing is None and self._memtable.size >= half:
-                self._start_flush()
-                await asyncio.sleep(0)
 
     def add(self, ops: Sequence[AddOpLike]) -> Awaitable[list[tuple[int, int, str]]]:
         """Accept a batch of adds. Checks and memtable inserts happen now, in order; the
