@@ -1,0 +1,296 @@
+"""LedgerClient: create, open (with or without recovery), delete and list ledgers.
+
+The broker and the auditor use this, never the bookie protocol directly. One client holds one
+BookieClient per bookie address and shares it among every ledger it handles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from magnetar.common.ledger.bookie_client import BookieClient, BookieError
+from magnetar.common.ledger.bookies import BookieRegistration, list_bookies
+from magnetar.common.ledger.distribution import Quorum
+from magnetar.common.ledger.entry import DigestMismatchError, EntryFormatError, verify_entry
+from magnetar.common.ledger.errors import (
+    LedgerError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    ReadError,
+)
+from magnetar.common.ledger.handle import LedgerHandle
+from magnetar.common.ledger.metadata import (
+    LEDGER_ID_COUNTER,
+    LEDGERS_PATH,
+    Fragment,
+    LedgerMetadata,
+    ledger_key,
+)
+from magnetar.common.ledger.placement import PlacementPolicy, RandomPlacement
+from magnetar.common.metadata import NOT_EXISTS, BadVersionError, MetadataStore
+from magnetar.common.proto import bookie_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+_ABSENT = (pb.NO_SUCH_ENTRY, pb.NO_SUCH_LEDGER)
+
+
+@dataclass(slots=True)
+class LedgerClientConfig:
+    add_timeout_s: float = 10.0  # a bookie silent this long on an add is replaced
+    read_timeout_s: float = 10.0
+    speculative_read_s: float = 0.5  # ask the next replica if the first has not answered by then
+    max_pending_adds: int = 10_000  # per ledger handle: add_async waits beyond this
+    max_pending_bytes: int = 64 * 1024 * 1024
+
+
+class LedgerClient:
+    def __init__(
+        self,
+        store: MetadataStore,
+        config: LedgerClientConfig | None = None,
+        placement: PlacementPolicy | None = None,
+    ) -> None:
+        self.store = store
+        self.config = config or LedgerClientConfig()
+        self.placement = placement or RandomPlacement()
+        self._bookies: dict[str, BookieClient] = {}
+        self.corrupt_reads = 0  # replicas that returned a corrupt entry (reported in the log too)
+
+    def bookie(self, address: str) -> BookieClient:
+        client = self._bookies.get(address)
+        if client is None:
+            client = self._bookies[address] = BookieClient(
+                address, timeout=self.config.read_timeout_s
+            )
+        return client
+
+    async def close(self) -> None:
+        clients, self._bookies = self._bookies, {}
+        await asyncio.gather(*(c.close() for c in clients.values()), return_exceptions=True)
+
+    async def __aenter__(self) -> LedgerClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def registered_bookies(self) -> list[BookieRegistration]:
+        return await list_bookies(self.store)
+
+    # -- metadata ---------------------------------------------------------------------------
+
+    async def read_metadata(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
+        found = await self.store.get(ledger_key(ledger_id))
+        if found is None:
+            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist")
+        return LedgerMetadata.from_bytes(found.value), found.version
+
+    async def list_ledgers(self) -> list[int]:
+        ids = []
+        for name in await self.store.children(LEDGERS_PATH):
+            try:
+                ids.append(int(name))
+            except ValueError:
+                log.warning("ignoring unexpected key %s/%s", LEDGERS_PATH, name)
+        return sorted(ids)
+
+    async def _allocate_ledger_id(self) -> int:
+        """Cluster-unique ids from a counter in the metadata store (CAS increment)."""
+        while True:
+            current = await self.store.get(LEDGER_ID_COUNTER)
+            next_id = int(current.value) + 1 if current else 0
+            try:
+                await self.store.put(
+                    LEDGER_ID_COUNTER,
+                    str(next_id).encode(),
+                    current.version if current else NOT_EXISTS,
+                )
+            except BadVersionError:
+                continue
+            return next_id
+
+    # -- create / open / delete ----------------------------------------------------------------
+
+    async def create_ledger(
+        self,
+        ensemble_size: int,
+        write_quorum: int,
+        ack_quorum: int,
+        custom_metadata: Mapping[str, bytes] | None = None,
+    ) -> LedgerHandle:
+        quorum = Quorum(ensemble_size, write_quorum, ack_quorum)  # raises on a bad combination
+        ensemble = self.placement.choose(quorum.ensemble_size, await self.registered_bookies())
+        ledger_id = await self._allocate_ledger_id()
+        metadata = LedgerMetadata(
+            ensemble_size=ensemble_size,
+            write_quorum=write_quorum,
+            ack_quorum=ack_quorum,
+            fragments=(Fragment(0, tuple(ensemble)),),
+            ctime_ms=int(time.time() * 1000),
+            custom_metadata=dict(custom_metadata or {}),
+        )
+        version = await self.store.put(ledger_key(ledger_id), metadata.to_bytes(), NOT_EXISTS)
+        log.info(
+            "ledger %d created on %s (E%d Qw%d Qa%d)",
+            ledger_id,
+            ensemble,
+            ensemble_size,
+            write_quorum,
+            ack_quorum,
+        )
+        return LedgerHandle(self, ledger_id, metadata, version, writable=True)
+
+    async def open_ledger(self, ledger_id: int, *, recovery: bool = True) -> LedgerHandle:
+        """Open for reading. With ``recovery`` (the default) an open ledger is fenced and closed
+        first, so its end is final and its old writer can add nothing more."""
+        if recovery:
+            from magnetar.common.ledger.recovery import recover_ledger
+
+            metadata, version = await recover_ledger(self, ledger_id)
+            return LedgerHandle(self, ledger_id, metadata, version, writable=False)
+        metadata, version = await self.read_metadata(ledger_id)
+        handle = LedgerHandle(self, ledger_id, metadata, version, writable=False)
+        if not metadata.is_closed:
+            try:
+                await handle.refresh_lac()
+            except ReadError as e:
+                log.warning("ledger %d: LAC unknown for now: %s", ledger_id, e)
+        return handle
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        """Delete the ledger from every bookie that stores a fragment of it, then its metadata."""
+        metadata, version = await self.read_metadata(ledger_id)
+        bookies = sorted({b for f in metadata.fragments for b in f.bookies})
+        results = await asyncio.gather(
+            *(self.bookie(b).delete_ledger(ledger_id) for b in bookies), return_exceptions=True
+        )
+        for address, result in zip(bookies, results, strict=True):
+            if isinstance(result, Exception):
+                # The data stays on that bookie until it is deleted there; the metadata goes anyway
+                # so nobody reads the ledger again.
+                log.warning("ledger %d: delete on bookie %s failed: %s", ledger_id, address, result)
+        await self.store.delete(ledger_key(ledger_id), version)
+        log.info("ledger %d deleted", ledger_id)
+
+    # -- reads over replicas ---------------------------------------------------------------------
+
+    async def read_from_replicas(
+        self, ledger_id: int, entry_id: int, bookies: Sequence[str]
+    ) -> bytes:
+        """Read from the first replica; ask the next one on an error, or when the current one
+        has not answered within ``speculative_read_s``. The first verified copy wins."""
+        errors: dict[str, BaseException] = {}
+        running: dict[asyncio.Task[bytes], str] = {}
+        next_index = 0
+
+        def start_next() -> None:
+            nonlocal next_index
+            if next_index < len(bookies):
+                address = bookies[next_index]
+                next_index += 1
+                running[asyncio.create_task(self._read_verified(address, ledger_id, entry_id))] = (
+                    address
+                )
+
+        start_next()
+        try:
+            while running:
+                more = next_index < len(bookies)
+                done, _ = await asyncio.wait(
+                    running,
+                    timeout=self.config.speculative_read_s if more else None,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if not done:
+                    start_next()
+                    continue
+                for task in done:
+                    address = running.pop(task)
+                    error = task.exception()
+                    if error is None:
+                        return task.result()
+                    errors[address] = error
+                    start_next()
+        finally:
+            for task in running:
+                task.cancel()
+        if errors and all(
+            isinstance(e, BookieError) and e.status in _ABSENT for e in errors.values()
+        ):
+            raise NoSuchEntryError(f"ledger {ledger_id} entry {entry_id}: no replica has it")
+        detail = "; ".join(f"{a}: {e}" for a, e in errors.items())
+        raise ReadError(f"ledger {ledger_id} entry {entry_id}: every replica failed ({detail})")
+
+    async def _read_verified(self, address: str, ledger_id: int, entry_id: int) -> bytes:
+        try:
+            entry = await self.bookie(address).read(ledger_id, entry_id)
+            header = verify_entry(entry)
+        except (DigestMismatchError, EntryFormatError) as e:
+            self._report_corrupt(address, ledger_id, entry_id, str(e))
+            raise
+        except BookieError as e:
+            if e.status == pb.DIGEST_MISMATCH:
+                self._report_corrupt(address, ledger_id, entry_id, str(e))
+            raise
+        if header.ledger_id != ledger_id or header.entry_id != entry_id:
+            message = f"asked for {ledger_id}/{entry_id}, got {header.ledger_id}/{header.entry_id}"
+            self._report_corrupt(address, ledger_id, entry_id, message)
+            raise ReadError(message)
+        return entry
+
+    def _report_corrupt(self, address: str, ledger_id: int, entry_id: int, detail: str) -> None:
+        self.corrupt_reads += 1
+        log.error(
+            "corrupt replica: bookie %s returned a bad copy of ledger %d entry %d (%s); reading another",
+            address,
+            ledger_id,
+            entry_id,
+            detail,
+        )
+
+    async def read_lac(self, ledger_id: int, bookies: Sequence[str]) -> int:
+        """The highest LAC any of these bookies reports for the ledger."""
+        results = await asyncio.gather(
+            *(self.bookie(b).read_lac(ledger_id) for b in bookies), return_exceptions=True
+        )
+        lacs = [r.lac for r in results if not isinstance(r, BaseException)]
+        absent = [r for r in results if isinstance(r, BookieError) and r.status in _ABSENT]
+        if not lacs and len(absent) < len(results):
+            raise ReadError(
+                f"ledger {ledger_id}: no bookie of {list(bookies)} answered the LAC request"
+            )
+        return max(lacs, default=-1)
+
+    async def wait_for_lac(
+        self, ledger_id: int, bookies: Sequence[str], previous: int, timeout_s: float
+    ) -> int:
+        """Long poll the bookies; the first to report a LAC past ``previous`` answers."""
+        wait_ms = int(timeout_s * 1000)
+        tasks = [
+            asyncio.create_task(
+                self.bookie(b).read_lac(ledger_id, previous=previous, wait_ms=wait_ms)
+            )
+            for b in bookies
+        ]
+        best = previous
+        try:
+            for next_done in asyncio.as_completed(tasks):
+                try:
+                    position = await next_done
+                except BookieError:
+                    continue
+                best = max(best, position.lac)
+                if best > previous:
+                    break
+        finally:
+            for task in tasks:
+                task.cancel()
+        return best
+
+
+__all__ = ["LedgerClient", "LedgerClientConfig", "LedgerError"]

@@ -1,0 +1,440 @@
+"""LedgerHandle: writing and reading one ledger over its ensembles.
+
+Writer rules (ARCHITECTURE.md "Storage layer"): entry ``i`` is sent to its write set
+``(i + k) mod E``; it is acknowledged to the caller once ``Qa`` of them stored it and every
+earlier entry was acknowledged (completion strictly in entry order); it carries the LAC known
+when it was sent. A bookie that fails or times out is replaced: a new fragment starting at the
+first unacknowledged entry is CAS-ed into the metadata and the pending entries are resent to the
+replacement. A FENCED answer, or finding the metadata IN_RECOVERY or CLOSED, means another owner
+took the ledger: every pending add fails with LedgerFencedError (those entries may or may not be
+in the ledger; recovery decides).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import logging
+import time
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from magnetar.common.ledger.bookie_client import BookieError
+from magnetar.common.ledger.distribution import AckSet
+from magnetar.common.ledger.entry import HEADER_SIZE, decode_header, encode_entry
+from magnetar.common.ledger.errors import (
+    LedgerClosedError,
+    LedgerError,
+    LedgerFencedError,
+    NoSuchEntryError,
+)
+from magnetar.common.ledger.metadata import LedgerMetadata, LedgerState, ledger_key
+from magnetar.common.ledger.placement import NotEnoughBookiesError
+from magnetar.common.metadata import BadVersionError
+from magnetar.common.proto import bookie_pb2 as pb
+
+if TYPE_CHECKING:
+    from magnetar.common.ledger.client import LedgerClient
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True, frozen=True)
+class LedgerEntry:
+    ledger_id: int
+    entry_id: int
+    payload: bytes
+    length: int  # ledger length up to and including this entry
+
+    @classmethod
+    def from_entry(cls, entry: bytes) -> LedgerEntry:
+        header = decode_header(entry)
+        return cls(header.ledger_id, header.entry_id, entry[HEADER_SIZE:], header.length)
+
+
+class _PendingAdd:
+    __slots__ = ("acks", "done", "entry", "entry_id", "future", "length", "sent", "sent_at", "size")
+
+    def __init__(
+        self,
+        entry_id: int,
+        entry: bytes,
+        acks: AckSet,
+        future: asyncio.Future[int],
+        length: int,
+        size: int,
+    ) -> None:
+        self.entry_id = entry_id
+        self.entry = entry
+        self.acks = acks
+        self.future = future
+        self.length = length
+        self.size = size
+        self.sent: dict[int, str] = {}  # ensemble position -> bookie it was last sent to
+        self.sent_at = 0.0
+        self.done = False
+
+
+class LedgerHandle:
+    """A ledger opened for writing (``create_ledger``) or for reading (``open_ledger``)."""
+
+    def __init__(
+        self,
+        client: LedgerClient,
+        ledger_id: int,
+        metadata: LedgerMetadata,
+        version: int,
+        *,
+        writable: bool,
+    ) -> None:
+        self.client = client
+        self.ledger_id = ledger_id
+        self.metadata = metadata
+        self._version = version
+        self.writable = writable
+        self._quorum = metadata.quorum
+        self._ensemble = list(metadata.last_fragment.bookies)
+        closed = metadata.is_closed
+        self.last_add_confirmed = metadata.last_entry_id if closed else -1
+        self.length = metadata.length if closed else 0
+        self._last_add_pushed = self.last_add_confirmed
+        self._pushed_length = self.length
+        self._pending: collections.deque[_PendingAdd] = collections.deque()
+        self._pending_bytes = 0
+        self._window = asyncio.Condition()
+        self._error: LedgerError | None = None
+        self._failed_positions: set[int] = set()
+        self._changing: asyncio.Task[None] | None = None
+        self._closed = closed
+        self._timer: asyncio.Task[None] | None = None
+        if writable:
+            self._timer = asyncio.create_task(
+                self._watch_timeouts(), name=f"ledger-{ledger_id}-timeouts"
+            )
+
+    def __repr__(self) -> str:
+        return f"LedgerHandle({self.ledger_id}, {self.metadata.state.name}, lac={self.last_add_confirmed})"
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    @property
+    def ensemble(self) -> tuple[str, ...]:
+        return tuple(self._ensemble)
+
+    # -- adds ------------------------------------------------------------------------------
+
+    async def add(self, payload: bytes) -> int:
+        """Append one entry and wait until it is acknowledged; returns its entry id."""
+        return await (await self.add_async(payload))
+
+    async def add_async(self, payload: bytes) -> asyncio.Future[int]:
+        """Append one entry; waits only for room in the in-flight window. The future gives the
+        entry id once the entry is acknowledged (futures complete in entry order)."""
+        self._check_writable()
+        cfg = self.client.config
+        if (
+            len(self._pending) >= cfg.max_pending_adds
+            or self._pending_bytes >= cfg.max_pending_bytes
+        ):
+            async with self._window:
+                await self._window.wait_for(
+                    lambda: (
+                        self._error is not None
+                        or (
+                            len(self._pending) < cfg.max_pending_adds
+                            and self._pending_bytes < cfg.max_pending_bytes
+                        )
+                    )
+                )
+            self._check_writable()
+        entry_id = self._last_add_pushed + 1
+        self._last_add_pushed = entry_id
+        self._pushed_length += len(payload)
+        entry = encode_entry(
+            self.ledger_id, entry_id, self.last_add_confirmed, self._pushed_length, payload
+        )
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        op = _PendingAdd(
+            entry_id, entry, AckSet(self._quorum), future, self._pushed_length, len(entry)
+        )
+        self._pending.append(op)
+        self._pending_bytes += op.size
+        if self._changing is None:
+            for position in self._quorum.write_set(entry_id):
+                self._send(op, position)
+        # else: sent to the new ensemble once the change is in the metadata
+        return future
+
+    def _check_writable(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if not self.writable or self._closed:
+            raise LedgerClosedError(f"ledger {self.ledger_id} is closed for writing")
+
+    def _send(self, op: _PendingAdd, position: int) -> None:
+        address = self._ensemble[position]
+        op.sent[position] = address
+        op.sent_at = time.monotonic()
+        try:
+            fut = self.client.bookie(address).add(self.ledger_id, op.entry_id, op.entry)
+        except BookieError as e:
+            asyncio.get_running_loop().call_soon(self._bookie_failed, position, address, e)
+            return
+        fut.add_done_callback(functools.partial(self._add_done, op, position, address))
+
+    def _add_done(
+        self, op: _PendingAdd, position: int, address: str, fut: asyncio.Future[None]
+    ) -> None:
+        if fut.cancelled():
+            return
+        error = fut.exception()
+        if self._ensemble[position] != address:
+            return  # that bookie was replaced; its answers no longer count
+        if error is None:
+            if op.sent.get(position) == address and not op.done:
+                op.acks.ack(position)
+                if op.acks.complete:
+                    self._complete_in_order()
+            return
+        if isinstance(error, BookieError) and error.status in (pb.FENCED, pb.NO_SUCH_LEDGER):
+            self._fail_handle(LedgerFencedError(f"ledger {self.ledger_id} was fenced ({error})"))
+            return
+        self._bookie_failed(position, address, error)
+
+    def _complete_in_order(self) -> None:
+        released = False
+        while self._pending and self._pending[0].acks.complete:
+            op = self._pending.popleft()
+            op.done = True
+            self._pending_bytes -= op.size
+            self.last_add_confirmed = op.entry_id
+            self.length = op.length
+            released = True
+            if not op.future.done():
+                op.future.set_result(op.entry_id)
+        if released:
+            self._wake_window()
+
+    def _wake_window(self) -> None:
+        async def notify() -> None:
+            async with self._window:
+                self._window.notify_all()
+
+        if self._window._waiters:  # type: ignore[attr-defined]
+            asyncio.get_running_loop().create_task(notify())
+
+    def _fail_handle(self, error: LedgerError) -> None:
+        """Fail every pending add; the handle takes no more adds."""
+        if self._error is not None:
+            return
+        self._error = error
+        log.warning(
+            "ledger %d: %s; failing %d pending adds", self.ledger_id, error, len(self._pending)
+        )
+        while self._pending:
+            op = self._pending.popleft()
+            op.done = True
+            if not op.future.done():
+                op.future.set_exception(error)
+        self._pending_bytes = 0
+        self._wake_window()
+
+    # -- ensemble change ----------------------------------------------------------------------
+
+    def _bookie_failed(self, position: int, address: str, error: BaseException) -> None:
+        if self._error is not None or self._closed or self._ensemble[position] != address:
+            return
+        if position not in self._failed_positions:
+            log.warning(
+                "ledger %d: bookie %s (position %d) failed: %s",
+                self.ledger_id,
+                address,
+                position,
+                error,
+            )
+        self._failed_positions.add(position)
+        if self._changing is None:
+            self._changing = asyncio.get_running_loop().create_task(self._change_ensemble())
+
+    async def _change_ensemble(self) -> None:
+        try:
+            while self._failed_positions and self._error is None:
+                failed = sorted(self._failed_positions)
+                try:
+                    bookies = await self.client.registered_bookies()
+                    replacements = self.client.placement.choose(
+                        len(failed), bookies, exclude=set(self._ensemble)
+                    )
+                except NotEnoughBookiesError as e:
+                    self._fail_handle(
+                        LedgerError(f"ledger {self.ledger_id}: cannot replace failed bookies: {e}")
+                    )
+                    return
+                ensemble = list(self._ensemble)
+                for position, address in zip(failed, replacements, strict=True):
+                    ensemble[position] = address
+                first = self.last_add_confirmed + 1
+                if not await self._cas_fragment(first, tuple(ensemble)):
+                    return
+                log.info(
+                    "ledger %d: ensemble change from entry %d: %s -> %s",
+                    self.ledger_id,
+                    first,
+                    [self._ensemble[p] for p in failed],
+                    replacements,
+                )
+                self._ensemble = ensemble
+                self._failed_positions.difference_update(failed)
+                self._resend_pending()
+        except Exception as e:  # the metadata store failed: nothing more can be written safely
+            self._fail_handle(LedgerError(f"ledger {self.ledger_id}: ensemble change failed: {e}"))
+        finally:
+            self._changing = None
+
+    async def _cas_fragment(self, first: int, ensemble: tuple[str, ...]) -> bool:
+        store = self.client.store
+        metadata = self.metadata
+        while True:
+            updated = metadata.with_fragment(first, ensemble)
+            try:
+                self._version = await store.put(
+                    ledger_key(self.ledger_id), updated.to_bytes(), self._version
+                )
+            except BadVersionError:
+                metadata, self._version = await self.client.read_metadata(self.ledger_id)
+                if metadata.state is not LedgerState.OPEN:
+                    self._fail_handle(
+                        LedgerFencedError(
+                            f"ledger {self.ledger_id} is {metadata.state.name} (taken over by recovery)"
+                        )
+                    )
+                    return False
+                continue  # changed by someone else while open (e.g. an older fragment repaired)
+            self.metadata = updated
+            return True
+
+    def _resend_pending(self) -> None:
+        for op in list(self._pending):
+            for position in self._quorum.write_set(op.entry_id):
+                if op.sent.get(position) != self._ensemble[position]:
+                    op.acks.forget(position)
+                    self._send(op, position)
+
+    async def _watch_timeouts(self) -> None:
+        timeout = self.client.config.add_timeout_s
+        while not self._closed and self._error is None:
+            await asyncio.sleep(min(timeout / 4, 0.5))
+            now = time.monotonic()
+            for op in list(self._pending):
+                if now - op.sent_at < timeout:
+                    break
+                for position in self._quorum.write_set(op.entry_id):
+                    address = op.sent.get(position)
+                    if (
+                        address is not None
+                        and position not in op.acks.acked
+                        and address == self._ensemble[position]
+                    ):
+                        self._bookie_failed(
+                            position,
+                            address,
+                            TimeoutError(f"no answer to an add in {timeout:.1f} s"),
+                        )
+
+    # -- close --------------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Wait for pending adds, then record CLOSED with the last entry and length."""
+        if self._closed:
+            return
+        if not self.writable:
+            self._closed = True
+            return
+        if self._pending:
+            await asyncio.gather(*(op.future for op in list(self._pending)), return_exceptions=True)
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._error is not None:
+            return  # recovery owns the ledger's end now
+        metadata = self.metadata
+        while True:
+            closed = replace(
+                metadata,
+                state=LedgerState.CLOSED,
+                last_entry_id=self.last_add_confirmed,
+                length=self.length,
+            )
+            try:
+                self._version = await self.client.store.put(
+                    ledger_key(self.ledger_id), closed.to_bytes(), self._version
+                )
+            except BadVersionError:
+                metadata, self._version = await self.client.read_metadata(self.ledger_id)
+                if metadata.state is LedgerState.OPEN:
+                    continue
+                if metadata.is_closed and metadata.last_entry_id == self.last_add_confirmed:
+                    self.metadata = metadata
+                    return
+                raise LedgerFencedError(
+                    f"ledger {self.ledger_id} was {metadata.state.name} by someone else "
+                    f"(last entry {metadata.last_entry_id}, ours {self.last_add_confirmed})"
+                ) from None
+            self.metadata = closed
+            return
+
+    # -- reads --------------------------------------------------------------------------------
+
+    @property
+    def readable_last_entry(self) -> int:
+        """The highest entry a reader may read now: lastEntryId when closed, else the LAC."""
+        return self.metadata.last_entry_id if self.metadata.is_closed else self.last_add_confirmed
+
+    async def read_entry(self, entry_id: int) -> LedgerEntry:
+        if entry_id < 0 or entry_id > self.readable_last_entry:
+            raise NoSuchEntryError(
+                f"ledger {self.ledger_id}: entry {entry_id} is beyond the readable end {self.readable_last_entry}"
+            )
+        return LedgerEntry.from_entry(await self._read_replicas(entry_id))
+
+    async def read(self, first: int, last: int, *, concurrency: int = 64) -> list[LedgerEntry]:
+        """Entries ``first`` .. ``last`` inclusive, in order."""
+        if last < first:
+            return []
+        if first < 0 or last > self.readable_last_entry:
+            raise NoSuchEntryError(
+                f"ledger {self.ledger_id}: range {first}..{last} is outside 0..{self.readable_last_entry}"
+            )
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(entry_id: int) -> LedgerEntry:
+            async with gate:
+                return LedgerEntry.from_entry(await self._read_replicas(entry_id))
+
+        return list(await asyncio.gather(*(one(e) for e in range(first, last + 1))))
+
+    async def _read_replicas(self, entry_id: int) -> bytes:
+        fragment = self.metadata.fragment_for(entry_id)
+        bookies = [fragment.bookies[p] for p in self._quorum.write_set(entry_id)]
+        return await self.client.read_from_replicas(self.ledger_id, entry_id, bookies)
+
+    async def refresh_lac(self) -> int:
+        """Ask the last ensemble for the LAC (open ledgers); returns the readable end."""
+        if self.metadata.is_closed:
+            return self.readable_last_entry
+        lac = await self.client.read_lac(self.ledger_id, self.metadata.last_fragment.bookies)
+        self.last_add_confirmed = max(self.last_add_confirmed, lac)
+        return self.last_add_confirmed
+
+    async def wait_for_lac(self, previous: int, timeout_s: float) -> int:
+        """Long poll until the LAC passes ``previous`` or the timeout ends; returns the LAC."""
+        if self.metadata.is_closed:
+            return self.readable_last_entry
+        lac = await self.client.wait_for_lac(
+            self.ledger_id, self.metadata.last_fragment.bookies, previous, timeout_s
+        )
+        self.last_add_confirmed = max(self.last_add_confirmed, lac)
+        return self.last_add_confirmed
