@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
 import time
 
+import crc32c
+
 from magnetar.common.ledger.bookie_client import BookieClient, BookieError
 from magnetar.common.ledger.bookies import list_bookies
+from magnetar.common.ledger.client import LedgerClient
+from magnetar.common.ledger.distribution import QuorumConfigError
 from magnetar.common.ledger.entry import encode_entry, verify_entry
+from magnetar.common.ledger.errors import LedgerError
+from magnetar.common.ledger.placement import NotEnoughBookiesError
 from magnetar.common.metadata import MetadataStore, open_store
 
 DEFAULT_METADATA_URL = "etcd://127.0.0.1:2379"
@@ -43,6 +50,59 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _metadata_option(p, argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", help="one JSON object per bookie")
 
+    p = sub.add_parser("listledgers", help="ids of every ledger")
+    _metadata_option(p, argparse.SUPPRESS)
+    p.add_argument("--json", action="store_true", help="one JSON object per ledger")
+
+    p = sub.add_parser("ledgermetadata", help="a ledger's metadata")
+    _metadata_option(p, argparse.SUPPRESS)
+    p.add_argument("ledger_id", type=int)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser(
+        "readledger", help="entries of a ledger (closed: up to its end; open: up to LAC)"
+    )
+    _metadata_option(p, argparse.SUPPRESS)
+    p.add_argument("ledger_id", type=int)
+    p.add_argument("--from", dest="first", type=int, default=0, help="first entry [default: 0]")
+    p.add_argument(
+        "--to", dest="last", type=int, default=None, help="last entry [default: the end]"
+    )
+    p.add_argument(
+        "--json", action="store_true", help="one JSON object per entry: entry_id, length, crc32c"
+    )
+
+    p = sub.add_parser(
+        "recover", help="open a ledger with recovery (fence + close) and print the result"
+    )
+    _metadata_option(p, argparse.SUPPRESS)
+    p.add_argument("ledger_id", type=int)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser(
+        "deleteledger", help="delete a ledger from its bookies and the metadata store"
+    )
+    _metadata_option(p, argparse.SUPPRESS)
+    p.add_argument("ledger_id", type=int)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser(
+        "simpletest", help="create a ledger, write N entries, close it, print figures"
+    )
+    _metadata_option(p, argparse.SUPPRESS)
+    p.add_argument("--ensemble", type=int, default=3)
+    p.add_argument("--write-quorum", type=int, default=2)
+    p.add_argument("--ack-quorum", type=int, default=2)
+    p.add_argument("--entries", type=int, default=1000)
+    p.add_argument("--entry-size", type=int, default=1024, help="bytes per entry [default: 1024]")
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=0,
+        help="at most this many adds per second [default: no limit]",
+    )
+    p.add_argument("--json", action="store_true", help="one final JSON line")
+
 
 def metadata_url(args: argparse.Namespace) -> str:
     return args.metadata_url or os.environ.get("MAGNETAR_METADATA_URL") or DEFAULT_METADATA_URL
@@ -58,7 +118,13 @@ async def run(args: argparse.Namespace) -> int:
     try:
         if args.bk_command == "bookiesanity":
             return await bookiesanity(store, args)
-        return await listbookies(store, args)
+        if args.bk_command == "listbookies":
+            return await listbookies(store, args)
+        async with LedgerClient(store) as client:
+            return await LEDGER_TOOLS[args.bk_command](client, args)
+    except (LedgerError, NotEnoughBookiesError, QuorumConfigError) as e:
+        print(f"bk {args.bk_command}: {e}", file=sys.stderr)
+        return 1
     finally:
         await store.close()
 
@@ -112,3 +178,141 @@ async def bookiesanity(store: MetadataStore, args: argparse.Namespace) -> int:
             return 1
     print(f"bookiesanity: {address}: wrote, read back and deleted {len(payloads)} entries: OK")
     return 0
+
+
+def _emit(args: argparse.Namespace, data: dict[str, object], text: str) -> None:
+    print(json.dumps(data) if args.json else text)
+
+
+async def listledgers(client: LedgerClient, args: argparse.Namespace) -> int:
+    for ledger_id in await client.list_ledgers():
+        _emit(args, {"ledger_id": ledger_id}, str(ledger_id))
+    return 0
+
+
+async def ledgermetadata(client: LedgerClient, args: argparse.Namespace) -> int:
+    metadata, version = await client.read_metadata(args.ledger_id)
+    data = {"ledger_id": args.ledger_id, "version": version, **metadata.to_json_dict()}
+    if args.json:
+        print(json.dumps(data))
+        return 0
+    print(
+        f"ledger {args.ledger_id}: {metadata.state.name}, E{metadata.ensemble_size} "
+        f"Qw{metadata.write_quorum} Qa{metadata.ack_quorum}, last entry {metadata.last_entry_id}, "
+        f"length {metadata.length}"
+    )
+    for fragment in metadata.fragments:
+        print(f"  from entry {fragment.first_entry_id}: {', '.join(fragment.bookies)}")
+    for key, value in metadata.custom_metadata.items():
+        print(f"  {key} = {value!r}")
+    return 0
+
+
+async def readledger(client: LedgerClient, args: argparse.Namespace) -> int:
+    handle = await client.open_ledger(args.ledger_id, recovery=False)
+    last = handle.readable_last_entry if args.last is None else args.last
+    step = 1000
+    for start in range(args.first, last + 1, step):
+        for entry in await handle.read(start, min(start + step - 1, last)):
+            crc = crc32c.crc32c(entry.payload)
+            if args.json:
+                print(
+                    json.dumps(
+                        {"entry_id": entry.entry_id, "length": len(entry.payload), "crc32c": crc}
+                    )
+                )
+            else:
+                print(
+                    f"{entry.entry_id}\t{len(entry.payload)} bytes\tcrc32c {crc:#010x}\t{entry.payload[:64]!r}"
+                )
+    return 0
+
+
+async def recover(client: LedgerClient, args: argparse.Namespace) -> int:
+    handle = await client.open_ledger(args.ledger_id, recovery=True)
+    metadata = handle.metadata
+    _emit(
+        args,
+        {
+            "ledger_id": args.ledger_id,
+            "state": metadata.state.name,
+            "last_entry_id": metadata.last_entry_id,
+            "length": metadata.length,
+        },
+        f"ledger {args.ledger_id}: {metadata.state.name}, last entry {metadata.last_entry_id}, length {metadata.length}",
+    )
+    return 0
+
+
+async def deleteledger(client: LedgerClient, args: argparse.Namespace) -> int:
+    await client.delete_ledger(args.ledger_id)
+    _emit(args, {"ledger_id": args.ledger_id, "deleted": True}, f"ledger {args.ledger_id} deleted")
+    return 0
+
+
+async def simpletest(client: LedgerClient, args: argparse.Namespace) -> int:
+    handle = await client.create_ledger(args.ensemble, args.write_quorum, args.ack_quorum)
+    payload = os.urandom(args.entry_size)
+    latencies: list[float] = []
+    failures: list[str] = []
+
+    def done(fut: asyncio.Future[int], started: float) -> None:
+        if fut.exception() is None:
+            latencies.append(time.perf_counter() - started)
+        else:
+            failures.append(str(fut.exception()))
+
+    started_all = time.perf_counter()
+    futures = []
+    for i in range(args.entries):
+        if args.rate > 0:
+            delay = started_all + i / args.rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        t0 = time.perf_counter()
+        fut = await handle.add_async(payload)
+        fut.add_done_callback(lambda f, t0=t0: done(f, t0))
+        futures.append(fut)
+    await asyncio.gather(*futures, return_exceptions=True)
+    elapsed = time.perf_counter() - started_all
+    await handle.close()
+    latencies.sort()
+
+    def pct(p: float) -> float:
+        return (
+            latencies[min(len(latencies) - 1, int(p / 100 * len(latencies)))] * 1000
+            if latencies
+            else float("nan")
+        )
+
+    result = {
+        "ledger_id": handle.ledger_id,
+        "acked": len(latencies),
+        "failed": len(failures),
+        "last_entry_id": handle.metadata.last_entry_id,
+        "seconds": round(elapsed, 3),
+        "adds_per_s": round(len(latencies) / elapsed, 1),
+        "mb_per_s": round(len(latencies) * args.entry_size / elapsed / 1e6, 2),
+        "latency_ms": {
+            "p50": round(pct(50), 3),
+            "p99": round(pct(99), 3),
+            "max": round(pct(100), 3),
+        },
+    }
+    _emit(
+        args,
+        result,
+        f"ledger {handle.ledger_id}: {result['acked']} acked, {result['failed']} failed in {elapsed:.2f} s "
+        f"({result['adds_per_s']:,.0f} adds/s), latency p50 {pct(50):.2f} ms p99 {pct(99):.2f} ms",
+    )
+    return 0 if not failures else 1
+
+
+LEDGER_TOOLS = {
+    "listledgers": listledgers,
+    "ledgermetadata": ledgermetadata,
+    "readledger": readledger,
+    "recover": recover,
+    "deleteledger": deleteledger,
+    "simpletest": simpletest,
+}

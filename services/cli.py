@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="magnetar", description="Magnetar messaging and streaming platform"
     )
     parser.add_argument(
-        "--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR [default: INFO]"
+        "--log-level",
+        help="DEBUG, INFO, WARNING or ERROR [default: INFO for services, WARNING for tools]",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
