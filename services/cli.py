@@ -12,6 +12,7 @@ import uvloop
 
 from magnetar.common.config import ConfigError, add_arguments, load_config
 from magnetar.common.metadata import MetadataError
+from magnetar.common.runtime import tune_gc
 
 
 def _setup_logging(level: str) -> None:
@@ -97,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging(args.log_level or ("WARNING" if args.command == "bk" else "INFO"))
+    tune_gc()
     try:
         return int(args.func(args) or 0)
     except ConfigError as e:

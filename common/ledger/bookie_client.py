@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -21,6 +22,9 @@ from magnetar.common.proto import bookie_pb2_grpc
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+#: Called with None when an add is durable, or with the error that failed it.
+AddCallback = Callable[["BookieError | None"], None]
 _MAX_BATCH_BYTES = 4 * 1024 * 1024
 
 
@@ -62,7 +66,7 @@ class BookieClient:
         )
         self._stub = bookie_pb2_grpc.BookieStub(self._channel)
         self._tags = itertools.count(1)
-        self._waiting: dict[int, asyncio.Future[None]] = {}
+        self._waiting: dict[int, AddCallback] = {}
         self._outbox: list[pb.AddOp] = []
         self._outbox_ready = asyncio.Event()
         self._call: grpc.aio.StreamStreamCall | None = None
@@ -87,23 +91,46 @@ class BookieClient:
 
     # -- adds ----------------------------------------------------------------------------
 
-    def add(
-        self, ledger_id: int, entry_id: int, entry: bytes, *, recovery: bool = False
-    ) -> asyncio.Future[None]:
-        """Queue an add; the future completes when the bookie made it durable."""
+    def add_entry(
+        self,
+        ledger_id: int,
+        entry_id: int,
+        entry: bytes,
+        callback: AddCallback,
+        *,
+        recovery: bool = False,
+    ) -> None:
+        """Queue an add; ``callback(None)`` runs once the bookie made it durable, or
+        ``callback(error)`` if it failed. Callbacks run on the event loop, straight from the
+        receive loop (no future, no extra loop turn: this is the ledger client's hot path)."""
         if self._closed:
             raise BookieUnavailableError(self.address, "client closed")
         if self._call is None:
             self._open_stream()
         tag = next(self._tags)
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting[tag] = fut
+        self._waiting[tag] = callback
         self._outbox.append(
             pb.AddOp(
                 tag=tag, ledger_id=ledger_id, entry_id=entry_id, entry=entry, recovery=recovery
             )
         )
-        self._outbox_ready.set()
+        if not self._outbox_ready.is_set():
+            self._outbox_ready.set()
+
+    def add(
+        self, ledger_id: int, entry_id: int, entry: bytes, *, recovery: bool = False
+    ) -> asyncio.Future[None]:
+        """Queue an add; the future completes when the bookie made it durable."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def settle(error: BookieError | None) -> None:
+            if not fut.done():
+                if error is None:
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(error)
+
+        self.add_entry(ledger_id, entry_id, entry, settle, recovery=recovery)
         return fut
 
     @property
@@ -147,17 +174,13 @@ class BookieClient:
             async for response in call:
                 waiting = self._waiting
                 for tag in response.ok_tags:
-                    fut = waiting.pop(tag, None)
-                    if fut is not None and not fut.done():
-                        fut.set_result(None)
+                    callback = waiting.pop(tag, None)
+                    if callback is not None:
+                        callback(None)
                 for result in response.results:
-                    fut = self._waiting.pop(result.tag, None)
-                    if fut is None or fut.done():
-                        continue
-                    if result.status == pb.OK:
-                        fut.set_result(None)
-                    else:
-                        fut.set_exception(BookieError(self.address, result.status, result.message))
+                    callback = waiting.pop(result.tag, None)
+                    if callback is not None:
+                        callback(BookieError(self.address, result.status, result.message))
             self._stream_broken(call, EOFError("stream ended"))
         except asyncio.CancelledError:
             raise
@@ -182,9 +205,9 @@ class BookieClient:
 
     def _fail_all(self, reason: str) -> None:
         waiting, self._waiting = self._waiting, {}
-        for fut in waiting.values():
-            if not fut.done():
-                fut.set_exception(BookieUnavailableError(self.address, reason))
+        error = BookieUnavailableError(self.address, reason)
+        for callback in waiting.values():
+            callback(error)
 
     # -- unary calls --------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from magnetar.common.ledger.bookie_client import BookieError
+from magnetar.common.ledger.bookie_client import BookieError, BookieUnavailableError
 from magnetar.common.ledger.distribution import AckSet
 from magnetar.common.ledger.entry import HEADER_SIZE, decode_header, encode_entry
 from magnetar.common.ledger.errors import (
@@ -102,7 +102,8 @@ class LedgerHandle:
         self._pushed_length = self.length
         self._pending: collections.deque[_PendingAdd] = collections.deque()
         self._pending_bytes = 0
-        self._window = asyncio.Condition()
+        self._room = asyncio.Event()  # set while the in-flight window has room
+        self._room.set()
         self._error: LedgerError | None = None
         self._failed_positions: set[int] = set()
         self._changing: asyncio.Task[None] | None = None
@@ -135,20 +136,12 @@ class LedgerHandle:
         entry id once the entry is acknowledged (futures complete in entry order)."""
         self._check_writable()
         cfg = self.client.config
-        if (
+        while (
             len(self._pending) >= cfg.max_pending_adds
             or self._pending_bytes >= cfg.max_pending_bytes
         ):
-            async with self._window:
-                await self._window.wait_for(
-                    lambda: (
-                        self._error is not None
-                        or (
-                            len(self._pending) < cfg.max_pending_adds
-                            and self._pending_bytes < cfg.max_pending_bytes
-                        )
-                    )
-                )
+            self._room.clear()
+            await self._room.wait()
             self._check_writable()
         entry_id = self._last_add_pushed + 1
         self._last_add_pushed = entry_id
@@ -179,18 +172,18 @@ class LedgerHandle:
         op.sent[position] = address
         op.sent_at = time.monotonic()
         try:
-            fut = self.client.bookie(address).add(self.ledger_id, op.entry_id, op.entry)
+            self.client.bookie(address).add_entry(
+                self.ledger_id,
+                op.entry_id,
+                op.entry,
+                functools.partial(self._add_done, op, position, address),
+            )
         except BookieError as e:
             asyncio.get_running_loop().call_soon(self._bookie_failed, position, address, e)
-            return
-        fut.add_done_callback(functools.partial(self._add_done, op, position, address))
 
     def _add_done(
-        self, op: _PendingAdd, position: int, address: str, fut: asyncio.Future[None]
+        self, op: _PendingAdd, position: int, address: str, error: BookieError | None
     ) -> None:
-        if fut.cancelled():
-            return
-        error = fut.exception()
         if self._ensemble[position] != address:
             return  # that bookie was replaced; its answers no longer count
         if error is None:
@@ -199,7 +192,9 @@ class LedgerHandle:
                 if op.acks.complete:
                     self._complete_in_order()
             return
-        if isinstance(error, BookieError) and error.status in (pb.FENCED, pb.NO_SUCH_LEDGER):
+        if error.status in (pb.FENCED, pb.NO_SUCH_LEDGER) and not isinstance(
+            error, BookieUnavailableError
+        ):
             self._fail_handle(LedgerFencedError(f"ledger {self.ledger_id} was fenced ({error})"))
             return
         self._bookie_failed(position, address, error)
@@ -219,12 +214,13 @@ class LedgerHandle:
             self._wake_window()
 
     def _wake_window(self) -> None:
-        async def notify() -> None:
-            async with self._window:
-                self._window.notify_all()
-
-        if self._window._waiters:  # type: ignore[attr-defined]
-            asyncio.get_running_loop().create_task(notify())
+        if not self._room.is_set():
+            cfg = self.client.config
+            if (
+                len(self._pending) < cfg.max_pending_adds
+                and self._pending_bytes < cfg.max_pending_bytes
+            ):
+                self._room.set()
 
     def _fail_handle(self, error: LedgerError) -> None:
         """Fail every pending add; the handle takes no more adds."""
@@ -240,7 +236,7 @@ class LedgerHandle:
             if not op.future.done():
                 op.future.set_exception(error)
         self._pending_bytes = 0
-        self._wake_window()
+        self._room.set()  # waiters wake up and see the error
 
     # -- ensemble change ----------------------------------------------------------------------
 
