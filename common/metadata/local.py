@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import functools
 import logging
 import os
@@ -26,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
+from magnetar.common.filelock import LockedError, acquire_lock
 from magnetar.common.metadata.election import StoreLeaderElection
 from magnetar.common.metadata.store import (
     NOT_EXISTS,
@@ -315,21 +315,10 @@ class _Database:
 
 def _lock(path: Path) -> int:
     """Take the exclusive ownership lock of ``path`` or explain who holds it."""
-    lock_path = path.with_name(path.name + ".lock")
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise MetadataError(
-            f"metadata store {path} is in use: {lock_path} is locked by another process "
-            f"(pid {holder}); stop that process or use another path"
-        ) from None
-    # Record our pid so the next refused opener can say who holds the lock.
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
+        return acquire_lock(path.with_name(path.name + ".lock"), f"metadata store {path}")
+    except LockedError as e:
+        raise MetadataError(e.strerror) from None
 
 
 def _check_expected_version(expected: int | None, *, allow_not_exists: bool) -> None:

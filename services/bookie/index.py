@@ -165,3 +165,19 @@ class LedgerIndex:
             self._writer.execute("DELETE FROM entries WHERE ledger_id=?", (ledger_id,))
             self._writer.execute("DELETE FROM log_usage WHERE ledger_id=?", (ledger_id,))
         self._writer.execute("COMMIT")
+
+    def live_entries_in_log(
+        self, log_id: int, ledgers: Iterable[int]
+    ) -> list[tuple[int, int, int, int]]:
+        """(ledger id, entry id, offset, length) of the entries whose live copy is in this log,
+        looked up per ledger (the primary key's prefix) rather than by scanning the log file."""
+        rows = []
+        for ledger_id in ledgers:
+            rows.extend(
+                (ledger_id, entry_id, offset, length)
+                for entry_id, offset, length in self._writer.execute(
+                    "SELECT entry_id, offset, length FROM entries WHERE ledger_id=? AND log_id=?",
+                    (ledger_id, log_id),
+                )
+            )
+        return rows

@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from magnetar.bookie.entry_logger import EntryLogger, EntryLogMissingError
 from magnetar.bookie.index import LedgerIndex
 from magnetar.bookie.memtable import Memtable
 from magnetar.bookie.metrics import BookieMetrics
+from magnetar.common.filelock import acquire_lock
 from magnetar.common.ledger.entry import (
     DigestMismatchError,
     EntryFormatError,
@@ -156,6 +158,7 @@ class LedgerStorage:
         self._journal_dirty = False
         self._read_only_reason: str | None = None
         self._started = False
+        self._locks: list[int] = []
         self._adds_ok = self.metrics.adds.labels("OK")
 
     # -- life cycle --------------------------------------------------------------------
@@ -164,6 +167,9 @@ class LedgerStorage:
         loop = asyncio.get_running_loop()
         self.ledger_dir.mkdir(parents=True, exist_ok=True)
         self.journal_dir.mkdir(parents=True, exist_ok=True)
+        # One bookie per directory: a second one would interleave journal and entry-log files.
+        for directory in dict.fromkeys((self.journal_dir, self.ledger_dir)):
+            self._locks.append(acquire_lock(directory / "LOCK", f"bookie directory {directory}"))
         self._index = await loop.run_in_executor(
             self._flush_executor, LedgerIndex, self.ledger_dir / "index.db"
         )
@@ -227,6 +233,12 @@ class LedgerStorage:
         if self._index is not None:
             await loop.run_in_executor(self._flush_executor, self._index.close)
         self._flush_executor.shutdown(wait=True)
+        self.release_locks()
+
+    def release_locks(self) -> None:
+        for fd in self._locks:
+            os.close(fd)
+        self._locks.clear()
 
     # -- state -------------------------------------------------------------------------
 
@@ -428,8 +440,14 @@ class LedgerStorage:
         entry = await self._read_stored(ledger_id, entry_id)
         if entry is not None:
             return entry
-        if ledger_id not in self._ledgers:
+        state = self._ledgers.get(ledger_id)
+        if state is None or (state.last_entry_id < 0 and not state.fenced):
             await self._ledger_state(ledger_id)  # raises NO_SUCH_LEDGER for an unknown ledger
+            state = self._ledgers.get(ledger_id)
+            if state is not None and state.last_entry_id < 0 and not state.fenced:
+                raise StorageError(
+                    pb.NO_SUCH_LEDGER, f"ledger {ledger_id} is not stored on this bookie"
+                )
         raise StorageError(pb.NO_SUCH_ENTRY, f"ledger {ledger_id} has no entry {entry_id} here")
 
     async def _read_stored(self, ledger_id: int, entry_id: int) -> bytes | None:
@@ -633,9 +651,10 @@ class LedgerStorage:
             logger.current_log_id not in usage
         ):
             logger.roll()
-        for log_id in logger.log_ids():
-            if log_id == logger.current_log_id:
-                continue
+        # Only logs older than the current one are candidates: compaction appends to the current
+        # log and may roll it, and a log filled during this run is not in the usage snapshot.
+        first_new = logger.current_log_id
+        for log_id in [i for i in logger.log_ids() if i < first_new]:
             live = sum(usage.get(log_id, {}).values())
             try:
                 total = (logger.directory / f"{log_id:08x}.log").stat().st_size
@@ -646,21 +665,36 @@ class LedgerStorage:
                 index.forget_log(log_id)
                 result.removed_logs += 1
             elif live / max(total, 1) < self.config.compaction_threshold:
-                result.freed_bytes += self._compact(log_id, total)
-                result.compacted_logs += 1
+                freed = self._compact(log_id, total, usage[log_id].keys())
+                if freed:
+                    result.freed_bytes += freed
+                    result.compacted_logs += 1
         return result
 
-    def _compact(self, log_id: int, total: int) -> int:
-        """Copy the live entries of a log into the current one, repoint the index, remove it."""
+    def _compact(self, log_id: int, total: int, ledgers: Iterable[int]) -> int:
+        """Copy the live entries of a log into the current one, repoint the index, remove it.
+
+        Live entries come from the index, and each is verified before it moves. If any cannot be
+        read intact the log stays (its good entries are still readable where they are, and the
+        bad one keeps answering DIGEST_MISMATCH instead of vanishing).
+        """
         assert self._index is not None
         index, logger = self._index, self._entry_logger
         live = []
-        for ledger_id, entry_id, offset, entry in logger.scan(log_id):
-            if ledger_id in self._deleted:
-                continue
-            location = index.lookup(ledger_id, entry_id)
-            if location is not None and location[0] == log_id and location[1] == offset:
-                live.append((ledger_id, entry_id, entry))
+        for ledger_id, entry_id, offset, length in index.live_entries_in_log(log_id, ledgers):
+            try:
+                entry = logger.read(log_id, offset, length)
+                verify_entry(entry)
+            except (OSError, EOFError, EntryFormatError, DigestMismatchError) as e:
+                log.error(
+                    "gc: entry log %d not compacted: ledger %d entry %d cannot be read intact (%s)",
+                    log_id,
+                    ledger_id,
+                    entry_id,
+                    e,
+                )
+                return 0
+            live.append((ledger_id, entry_id, entry))
         moved = logger.append(live)
         index.commit_flush(moved, None)
         freed = logger.remove(log_id)

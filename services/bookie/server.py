@@ -7,6 +7,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from magnetar.bookie.ledger_storage import LedgerStorage, StorageError
 from magnetar.common.proto import bookie_pb2 as pb
@@ -45,7 +46,11 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
                 request, done = item
                 failures = await done
                 yield _add_response(request.ops, failures)
-            await reader  # surfaces a broken request stream
+            try:
+                await reader  # surfaces a broken request stream
+            except DecodeError as e:
+                log.warning("malformed AddRequest on the add stream from %s: %s", context.peer(), e)
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed AddRequest: {e}")
         finally:
             reader.cancel()
 
