@@ -1,6 +1,6 @@
 """Prints docs/configuration.md from the service config dataclasses (run after changing one):
 
-    python scripts/config_reference.py > docs/configuration.md
+python scripts/config_reference.py > docs/configuration.md
 """
 
 from __future__ import annotations
