@@ -5,10 +5,12 @@
 2. Fence the last ensemble. Fencing holds once ``Qw - Qa + 1`` bookies of every write quorum
    answered; then the old writer can no longer collect ``Qa`` acks for any entry.
 3. Read forward from the highest LAC the fenced bookies reported. An entry found on any replica
-   is re-added (recovery flag) to its whole write set; an entry is absent once ``Qw - Qa + 1``
-   bookies of its write set say "no such entry", and recovery stops there.
+   is re-added (recovery flag) to its whole write set; a bookie that fails or does not answer
+   in time is replaced through an ensemble change, as a writer would. An entry is absent once
+   ``Qw - Qa + 1`` bookies of its write set say "no such entry", and recovery stops there.
 4. CAS the metadata to CLOSED with the last entry and length. If another recoverer closed it
-   first, its result stands and is returned.
+   first, its result stands and is returned; if another changed the metadata without closing
+   it, recovery starts again from the new metadata.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from magnetar.common.ledger.entry import (
 )
 from magnetar.common.ledger.errors import RecoveryError
 from magnetar.common.ledger.metadata import LedgerMetadata, LedgerState, ledger_key
+from magnetar.common.ledger.placement import NotEnoughBookiesError
 from magnetar.common.metadata import BadVersionError
 from magnetar.common.proto import bookie_pb2 as pb
 
@@ -39,8 +42,24 @@ log = logging.getLogger(__name__)
 _ABSENT = (pb.NO_SUCH_ENTRY, pb.NO_SUCH_LEDGER)
 
 
+class _ConcurrentChange(Exception):
+    """Someone else changed the ledger's metadata mid-recovery; start again from it."""
+
+
 async def recover_ledger(client: LedgerClient, ledger_id: int) -> tuple[LedgerMetadata, int]:
     """Fence and close the ledger; return its final (CLOSED) metadata and version."""
+    for attempt in range(5):
+        try:
+            return await _recover_once(client, ledger_id)
+        except _ConcurrentChange:
+            log.info("ledger %d: metadata changed during recovery; starting again", ledger_id)
+            await asyncio.sleep(0.05 * (attempt + 1))
+    raise RecoveryError(
+        f"ledger {ledger_id}: metadata kept changing under concurrent recovery; retry"
+    )
+
+
+async def _recover_once(client: LedgerClient, ledger_id: int) -> tuple[LedgerMetadata, int]:
     metadata, version = await client.read_metadata(ledger_id)
     if metadata.is_closed:
         return metadata, version
@@ -51,22 +70,23 @@ async def recover_ledger(client: LedgerClient, ledger_id: int) -> tuple[LedgerMe
 
     quorum = metadata.quorum
     fragment = metadata.last_fragment
-    bookies = fragment.bookies
+    bookies = fragment.bookies  # entries past the LAC are read from here, whatever happens next
     max_lac = await _fence(client, ledger_id, quorum, bookies)
     # Entries before the last fragment were acknowledged when it was created.
     entry_id = max(max_lac, fragment.first_entry_id - 1) + 1
+    writer = _RecoveryWriter(client, ledger_id, metadata, version)
     last_entry_id, length = entry_id - 1, None
     while True:
         entry = await _recovery_read(client, ledger_id, entry_id, quorum, bookies)
         if entry is None:
             break
-        await _rewrite(client, ledger_id, entry_id, entry, quorum, bookies)
+        await writer.rewrite(entry_id, entry)
         last_entry_id, length = entry_id, decode_header(entry).length
         entry_id += 1
     if length is None:
         length = await _length_through(client, ledger_id, metadata, last_entry_id)
     log.info("ledger %d recovered: last entry %d, length %d", ledger_id, last_entry_id, length)
-    return await _close(client, ledger_id, last_entry_id, length)
+    return await _close(client, ledger_id, writer.metadata, writer.version, last_entry_id, length)
 
 
 async def _mark_in_recovery(
@@ -168,29 +188,96 @@ async def _recovery_read(
     )
 
 
-async def _rewrite(
-    client: LedgerClient,
-    ledger_id: int,
-    entry_id: int,
-    entry: bytes,
-    quorum: Quorum,
-    bookies: tuple[str, ...],
-) -> None:
-    """Re-add an entry found by recovery to its whole write set (at least Qa must take it)."""
-    write_set = quorum.write_set(entry_id)
-    results = await asyncio.gather(
-        *(
-            client.bookie(bookies[p]).add(ledger_id, entry_id, entry, recovery=True)
-            for p in write_set
-        ),
-        return_exceptions=True,
-    )
-    stored = sum(1 for r in results if not isinstance(r, BaseException))
-    if stored < quorum.ack_quorum:
-        errors = [str(r) for r in results if isinstance(r, BaseException)]
-        raise RecoveryError(
-            f"ledger {ledger_id} entry {entry_id}: re-add reached {stored} bookies: {errors}"
+class _RecoveryWriter:
+    """Re-adds the entries recovery finds (recovery flag, so fenced bookies take them).
+
+    An entry counts as recovered once Qa bookies of its write set stored it. A bookie that
+    fails or does not answer within ``add_timeout_s`` is replaced the way a writer would do it:
+    a new fragment from that entry on, CAS-ed into the (IN_RECOVERY) metadata, and the entry
+    re-sent to the replacement. A conflicting CAS means a concurrent recoverer: start over.
+    """
+
+    def __init__(
+        self, client: LedgerClient, ledger_id: int, metadata: LedgerMetadata, version: int
+    ) -> None:
+        self.client = client
+        self.ledger_id = ledger_id
+        self.metadata = metadata
+        self.version = version
+        self.quorum = metadata.quorum
+        self.ensemble = list(metadata.last_fragment.bookies)
+        self._failed: set[str] = set()
+
+    async def rewrite(self, entry_id: int, entry: bytes) -> None:
+        stored: set[int] = set()
+        targets = self.quorum.write_set(entry_id)
+        while targets:
+            failed = await self._add(entry_id, entry, targets)
+            stored.update(p for p in targets if p not in failed)
+            if not failed:
+                break
+            try:
+                await self._replace(entry_id, failed)
+            except NotEnoughBookiesError as e:
+                log.warning(
+                    "ledger %d entry %d: no replacement bookie (%s)", self.ledger_id, entry_id, e
+                )
+                break
+            targets = failed
+        if len(stored) < self.quorum.ack_quorum:
+            raise RecoveryError(
+                f"ledger {self.ledger_id} entry {entry_id}: re-add reached {len(stored)} bookies, "
+                f"need {self.quorum.ack_quorum}; retry when bookies are back"
+            )
+
+    async def _add(self, entry_id: int, entry: bytes, positions: list[int]) -> list[int]:
+        """Send to the bookies at ``positions``; return the positions that failed or timed out."""
+        futures = {
+            p: self.client.bookie(self.ensemble[p]).add(
+                self.ledger_id, entry_id, entry, recovery=True
+            )
+            for p in positions
+        }
+        await asyncio.wait(futures.values(), timeout=self.client.config.add_timeout_s)
+        failed = []
+        for position, future in futures.items():
+            if not future.done() or future.exception() is not None:
+                error = future.exception() if future.done() else "no answer in time"
+                log.warning(
+                    "ledger %d entry %d: recovery add to %s failed: %s",
+                    self.ledger_id,
+                    entry_id,
+                    self.ensemble[position],
+                    error,
+                )
+                failed.append(position)
+        return failed
+
+    async def _replace(self, first_entry_id: int, positions: list[int]) -> None:
+        for position in positions:
+            self._failed.add(self.ensemble[position])
+        bookies = await self.client.registered_bookies()
+        replacements = self.client.placement.choose(
+            len(positions), bookies, exclude=set(self.ensemble) | self._failed
         )
+        ensemble = list(self.ensemble)
+        for position, address in zip(positions, replacements, strict=True):
+            ensemble[position] = address
+        updated = self.metadata.with_fragment(first_entry_id, tuple(ensemble))
+        try:
+            self.version = await self.client.store.put(
+                ledger_key(self.ledger_id), updated.to_bytes(), self.version
+            )
+        except BadVersionError:
+            raise _ConcurrentChange() from None
+        log.info(
+            "ledger %d: recovery ensemble change from entry %d: %s -> %s",
+            self.ledger_id,
+            first_entry_id,
+            [self.ensemble[p] for p in positions],
+            replacements,
+        )
+        self.metadata, self.ensemble = updated, ensemble
 
 
 async def _length_through(
@@ -206,22 +293,25 @@ async def _length_through(
 
 
 async def _close(
-    client: LedgerClient, ledger_id: int, last_entry_id: int, length: int
+    client: LedgerClient,
+    ledger_id: int,
+    metadata: LedgerMetadata,
+    version: int,
+    last_entry_id: int,
+    length: int,
 ) -> tuple[LedgerMetadata, int]:
-    metadata, version = await client.read_metadata(ledger_id)
-    while not metadata.is_closed:
-        closed = replace(
-            metadata, state=LedgerState.CLOSED, last_entry_id=last_entry_id, length=length
-        )
-        try:
-            return closed, await client.store.put(ledger_key(ledger_id), closed.to_bytes(), version)
-        except BadVersionError:
-            metadata, version = await client.read_metadata(ledger_id)
-    if metadata.last_entry_id != last_entry_id:
+    closed = replace(metadata, state=LedgerState.CLOSED, last_entry_id=last_entry_id, length=length)
+    try:
+        return closed, await client.store.put(ledger_key(ledger_id), closed.to_bytes(), version)
+    except BadVersionError:
+        current, current_version = await client.read_metadata(ledger_id)
+    if not current.is_closed:
+        raise _ConcurrentChange()
+    if current.last_entry_id != last_entry_id:
         log.info(
             "ledger %d: another recoverer closed it first at entry %d (this one found %d); theirs stands",
             ledger_id,
-            metadata.last_entry_id,
+            current.last_entry_id,
             last_entry_id,
         )
-    return metadata, version
+    return current, current_version

@@ -1,0 +1,494 @@
+"""Ledger faults with real processes: a bookie killed or paused under a writer, a writer fenced
+by recovery (alive, or SIGKILLed mid-flight), concurrent recoverers, a corrupt replica.
+
+What must hold (ARCHITECTURE.md "Storage layer"): every add acknowledged to a writer is in the
+ledger byte for byte, whatever failed; after recovery the old writer can add nothing; every
+recoverer agrees on the ledger's end; a corrupt copy is detected and another replica served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from magnetar.common.ledger.bookie_client import BookieClient, BookieError
+from magnetar.common.ledger.client import LedgerClient, LedgerClientConfig
+from magnetar.common.ledger.entry import verify_entry
+from magnetar.common.ledger.errors import LedgerFencedError
+from magnetar.common.ledger.handle import LedgerHandle
+from magnetar.common.ledger.metadata import LedgerMetadata, LedgerState
+from magnetar.common.proto import bookie_pb2 as pb
+from tests.support.ledger_cluster import LedgerCluster, ledger_cluster_fixture, payload_for
+
+# Generous bounds so a broken product fails the test instead of hanging it.
+WAIT_S = 60.0
+
+
+@pytest.fixture
+def cluster3(tmp_path: Path) -> Iterator[LedgerCluster]:
+    yield from ledger_cluster_fixture(tmp_path, 3)
+
+
+@pytest.fixture
+def cluster4(tmp_path: Path) -> Iterator[LedgerCluster]:
+    yield from ledger_cluster_fixture(tmp_path, 4)
+
+
+class Writer:
+    """Pipelined adds of :func:`payload_for` payloads; remembers what was acknowledged."""
+
+    def __init__(self, handle: LedgerHandle, size: int = 300) -> None:
+        self.handle = handle
+        self.size = size
+        self.next_id = 0
+        self.acked: list[int] = []
+        self.errors: list[BaseException] = []
+        self.futures: list[asyncio.Future[int]] = []
+        self._progress = asyncio.Event()
+
+    def payload(self, entry_id: int) -> bytes:
+        return payload_for(self.handle.ledger_id, entry_id, self.size)
+
+    def _done(self, fut: asyncio.Future[int]) -> None:
+        if fut.exception() is None:
+            self.acked.append(fut.result())
+        else:
+            self.errors.append(fut.exception())  # type: ignore[arg-type]
+        self._progress.set()
+
+    async def push(self, count: int, max_in_flight: int | None = None) -> None:
+        """Start ``count`` adds (waits only for window room, and with ``max_in_flight`` until
+        no more than that many are unacknowledged)."""
+        for _ in range(count):
+            if max_in_flight is not None:
+                await self.wait_acked(self.next_id - max_in_flight)
+            fut = await self.handle.add_async(self.payload(self.next_id))
+            self.next_id += 1
+            fut.add_done_callback(self._done)
+            self.futures.append(fut)
+            if self.next_id % 100 == 0:
+                await asyncio.sleep(0)
+
+    async def settle(self) -> None:
+        await asyncio.wait_for(asyncio.gather(*self.futures, return_exceptions=True), WAIT_S)
+
+    async def wait_acked(self, count: int) -> None:
+        if len(self.acked) >= count:
+            return
+
+        async def poll() -> None:
+            while len(self.acked) < count:
+                if self.errors:
+                    raise AssertionError(f"adds failed: {self.errors[:3]}")
+                self._progress.clear()
+                await self._progress.wait()
+
+        await asyncio.wait_for(poll(), WAIT_S)
+
+
+async def read_back(client: LedgerClient, ledger_id: int, expected: dict[int, bytes]) -> None:
+    """Open (with recovery) and check every expected entry is there, byte for byte."""
+    handle = await client.open_ledger(ledger_id)
+    last = max(expected, default=-1)
+    assert handle.readable_last_entry >= last
+    entries = await handle.read(0, handle.readable_last_entry)
+    assert [e.entry_id for e in entries] == list(range(handle.readable_last_entry + 1))
+    for e in entries:
+        if e.entry_id in expected:
+            assert e.payload == expected[e.entry_id], f"entry {e.entry_id} read back different"
+
+
+async def check_every_copy(
+    ledger_id: int, metadata: LedgerMetadata, expected: dict[int, bytes]
+) -> None:
+    """Every copy any bookie of a fragment holds of an entry of that fragment is intact and is
+    the entry that was sent (a bookie may lack entries it never got)."""
+    ends = [f.first_entry_id for f in metadata.fragments[1:]] + [metadata.last_entry_id + 1]
+    for fragment, end in zip(metadata.fragments, ends, strict=True):
+        for address in fragment.bookies:
+            async with BookieClient(address) as bookie:
+                for e in range(fragment.first_entry_id, end):
+                    try:
+                        entry = await bookie.read(ledger_id, e)
+                    except BookieError as err:
+                        assert err.status in (pb.NO_SUCH_ENTRY, pb.NO_SUCH_LEDGER), err
+                        continue
+                    header = verify_entry(entry)
+                    assert (header.ledger_id, header.entry_id) == (ledger_id, e)
+                    assert entry.endswith(expected[e]), f"{address} holds a wrong entry {e}"
+
+
+async def test_bookie_killed_mid_write_ensemble_change(cluster4: LedgerCluster) -> None:
+    """4 bookies, E3/Qw2/Qa2: SIGKILL an ensemble bookie while thousands of adds are in flight.
+    Writes go on through an ensemble change; nothing acknowledged is lost."""
+    async with cluster4.client() as client:
+        handle = await client.create_ledger(3, 2, 2)
+        ensemble = handle.ensemble
+        spare = {b.address for b in cluster4.bookies} - set(ensemble)
+        writer = Writer(handle)
+        pushing = asyncio.create_task(writer.push(5000, max_in_flight=1000))
+        await writer.wait_acked(1000)
+        # Adds are still being pushed and many are in flight when the bookie dies.
+        in_flight = writer.next_id - len(writer.acked)
+        acked_at_kill = len(writer.acked)
+        victim_position = writer.next_id % 3
+        victim = ensemble[victim_position]
+        cluster4.bookie(victim).kill()  # synchronous: no add is sent while it dies
+        first_sent_after_kill = writer.next_id
+        await asyncio.wait_for(pushing, WAIT_S)
+        await writer.settle()
+        assert in_flight > 0 and first_sent_after_kill < 5000, "the kill was not mid-write"
+        assert writer.errors == [], f"adds failed after a single bookie died: {writer.errors[:3]}"
+        assert writer.acked == list(range(writer.next_id)), "acks out of order or missing"
+        await handle.close()
+
+        metadata, _ = await client.read_metadata(handle.ledger_id)
+        assert metadata.state is LedgerState.CLOSED
+        assert metadata.last_entry_id == writer.next_id - 1
+        assert len(metadata.fragments) == 2, metadata.fragments
+        first, second = metadata.fragments
+        assert first.first_entry_id == 0 and first.bookies == ensemble
+        assert victim not in second.bookies
+        assert second.bookies[victim_position] in spare
+        for p in range(3):
+            if p != victim_position:
+                assert second.bookies[p] == ensemble[p], "a live bookie was replaced"
+        # The change starts where acks stopped: not before an entry acked before the kill, and
+        # not after the first entry sent after the kill that the dead bookie had to store.
+        must_move = next(
+            e
+            for e in range(first_sent_after_kill, writer.next_id)
+            if victim_position in handle.metadata.quorum.write_set(e)
+        )
+        assert acked_at_kill <= second.first_entry_id <= must_move, (
+            acked_at_kill,
+            second.first_entry_id,
+            must_move,
+        )
+
+    async with cluster4.client() as reader:
+        await read_back(
+            reader, handle.ledger_id, {i: writer.payload(i) for i in range(writer.next_id)}
+        )
+        # Entries of the new fragment really are on the replacement bookie.
+        replacement = second.bookies[victim_position]
+        quorum = metadata.quorum
+        async with BookieClient(replacement) as bookie:
+            for e in range(second.first_entry_id, writer.next_id):
+                if victim_position in quorum.write_set(e):
+                    entry = await bookie.read(handle.ledger_id, e)
+                    assert entry.endswith(writer.payload(e))
+        assert reader.corrupt_reads == 0
+
+
+async def test_bookie_paused_adds_complete_at_ack_quorum(cluster4: LedgerCluster) -> None:
+    """E3/Qw3/Qa2: SIGSTOP one ensemble bookie; adds keep completing on the other two; after
+    SIGCONT and close, every entry reads back, and no replica holds a corrupt copy."""
+    config = LedgerClientConfig(add_timeout_s=1.0)
+    async with cluster4.client(config) as client:
+        handle = await client.create_ledger(3, 3, 2)
+        ensemble = handle.ensemble
+        writer = Writer(handle)
+        await writer.push(300)
+        await writer.settle()
+        paused = cluster4.bookie(ensemble[1])
+        paused.pause()
+        try:
+            before = len(writer.acked)
+            await writer.push(1500)
+            await writer.settle()  # fails (timeout) if adds wait for the paused bookie
+            assert len(writer.acked) == before + 1500
+            assert writer.errors == []
+        finally:
+            paused.resume()
+        await writer.push(500)
+        await writer.settle()
+        assert writer.errors == [], writer.errors[:3]
+        assert writer.acked == list(range(writer.next_id))
+        await handle.close()
+        metadata, _ = await client.read_metadata(handle.ledger_id)
+        assert metadata.last_entry_id == writer.next_id - 1
+
+    expected = {i: writer.payload(i) for i in range(writer.next_id)}
+    async with cluster4.client() as reader:
+        await read_back(reader, handle.ledger_id, expected)
+        assert reader.corrupt_reads == 0
+        await check_every_copy(handle.ledger_id, metadata, expected)
+
+
+async def test_paused_bookie_is_replaced_after_add_timeout(cluster4: LedgerCluster) -> None:
+    """E3/Qw2/Qa2: with one write-set bookie paused, adds cannot reach Qa; after
+    ``add_timeout_s`` the writer replaces it (ensemble change) and the adds complete. Its late
+    answers after SIGCONT change nothing."""
+    config = LedgerClientConfig(add_timeout_s=1.0)
+    async with cluster4.client(config) as client:
+        handle = await client.create_ledger(3, 2, 2)
+        ensemble = handle.ensemble
+        writer = Writer(handle)
+        await writer.push(200)
+        await writer.settle()
+        paused = cluster4.bookie(ensemble[0])
+        paused.pause()
+        try:
+            await writer.push(600)
+            await writer.settle()  # times out (fails) if a silent bookie is never replaced
+            assert writer.errors == [], writer.errors[:3]
+            assert writer.acked == list(range(800))
+        finally:
+            paused.resume()
+        await writer.push(300)
+        await writer.settle()
+        assert writer.errors == [], writer.errors[:3]
+        assert writer.acked == list(range(1100))
+        await handle.close()
+        metadata, _ = await client.read_metadata(handle.ledger_id)
+        assert metadata.last_entry_id == 1099
+        assert len(metadata.fragments) == 2, metadata.fragments
+        assert 200 <= metadata.fragments[1].first_entry_id <= 800
+        assert paused.address not in metadata.fragments[1].bookies
+        assert metadata.fragments[1].bookies[1:] == ensemble[1:]
+
+    expected = {i: writer.payload(i) for i in range(writer.next_id)}
+    async with cluster4.client() as reader:
+        await read_back(reader, handle.ledger_id, expected)
+        assert reader.corrupt_reads == 0
+    await check_every_copy(handle.ledger_id, metadata, expected)
+
+
+async def test_recovery_with_a_dead_ensemble_bookie(cluster4: LedgerCluster) -> None:
+    """The writer stops (as if crashed) and a bookie of its ensemble dies too: recovery still
+    fences (the two live bookies cover every write quorum of E3/Qw2/Qa2), finds the last
+    acknowledged entry and closes the ledger with it. That entry (past the LAC the bookies
+    know) must be re-replicated to Qa bookies, so recovery has to replace the dead one, as
+    BookKeeper's recovery does through an ensemble change."""
+    async with cluster4.client() as a_client:
+        a = await a_client.create_ledger(3, 2, 2)
+        for i in range(100):
+            assert await a.add(payload_for(a.ledger_id, i)) == i
+        # Entry 99 carried LAC 98: recovery must read and re-add 99; position 99 % 3 stores it.
+        dead = a.ensemble[99 % 3]
+        cluster4.bookie(dead).kill()
+        async with cluster4.client() as b_client:
+            b = await asyncio.wait_for(b_client.open_ledger(a.ledger_id), WAIT_S)
+            assert b.metadata.state is LedgerState.CLOSED
+            assert b.metadata.last_entry_id == 99, "an acknowledged entry was dropped"
+            entries = await b.read(0, 99)
+            assert [e.payload for e in entries] == [payload_for(a.ledger_id, i) for i in range(100)]
+            with pytest.raises(LedgerFencedError):
+                await a.add(b"after recovery")
+
+
+async def test_recovery_with_a_paused_ensemble_bookie(cluster3: LedgerCluster) -> None:
+    """E3/Qw3/Qa2 with one bookie paused (SIGSTOP: alive but silent, like a partition):
+    fencing holds with the other two (Qw - Qa + 1 = 2 of the one write quorum), the entries
+    past the LAC are found on them and re-added to Qa bookies, so recovery can finish without
+    the paused one. It must not wait for an answer that may never come."""
+    async with cluster3.client() as a_client:
+        a = await a_client.create_ledger(3, 3, 2)
+        for i in range(50):
+            assert await a.add(payload_for(a.ledger_id, i)) == i
+        paused = cluster3.bookie(a.ensemble[2])
+        paused.pause()
+        try:
+            config = LedgerClientConfig(add_timeout_s=2.0, read_timeout_s=2.0)
+            async with cluster3.client(config) as b_client:
+                b = await asyncio.wait_for(b_client.open_ledger(a.ledger_id), 30)
+                assert b.metadata.state is LedgerState.CLOSED
+                assert b.metadata.last_entry_id == 49
+                entries = await b.read(0, 49)
+                assert [e.payload for e in entries] == [
+                    payload_for(a.ledger_id, i) for i in range(50)
+                ]
+        finally:
+            paused.resume()
+
+
+async def test_fencing_race_with_a_live_writer(cluster3: LedgerCluster) -> None:
+    """A keeps writing while B opens the ledger with recovery: A's next add fails with
+    LedgerFencedError, B's ledger holds everything A was told succeeded, and A's close does
+    not move B's end."""
+    async with cluster3.client() as a_client, cluster3.client() as b_client:
+        a = await a_client.create_ledger(3, 2, 2)
+        writer = Writer(a)
+        stop = asyncio.Event()
+
+        async def keep_writing() -> None:
+            try:
+                while not stop.is_set():
+                    await writer.push(50)
+            except LedgerFencedError:
+                pass
+
+        pushing = asyncio.create_task(keep_writing())
+        await writer.wait_acked(500)
+        b = await asyncio.wait_for(b_client.open_ledger(a.ledger_id), WAIT_S)
+        acked_when_recovered = list(writer.acked)
+        stop.set()
+        await asyncio.wait_for(pushing, WAIT_S)
+        await writer.settle()
+
+        assert b.metadata.state is LedgerState.CLOSED
+        last = b.metadata.last_entry_id
+        assert writer.acked, "nothing was acknowledged"
+        assert max(writer.acked) <= last, (
+            f"A was told entry {max(writer.acked)} succeeded; recovery ended the ledger at {last}"
+        )
+        assert len(acked_when_recovered) <= len(writer.acked)
+        assert all(isinstance(e, LedgerFencedError) for e in writer.errors), writer.errors[:3]
+        with pytest.raises(LedgerFencedError):
+            await a.add(b"after the takeover")
+
+        entries = await b.read(0, last)
+        for e in entries:
+            assert e.payload == writer.payload(e.entry_id), f"entry {e.entry_id} differs"
+
+        meta_before, _ = await b_client.read_metadata(a.ledger_id)
+        await a.close()
+        meta_after, _ = await b_client.read_metadata(a.ledger_id)
+        assert meta_after.state is LedgerState.CLOSED
+        assert (meta_after.last_entry_id, meta_after.length) == (last, b.metadata.length)
+        assert meta_after == meta_before
+
+
+class WriterProcess:
+    """The ledger_cluster writer in a subprocess; collects its ``acked N`` lines."""
+
+    def __init__(self, cluster: LedgerCluster, count: int) -> None:
+        self.process = cluster.writer_process(3, 2, 2, count)
+        self.log_path = cluster.writer_log(self.process)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line.strip())
+
+    @property
+    def ledger_id(self) -> int:
+        return int(self.lines[0].split()[1])
+
+    @property
+    def acked(self) -> list[int]:
+        return [int(line.split()[1]) for line in list(self.lines) if line.startswith("acked ")]
+
+    async def wait_acked(self, count: int) -> None:
+        async def poll() -> None:
+            while len(self.acked) < count:
+                if self.process.poll() is not None:
+                    err = self.log_path.read_text(errors="replace")[-3000:]
+                    raise AssertionError(f"writer exited early ({self.process.returncode}): {err}")
+                await asyncio.sleep(0.02)
+
+        await asyncio.wait_for(poll(), WAIT_S)
+
+    def kill(self) -> None:
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        self._reader.join(10)  # everything it printed before dying
+
+
+async def test_writer_killed_mid_flight_recovery_keeps_every_ack(cluster3: LedgerCluster) -> None:
+    writer = WriterProcess(cluster3, 1_000_000)
+    try:
+        await writer.wait_acked(1500)
+    finally:
+        writer.kill()
+    acked = writer.acked
+    assert acked == list(range(len(acked))), "the writer printed acks out of order"
+    async with cluster3.client() as client:
+        metadata, _ = await client.read_metadata(writer.ledger_id)
+        assert metadata.state is LedgerState.OPEN
+        handle = await asyncio.wait_for(client.open_ledger(writer.ledger_id), WAIT_S)
+        last = handle.metadata.last_entry_id
+        assert last >= acked[-1], f"acked up to {acked[-1]}, recovered only to {last}"
+        entries = await handle.read(0, last)
+        assert [e.entry_id for e in entries] == list(range(last + 1))
+        for e in entries:  # acked ones, and the unacked ones recovery kept, are what was sent
+            assert e.payload == payload_for(writer.ledger_id, e.entry_id), e.entry_id
+        assert handle.metadata.length == sum(len(e.payload) for e in entries)
+        # Recovery re-replicated what it kept: each entry is on its whole write set now.
+        fragment = handle.metadata.last_fragment
+        quorum = handle.metadata.quorum
+        for e in range(max(0, last - 50), last + 1):
+            for p in quorum.write_set(e):
+                copy = await client.bookie(fragment.bookies[p]).read(writer.ledger_id, e)
+                assert copy.endswith(payload_for(writer.ledger_id, e))
+
+
+async def test_concurrent_recoverers_agree(cluster3: LedgerCluster) -> None:
+    writer = WriterProcess(cluster3, 1_000_000)
+    try:
+        await writer.wait_acked(800)
+    finally:
+        writer.kill()
+    acked = writer.acked
+    async with cluster3.client() as one, cluster3.client() as two:
+        h1, h2 = await asyncio.wait_for(
+            asyncio.gather(one.open_ledger(writer.ledger_id), two.open_ledger(writer.ledger_id)),
+            WAIT_S,
+        )
+        assert h1.metadata.state is LedgerState.CLOSED
+        assert h2.metadata.state is LedgerState.CLOSED
+        assert (h1.metadata.last_entry_id, h1.metadata.length) == (
+            h2.metadata.last_entry_id,
+            h2.metadata.length,
+        )
+        stored, _ = await one.read_metadata(writer.ledger_id)
+        assert (stored.last_entry_id, stored.length) == (
+            h1.metadata.last_entry_id,
+            h1.metadata.length,
+        )
+        assert stored.last_entry_id >= acked[-1]
+        # A third recoverer later finds it closed and changes nothing.
+        h3 = await one.open_ledger(writer.ledger_id)
+        assert h3.metadata.last_entry_id == stored.last_entry_id
+
+
+async def test_corrupt_replica_is_detected_and_another_served(cluster3: LedgerCluster) -> None:
+    """Flip a payload byte in one bookie's entry log; reads return the good replica's bytes
+    and the client counts (reports) the corrupt copy."""
+    async with cluster3.client() as client:
+        handle = await client.create_ledger(3, 2, 2)
+        ledger_id = handle.ledger_id
+        for i in range(60):
+            await handle.add(payload_for(ledger_id, i, 400))
+        await handle.close()
+    target = 31
+    good = payload_for(ledger_id, target, 400)
+    # The bookie first in the entry's write set is the one a reader asks first.
+    position = handle.metadata.quorum.write_set(target)[0]
+    bookie = cluster3.bookie(handle.metadata.last_fragment.bookies[position])
+    bookie.checkpoint()
+    assert bookie.stop() == 0
+    flipped = 0
+    for log_file in bookie.entry_log_files:
+        data = bytearray(log_file.read_bytes())
+        at = data.find(good)
+        if at >= 0:
+            data[at + 200] ^= 0xFF
+            log_file.write_bytes(bytes(data))
+            flipped += 1
+    assert flipped == 1, f"entry {target} found in {flipped} entry logs of {bookie.address}"
+    bookie.start()
+
+    # A long speculative delay: the corrupt replica answers first, deterministically.
+    async with cluster3.client(LedgerClientConfig(speculative_read_s=5.0)) as reader:
+        opened = await reader.open_ledger(ledger_id)
+        entry = await opened.read_entry(target)
+        assert entry.payload == good
+        assert reader.corrupt_reads >= 1, "the corrupt copy was not reported"
+        entries = await opened.read(0, 59)
+        assert [e.payload for e in entries] == [payload_for(ledger_id, i, 400) for i in range(60)]
+    # The bookie itself refuses to serve the bad copy as good.
+    async with BookieClient(bookie.address) as direct:
+        with pytest.raises(BookieError) as bad:
+            await direct.read(ledger_id, target)
+        assert bad.value.status == pb.DIGEST_MISMATCH
