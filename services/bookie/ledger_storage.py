@@ -200,18 +200,33 @@ class LedgerStorage:
         for record in jnl.replay(self._journal.directory, mark):
             count += 1
             if record.kind is jnl.RecordType.ADD:
+                entries = [record.data]
+            elif record.kind is jnl.RecordType.ADD_BATCH:
                 try:
-                    header = decode_header(record.data)
+                    entries = jnl.decode_add_batch(record.data)
+                except ValueError as e:
+                    log.error(
+                        "journal file %d: batch record %d is malformed (%s); skipped",
+                        record.file_id,
+                        count,
+                        e,
+                    )
+                    continue
+            else:
+                continue
+            for entry in entries:
+                try:
+                    header = decode_header(entry)
                 except EntryFormatError:
                     log.error(
-                        "journal record %d of file %d is not an entry; skipped",
-                        count,
+                        "journal file %d: record %d holds a non-entry; skipped",
                         record.file_id,
+                        count,
                     )
                     continue
                 if header.ledger_id in self._deleted:
                     continue
-                self._memtable.put(header.ledger_id, header.entry_id, record.data)
+                self._memtable.put(header.ledger_id, header.entry_id, entry)
                 state = self._ledgers.setdefault(header.ledger_id, LedgerState())
                 state.last_entry_id = max(state.last_entry_id, header.entry_id)
                 state.lac = max(state.lac, header.lac)
@@ -336,14 +351,14 @@ class LedgerStorage:
             memtable.put(op.ledger_id, entry_id, entry)
             if entry_id > state.last_entry_id:
                 state.last_entry_id = entry_id
-            records.append(jnl.encode_record(jnl.RecordType.ADD, entry))
+            records.append(entry)
             accepted.append((i, state, lac))
             size += len(entry)
         if memtable.size >= self.config.write_cache_bytes // 2 and self._flushing is None:
             self._start_flush()
         durable = None
         if records:
-            durable = self._journal.append(b"".join(records))
+            durable = self._journal.append(jnl.encode_add_batch(records))
             self._journal_dirty = True
         return self._finish_add(durable, failures, accepted, size, started)
 
