@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs on a Debian machine: etcd, Java 17 (for the Spark
-# source), and the Python package with its dev extra. Safe to run again: it skips what is there.
+# source), and the Python package with its dev extra (scripts/install.sh --dev). Safe to run again: it skips what is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,4 +15,4 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 
-python3 -m pip install -q --disable-pip-version-check -e '.[dev]'
+bash scripts/install.sh --dev

@@ -4,6 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-test-deps.sh
-ruff check .
-ruff format --check .
+python3 -m ruff check .
+python3 -m ruff format --check .
 exec python3 -m pytest -q -p no:cacheprovider "$@"
