@@ -10,6 +10,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from magnetar.bookie.ledger_storage import LedgerStorage, StorageError
+from magnetar.common.ledger.entry import decode_header
 from magnetar.common.proto import bookie_pb2 as pb
 from magnetar.common.proto import bookie_pb2_grpc
 
@@ -68,9 +69,7 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
                 ledger_id=request.ledger_id,
                 entry_id=request.entry_id,
             )
-        entry_id = request.entry_id
-        if entry_id == -1:
-            entry_id = int.from_bytes(entry[8:16], "big", signed=True)
+        entry_id = decode_header(entry).entry_id  # -1 asked for the last one: say which it is
         return pb.ReadResponse(
             status=pb.OK, ledger_id=request.ledger_id, entry_id=entry_id, entry=entry
         )
