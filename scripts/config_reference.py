@@ -8,11 +8,13 @@ from __future__ import annotations
 import dataclasses
 
 from magnetar.bookie.config import BookieConfig
+from magnetar.broker.config import BrokerConfig
 from magnetar.common.config import ENV_PREFIX
 from magnetar.standalone import StandaloneConfig
 
 SECTIONS = [
     ("magnetar bookie", BookieConfig),
+    ("magnetar broker", BrokerConfig),
     ("magnetar standalone", StandaloneConfig),
 ]
 

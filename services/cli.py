@@ -49,6 +49,15 @@ def _cmd_bookie(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_broker(args: argparse.Namespace) -> int:
+    from magnetar.broker.broker import Broker
+    from magnetar.broker.config import BrokerConfig
+
+    broker = Broker(load_config(BrokerConfig, args))
+    uvloop.run(_run_until_signalled(broker.start, broker.stop))
+    return 0
+
+
 def _cmd_standalone(args: argparse.Namespace) -> int:
     from magnetar.standalone import Standalone, StandaloneConfig
 
@@ -67,6 +76,7 @@ def _cmd_bk(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from magnetar import bkshell
     from magnetar.bookie.config import BookieConfig
+    from magnetar.broker.config import BrokerConfig
     from magnetar.standalone import StandaloneConfig
 
     parser = argparse.ArgumentParser(
@@ -83,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_arguments(p, BookieConfig)
     p.set_defaults(func=_cmd_bookie)
+
+    p = sub.add_parser("broker", help="run a broker (Pulsar protocol)")
+    add_arguments(p, BrokerConfig)
+    p.set_defaults(func=_cmd_broker)
 
     p = sub.add_parser("standalone", help="run metadata, one bookie and one broker in one process")
     add_arguments(p, StandaloneConfig)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from magnetar.bookie.config import BookieConfig
 from magnetar.bookie.service import Bookie
+from magnetar.broker.broker import Broker
+from magnetar.broker.config import BrokerConfig
 from magnetar.common.config import setting
 from magnetar.common.metadata import MetadataStore, open_store
 
@@ -35,6 +37,7 @@ class Standalone:
         self.data_dir = Path(config.data_dir)
         self.store: MetadataStore | None = None
         self.bookie: Bookie | None = None
+        self.broker: Broker | None = None
 
     async def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -51,15 +54,27 @@ class Standalone:
         )
         self.bookie = Bookie(bookie_config, self.store)
         await self.bookie.start()
+        broker_config = BrokerConfig(
+            metadata_url="local://",
+            bind_address="0.0.0.0",
+            advertised_address="localhost",
+            port=self.config.broker_port,
+            ensemble_size=1,
+            write_quorum=1,
+            ack_quorum=1,
+        )
+        self.broker = Broker(broker_config, self.store)
+        await self.broker.start()
         log.info(
-            "standalone: metadata %s, bookie %s. The Pulsar-protocol broker on port %d is not "
-            "part of this build yet (tracked as the broker issue).",
+            "standalone ready: %s (metadata %s, bookie %s)",
+            self.broker.service_url,
             self.data_dir / "meta.db",
             self.bookie.address,
-            self.config.broker_port,
         )
 
     async def stop(self) -> None:
+        if self.broker is not None:
+            await self.broker.stop()
         if self.bookie is not None:
             await self.bookie.stop()
         if self.store is not None:

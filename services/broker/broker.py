@@ -1,0 +1,97 @@
+"""The broker: accepts Pulsar-protocol connections and serves the topics it has loaded.
+
+This first version serves every topic itself (a single broker, as in standalone mode): lookups
+answer with its own address. Bundle ownership and the load manager come later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from magnetar.broker.config import BrokerConfig
+from magnetar.broker.connection import ServerConnection
+from magnetar.broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
+from magnetar.broker.topic import PersistentTopic
+from magnetar.broker.topic_name import TopicName
+from magnetar.common.ledger.client import LedgerClient
+from magnetar.common.metadata import MetadataStore, open_store
+
+log = logging.getLogger(__name__)
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig, store: MetadataStore | None = None) -> None:
+        self.config = config
+        self.store = store
+        self._owns_store = store is None
+        self.ledger_client: LedgerClient | None = None
+        self.topics: dict[str, PersistentTopic] = {}
+        self._loading: dict[str, asyncio.Task[PersistentTopic]] = {}
+        self.connections: set[ServerConnection] = set()
+        self._server: asyncio.AbstractServer | None = None
+        self.port = config.port
+
+    @property
+    def service_url(self) -> str:
+        return f"pulsar://{self.config.advertised_address}:{self.port}"
+
+    async def start(self) -> None:
+        if self.store is None:
+            self.store = await open_store(self.config.metadata_url)
+        self.ledger_client = LedgerClient(self.store)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: ServerConnection(self), self.config.bind_address, self.config.port
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info("broker serving %s", self.service_url)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for connection in list(self.connections):
+            connection.close()
+        for topic in list(self.topics.values()):
+            try:
+                await topic.close()
+            except Exception as e:
+                log.warning("topic %s did not close cleanly: %s", topic.name, e)
+        self.topics.clear()
+        if self.ledger_client is not None:
+            await self.ledger_client.close()
+        if self._owns_store and self.store is not None:
+            await self.store.close()
+        log.info("broker stopped")
+
+    async def get_topic(self, name: TopicName) -> PersistentTopic:
+        """The loaded topic, loading it (and recovering its last ledger) on first use."""
+        key = str(name)
+        topic = self.topics.get(key)
+        if topic is not None:
+            return topic
+        task = self._loading.get(key)
+        if task is None:
+            task = self._loading[key] = asyncio.get_running_loop().create_task(self._load(name))
+        try:
+            return await asyncio.shield(task)
+        finally:
+            if task.done():
+                self._loading.pop(key, None)
+
+    async def _load(self, name: TopicName) -> PersistentTopic:
+        assert self.ledger_client is not None and self.store is not None
+        c = self.config
+        ml_config = ManagedLedgerConfig(
+            ensemble_size=c.ensemble_size,
+            write_quorum=c.write_quorum,
+            ack_quorum=c.ack_quorum,
+            max_entries_per_ledger=c.max_entries_per_ledger,
+        )
+        ml = await ManagedLedger.open(
+            name.managed_ledger_name, self.ledger_client, self.store, ml_config
+        )
+        topic = PersistentTopic(name, ml, c.dispatch_batch)
+        self.topics[str(name)] = topic
+        log.info("topic %s loaded", name)
+        return topic

@@ -1,0 +1,27 @@
+"""One dispatcher per subscription mode; ``for_mode`` picks it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from magnetar.common.proto import pulsar_api_pb2 as pb
+
+if TYPE_CHECKING:
+    from magnetar.broker.dispatchers.base import Dispatcher
+    from magnetar.broker.subscription import Subscription
+
+
+def for_mode(sub_type: int, subscription: Subscription) -> Dispatcher:
+    from magnetar.broker.dispatchers.exclusive import ExclusiveDispatcher
+    from magnetar.broker.dispatchers.failover import FailoverDispatcher
+    from magnetar.broker.dispatchers.shared import SharedDispatcher
+
+    if sub_type == pb.CommandSubscribe.Exclusive:
+        return ExclusiveDispatcher(subscription)
+    if sub_type == pb.CommandSubscribe.Failover:
+        return FailoverDispatcher(subscription)
+    if sub_type == pb.CommandSubscribe.Shared:
+        return SharedDispatcher(subscription)
+    raise NotImplementedError(
+        f"subscription type {pb.CommandSubscribe.SubType.Name(sub_type)} is not served yet"
+    )

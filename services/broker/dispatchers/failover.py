@@ -1,0 +1,69 @@
+"""Failover subscriptions: many consumers, one active. Consumers are ordered by priority level,
+then name; for partition ``p`` of a partitioned topic the active one is ``p mod n`` (0 for a
+non-partitioned topic), which spreads partitions over consumers. Every consumer is told whether
+it is active (ACTIVE_CONSUMER_CHANGE). When the active consumer changes, the cursor rewinds so
+the new one gets every unacknowledged message."""
+
+from __future__ import annotations
+
+from magnetar.broker.consumer import Consumer
+from magnetar.broker.dispatchers.exclusive import ExclusiveDispatcher
+from magnetar.broker.managed_ledger import Position
+from magnetar.common.proto import pulsar_api_pb2 as pb
+
+
+class FailoverDispatcher(ExclusiveDispatcher):
+    def __init__(self, subscription) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(subscription)
+        self.active: Consumer | None = None
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        super(ExclusiveDispatcher, self).add_consumer(consumer)  # no ConsumerBusy here
+        self._elect()
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        if consumer in self.consumers:
+            self.consumers.remove(consumer)
+            consumer.closed = True
+            if consumer is self.active:
+                self._rewind(consumer)
+                self.active = None
+            self._elect()
+            self.wake()
+
+    def _elect(self) -> None:
+        if not self.consumers:
+            self.active = None
+            return
+        ordered = sorted(self.consumers, key=lambda c: (c.priority, c.name))
+        partition = max(self.subscription.topic.name.partition_index, 0)
+        chosen = ordered[partition % len(ordered)]
+        if chosen is not self.active:
+            if self.active is not None:
+                self._rewind(self.active)
+            self.active = chosen
+        for consumer in self.consumers:
+            consumer.connection.send(
+                pb.CommandActiveConsumerChange(
+                    consumer_id=consumer.consumer_id, is_active=consumer is chosen
+                )
+            )
+        self.wake()
+
+    async def dispatch_round(self) -> bool:
+        consumer = self.active
+        if consumer is None or consumer.permits <= 0 or not self.cursor.has_more_entries:
+            return False
+        entries = await self.cursor.read_entries(
+            min(consumer.permits, self.subscription.dispatch_batch)
+        )
+        for position, stored in entries:
+            if consumer.closed or consumer is not self.active:
+                self.cursor.rewind()
+                break
+            consumer.send(position, stored, self.subscription.redelivery_counts.get(position, 0))
+        return bool(entries)
+
+    def redeliver(self, consumer: Consumer, positions: list[Position] | None) -> None:
+        if consumer is self.active:
+            super().redeliver(consumer, positions)

@@ -1,0 +1,70 @@
+"""Shared subscriptions: messages go round-robin to the consumers that have permits. Unacked
+messages of a consumer that leaves (or asks for redelivery, or negatively acks) are put in a
+replay set and sent to the others before new messages. Only individual acks."""
+
+from __future__ import annotations
+
+import itertools
+
+from magnetar.broker.consumer import Consumer
+from magnetar.broker.dispatchers.base import Dispatcher
+from magnetar.broker.managed_ledger import Position
+
+
+class SharedDispatcher(Dispatcher):
+    def __init__(self, subscription) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(subscription)
+        self._replay: set[Position] = set()
+        self._turn = itertools.count()
+
+    def _next_consumer(self) -> Consumer | None:
+        ready = [c for c in self.consumers if c.permits > 0 and not c.closed]
+        if not ready:
+            return None
+        return ready[next(self._turn) % len(ready)]
+
+    async def dispatch_round(self) -> bool:
+        budget = sum(max(c.permits, 0) for c in self.consumers if not c.closed)
+        if budget <= 0:
+            return False
+        entries = await self._replay_entries(min(budget, self.subscription.dispatch_batch))
+        if not entries and self.cursor.has_more_entries:
+            entries = await self.cursor.read_entries(min(budget, self.subscription.dispatch_batch))
+        sent = False
+        for position, stored in entries:
+            consumer = self._next_consumer()
+            if consumer is None:
+                self._replay.add(position)  # permits ran out (batches count more than one)
+                continue
+            consumer.send(position, stored, self.subscription.redelivery_counts.get(position, 0))
+            sent = True
+        return sent
+
+    async def _replay_entries(self, limit: int) -> list[tuple[Position, bytes]]:
+        entries = []
+        for position in sorted(self._replay)[:limit]:
+            self._replay.discard(position)
+            if self.cursor.is_acked(position):
+                continue
+            found = await self.cursor.ml.read_entries(position, 1)
+            if found and found[0][0] == position:
+                entries.append(found[0])
+        return entries
+
+    def release(self, consumer: Consumer) -> None:
+        for position in consumer.pending:
+            self.redelivered(position)
+            self._replay.add(position)
+        consumer.pending.clear()
+
+    def redeliver(self, consumer: Consumer, positions: list[Position] | None) -> None:
+        chosen = (
+            list(consumer.pending)
+            if positions is None
+            else [p for p in positions if p in consumer.pending]
+        )
+        for position in chosen:
+            consumer.pending.pop(position, None)
+            self.redelivered(position)
+            self._replay.add(position)
+        self.wake()

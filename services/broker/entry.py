@@ -1,0 +1,31 @@
+"""What a topic stores per entry: a producer's payload section, as it came in a SEND.
+
+That is ``[magic 0x0e01][crc32c][metadata size][MessageMetadata][payload]`` (or the same without
+magic and CRC from old clients), so a MESSAGE to a consumer is the MESSAGE command followed by
+the stored bytes unchanged: no re-encoding on the dispatch path.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from magnetar.common.proto import pulsar_api_pb2 as pb
+from magnetar.common.protocol.codec import MAGIC_CRC32C
+
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+
+
+def entry_metadata(stored: bytes) -> pb.MessageMetadata:
+    """The MessageMetadata of a stored entry (already validated when it was published)."""
+    offset = 0
+    if len(stored) >= 2 and _U16.unpack_from(stored, 0)[0] == MAGIC_CRC32C:
+        offset = 6
+    (size,) = _U32.unpack_from(stored, offset)
+    return pb.MessageMetadata.FromString(stored[offset + 4 : offset + 4 + size])
+
+
+def message_count(stored: bytes) -> int:
+    """Messages in the entry: a batch counts each of its messages (each needs a permit)."""
+    metadata = entry_metadata(stored)
+    return metadata.num_messages_in_batch if metadata.HasField("num_messages_in_batch") else 1

@@ -1,0 +1,88 @@
+"""A durable subscription: a cursor on the topic's managed ledger and the dispatcher of its mode."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from magnetar.broker import dispatchers
+from magnetar.broker.consumer import Consumer
+from magnetar.broker.cursor import ManagedCursor
+from magnetar.broker.managed_ledger import Position
+from magnetar.common.proto import pulsar_api_pb2 as pb
+
+if TYPE_CHECKING:
+    from magnetar.broker.topic import PersistentTopic
+
+
+class SubscriptionTypeError(Exception):
+    """A consumer asked for another mode than the subscription has."""
+
+
+class Subscription:
+    def __init__(
+        self,
+        topic: PersistentTopic,
+        name: str,
+        cursor: ManagedCursor,
+        sub_type: int,
+        dispatch_batch: int,
+    ) -> None:
+        self.topic = topic
+        self.name = name
+        self.cursor = cursor
+        self.sub_type = sub_type
+        self.dispatch_batch = dispatch_batch
+        self.redelivery_counts: dict[Position, int] = {}
+        self.dispatcher = dispatchers.for_mode(sub_type, self)
+
+    def __str__(self) -> str:
+        return f"{self.topic.name}/{self.name}"
+
+    def add_consumer(self, consumer: Consumer, sub_type: int) -> None:
+        if sub_type != self.sub_type:
+            raise SubscriptionTypeError(
+                f"subscription {self} is {pb.CommandSubscribe.SubType.Name(self.sub_type)}, "
+                f"not {pb.CommandSubscribe.SubType.Name(sub_type)}"
+            )
+        self.dispatcher.add_consumer(consumer)
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        self.dispatcher.remove_consumer(consumer)
+
+    def flow(self, consumer: Consumer, permits: int) -> None:
+        consumer.permits += permits
+        self.dispatcher.wake()
+
+    def ack(self, consumer: Consumer, ack_type: int, message_ids: list[pb.MessageIdData]) -> None:
+        for mid in message_ids:
+            position = Position(mid.ledgerId, mid.entryId)
+            if ack_type == pb.CommandAck.Cumulative:
+                self.cursor.mark_delete(position)
+                for c in self.dispatcher.consumers:
+                    for p in [p for p in c.pending if p <= position]:
+                        c.acked(p)
+                        self.redelivery_counts.pop(p, None)
+            elif mid.ack_set and mid.HasField("batch_size"):
+                # ack_set holds the batch's still-unacknowledged indexes as a bit set.
+                bits = 0
+                for i, word in enumerate(mid.ack_set):
+                    bits |= (word & (2**64 - 1)) << (64 * i)
+                acked = [i for i in range(mid.batch_size) if not bits >> i & 1]
+                self.cursor.delete_batch_indexes(position, acked, mid.batch_size)
+                if self.cursor.is_acked(position):
+                    consumer.acked(position)
+                    self.redelivery_counts.pop(position, None)
+            else:
+                self.cursor.delete([position])
+                consumer.acked(position)
+                self.redelivery_counts.pop(position, None)
+        self.dispatcher.wake()
+
+    def redeliver(self, consumer: Consumer, message_ids: list[pb.MessageIdData] | None) -> None:
+        positions = (
+            None if message_ids is None else [Position(m.ledgerId, m.entryId) for m in message_ids]
+        )
+        self.dispatcher.redeliver(consumer, positions)
+
+    async def close(self) -> None:
+        await self.dispatcher.close()

@@ -1,0 +1,170 @@
+"""The official pulsar-client against a real `magnetar standalone` process."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pulsar
+import pytest
+
+from tests.support.standalone import StandaloneProcess
+
+QUIET = logging.getLogger("pulsar-client")
+QUIET.setLevel(logging.WARNING)
+
+
+@pytest.fixture
+def standalone(tmp_path: Path) -> Iterator[StandaloneProcess]:
+    node = StandaloneProcess(tmp_path / "standalone").start()
+    try:
+        yield node
+    finally:
+        node.stop()
+        print(node.log_tail())
+
+
+def client(node: StandaloneProcess) -> pulsar.Client:
+    return pulsar.Client(node.url, operation_timeout_seconds=10, logger=QUIET)
+
+
+def test_exclusive_in_order_and_a_second_consumer_is_refused(standalone: StandaloneProcess) -> None:
+    c = client(standalone)
+    try:
+        producer = c.create_producer("orders", batching_enabled=False)
+        sent = [producer.send(f"order-{i}".encode()) for i in range(30)]
+        assert [(m.ledger_id(), m.entry_id()) for m in sent] == sorted(
+            (m.ledger_id(), m.entry_id()) for m in sent
+        )
+        consumer = c.subscribe("orders", "audit", initial_position=pulsar.InitialPosition.Earliest)
+        got = []
+        for _ in range(30):
+            message = consumer.receive(timeout_millis=10_000)
+            got.append(message.data())
+            consumer.acknowledge(message)
+        assert got == [f"order-{i}".encode() for i in range(30)]
+        with pytest.raises(pulsar.ConsumerBusy):
+            c.subscribe("orders", "audit")
+    finally:
+        c.close()
+
+
+def test_batched_messages_arrive_one_by_one(standalone: StandaloneProcess) -> None:
+    c = client(standalone)
+    try:
+        consumer = c.subscribe("batched", "s", initial_position=pulsar.InitialPosition.Earliest)
+        producer = c.create_producer(
+            "batched", batching_enabled=True, batching_max_publish_delay_ms=20
+        )
+        for i in range(25):
+            producer.send_async(f"b{i}".encode(), None)
+        producer.flush()
+        got = []
+        for _ in range(25):
+            message = consumer.receive(timeout_millis=10_000)
+            got.append(message.data())
+            consumer.acknowledge(message)
+        assert got == [f"b{i}".encode() for i in range(25)]
+    finally:
+        c.close()
+
+
+def test_shared_splits_and_redelivers_a_closed_consumers_unacked_messages(
+    standalone: StandaloneProcess,
+) -> None:
+    c = client(standalone)
+    try:
+        first = c.subscribe(
+            "jobs", "workers", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=5
+        )
+        second = c.subscribe(
+            "jobs", "workers", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=5
+        )
+        producer = c.create_producer("jobs", batching_enabled=False)
+        for i in range(20):
+            producer.send(f"job-{i}".encode())
+        held = [first.receive(timeout_millis=10_000) for _ in range(3)]  # never acked
+        first.close()
+        seen = {m.data() for m in held}
+        redelivered = set()
+        done = set()
+        while len(done) < 20:
+            message = second.receive(timeout_millis=10_000)
+            if message.data() in seen:
+                redelivered.add(message.data())
+            done.add(message.data())
+            second.acknowledge(message)
+        assert done == {f"job-{i}".encode() for i in range(20)}
+        assert redelivered == seen, "the closed consumer's unacked messages must go to the other"
+    finally:
+        c.close()
+
+
+def test_sigkill_loses_no_received_message_and_acks_survive(standalone: StandaloneProcess) -> None:
+    c = client(standalone)
+    producer = c.create_producer("durable", batching_enabled=False)
+    ids = [producer.send(f"d{i}".encode()) for i in range(40)]
+    assert len(ids) == 40
+    consumer = c.subscribe("durable", "reader", initial_position=pulsar.InitialPosition.Earliest)
+    for _ in range(15):
+        consumer.acknowledge(consumer.receive(timeout_millis=10_000))
+    time.sleep(2.5)  # cursor state is persisted at most every second (docs: the bound)
+    c.close()
+
+    standalone.kill()
+    standalone.start()
+
+    c = client(standalone)
+    try:
+        consumer = c.subscribe("durable", "reader")
+        first = consumer.receive(timeout_millis=10_000)
+        assert first.data() == b"d15", (
+            "acked messages must not come back after the documented bound"
+        )
+        everything = c.subscribe(
+            "durable", "fresh", initial_position=pulsar.InitialPosition.Earliest
+        )
+        got = [everything.receive(timeout_millis=10_000).data() for _ in range(40)]
+        assert got == [f"d{i}".encode() for i in range(40)]
+    finally:
+        c.close()
+
+
+def test_failover_has_one_active_consumer_and_hands_over_unacked_messages(
+    standalone: StandaloneProcess,
+) -> None:
+    c = client(standalone)
+    try:
+        a = c.subscribe(
+            "stream",
+            "fo",
+            consumer_type=pulsar.ConsumerType.Failover,
+            consumer_name="a",
+            initial_position=pulsar.InitialPosition.Earliest,
+        )
+        b = c.subscribe(
+            "stream",
+            "fo",
+            consumer_type=pulsar.ConsumerType.Failover,
+            consumer_name="b",
+            initial_position=pulsar.InitialPosition.Earliest,
+        )
+        producer = c.create_producer("stream", batching_enabled=False)
+        for i in range(10):
+            producer.send(f"s{i}".encode())
+        # "a" sorts first: it is the active consumer and gets everything, in order; "b" nothing.
+        got_a = [a.receive(timeout_millis=10_000).data() for _ in range(10)]
+        assert got_a == [f"s{i}".encode() for i in range(10)]
+        with pytest.raises(pulsar.Timeout):
+            b.receive(timeout_millis=1000)
+        a.close()  # nothing acked: all ten go to "b", in order
+        got_b = []
+        for _ in range(10):
+            message = b.receive(timeout_millis=10_000)
+            got_b.append(message.data())
+            b.acknowledge(message)
+        assert got_b == got_a
+    finally:
+        c.close()
