@@ -20,6 +20,8 @@ class Consumer:
     name: str
     connection: ServerConnection
     priority: int = 0
+    #: key_shared only: the consumer's KeySharedMeta from SUBSCRIBE (mode, sticky ranges), or None.
+    key_shared_meta: pb.KeySharedMeta | None = None
     permits: int = 0
     #: Dispatched and not yet acknowledged: position -> messages in that entry.
     pending: dict[Position, int] = field(default_factory=dict)
