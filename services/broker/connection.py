@@ -329,7 +329,11 @@ class ServerConnection(asyncio.Protocol):
         try:
             topic = await self.broker.get_topic(name)
             consumer = Consumer(
-                body.consumer_id, body.consumer_name, self, priority=body.priority_level
+                body.consumer_id,
+                body.consumer_name,
+                self,
+                priority=body.priority_level,
+                key_shared_meta=body.keySharedMeta if body.HasField("keySharedMeta") else None,
             )
             subscription = await topic.subscribe(
                 consumer, body.subscription, body.subType, body.initialPosition
