@@ -52,11 +52,18 @@ class ServerConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.broker.connections.discard(self)
         for subscription, consumer in self.consumers.values():
-            subscription.remove_consumer(consumer)
+            self._drop_consumer(subscription, consumer)
         self.consumers.clear()
         self.producers.clear()
         for task in self._tasks:
             task.cancel()
+
+    def _drop_consumer(self, subscription: Subscription, consumer: Consumer) -> None:
+        subscription.remove_consumer(consumer)
+        if not subscription.durable:
+            asyncio.get_running_loop().create_task(
+                subscription.topic.remove_subscription_if_unused(subscription)
+            )
 
     def write(self, data: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -169,10 +176,28 @@ class ServerConnection(asyncio.Protocol):
             case Type.CLOSE_CONSUMER:
                 found = self.consumers.pop(body.consumer_id, None)
                 if found is not None:
-                    found[0].remove_consumer(found[1])
+                    self._drop_consumer(*found)
                 self.send(pb.CommandSuccess(request_id=body.request_id))
             case Type.UNSUBSCRIBE:
                 self._spawn(self._unsubscribe(body))
+            case Type.SEEK:
+                self._spawn(self._seek(body))
+            case Type.GET_LAST_MESSAGE_ID:
+                found = self.consumers.get(body.consumer_id)
+                if found is None:
+                    self._error(body.request_id, pb.ConsumerNotFound, "unknown consumer id")
+                else:
+                    subscription = found[0]
+                    mark_delete = subscription.cursor.mark_delete_position
+                    self.send(
+                        pb.CommandGetLastMessageIdResponse(
+                            request_id=body.request_id,
+                            last_message_id=subscription.topic.last_message_id(),
+                            consumer_mark_delete_position=pb.MessageIdData(
+                                ledgerId=mark_delete.ledger_id, entryId=mark_delete.entry_id
+                            ),
+                        )
+                    )
             case _:
                 request_id = getattr(body, "request_id", None)
                 log.info("connection %s: %s is not served yet", self.peer, frame.name)
@@ -326,6 +351,7 @@ class ServerConnection(asyncio.Protocol):
         name = self._topic_name(body.topic, body.request_id, pb.CommandError)
         if name is None:
             return
+        log.debug("connection %s: SUBSCRIBE %s", self.peer, body)
         try:
             topic = await self.broker.get_topic(name)
             consumer = Consumer(
@@ -335,8 +361,15 @@ class ServerConnection(asyncio.Protocol):
                 priority=body.priority_level,
                 key_shared_meta=body.keySharedMeta if body.HasField("keySharedMeta") else None,
             )
+            start = None
+            if not body.durable:  # a reader: start at the given message (or earliest/latest)
+                start = (
+                    body.start_message_id
+                    if body.HasField("start_message_id")
+                    else pb.MessageIdData(ledgerId=2**63 - 1, entryId=2**63 - 1)
+                )
             subscription = await topic.subscribe(
-                consumer, body.subscription, body.subType, body.initialPosition
+                consumer, body.subscription, body.subType, body.initialPosition, start
             )
         except ConsumerBusyError as e:
             self._error(body.request_id, pb.ConsumerBusy, str(e))
@@ -353,6 +386,32 @@ class ServerConnection(asyncio.Protocol):
             return
         self.consumers[body.consumer_id] = (subscription, consumer)
         self.send(pb.CommandSuccess(request_id=body.request_id))
+
+    async def _seek(self, body: pb.CommandSeek) -> None:
+        found = self.consumers.get(body.consumer_id)
+        if found is None:
+            self._error(body.request_id, pb.ConsumerNotFound, "unknown consumer id")
+            return
+        subscription = found[0]
+        position = None
+        if body.HasField("message_id"):
+            position = Position(body.message_id.ledgerId, body.message_id.entryId)
+        elif not body.HasField("message_publish_time"):
+            self._error(
+                body.request_id, pb.MetadataError, "SEEK needs a message id or a publish time"
+            )
+            return
+        consumers = await subscription.seek(
+            position, body.message_publish_time if position is None else None
+        )
+        self.send(pb.CommandSuccess(request_id=body.request_id))
+        # Like Pulsar: the subscription's consumers are disconnected and come back at the new position.
+        for consumer in consumers:
+            owner = consumer.connection
+            owner.consumers.pop(consumer.consumer_id, None)
+            owner.send(pb.CommandCloseConsumer(consumer_id=consumer.consumer_id, request_id=0))
+        if not subscription.durable:
+            await subscription.topic.remove_subscription_if_unused(subscription)
 
     async def _unsubscribe(self, body: pb.CommandUnsubscribe) -> None:
         found = self.consumers.pop(body.consumer_id, None)

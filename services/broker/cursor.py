@@ -370,6 +370,37 @@ class ManagedCursor:
         """Dispatch from ``position`` next (not before the first unacknowledged entry)."""
         self.read_position = max(position, self.ml.next_position(self._mark_delete))
 
+    def reset(self, position: Position) -> None:
+        """Seek: everything before ``position`` counts as acknowledged, everything from it on
+        as not (including what was acknowledged before)."""
+        self._mark_delete = Position(position.ledger_id, position.entry_id - 1)
+        self._acked = AckRanges()
+        self._batch_acks.clear()
+        self.read_position = position
+        self._mark_dirty()
+
     def rewind(self) -> None:
         """Dispatch again from the first unacknowledged entry."""
         self.read_position = self.ml.next_position(self._mark_delete)
+
+
+class NonDurableCursor(ManagedCursor):
+    """A reader's cursor: starts at a given entry (inclusive; the client drops the start entry
+    itself when the reader asked for an exclusive start), is never persisted, and does not hold
+    back trimming. It lives as long as its reader."""
+
+    def __init__(self, ml: ManagedLedger, name: str, start: Position) -> None:
+        super().__init__(ml, name, Position(start.ledger_id, start.entry_id - 1), NOT_EXISTS)
+        self.read_position = start
+
+    def _mark_dirty(self) -> None:
+        pass
+
+    async def persist(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        self._closed = True
+
+    async def remove(self) -> None:
+        self._closed = True

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from magnetar.broker import dispatchers
 from magnetar.broker.consumer import Consumer
 from magnetar.broker.cursor import ManagedCursor
+from magnetar.broker.entry import entry_metadata
 from magnetar.broker.managed_ledger import Position
 from magnetar.common.proto import pulsar_api_pb2 as pb
 
@@ -33,6 +34,7 @@ class Subscription:
         self.sub_type = sub_type
         self.dispatch_batch = dispatch_batch
         self.redelivery_counts: dict[Position, int] = {}
+        self.durable = True  # False for a reader's subscription
         self.dispatcher = dispatchers.for_mode(sub_type, self)
 
     def __str__(self) -> str:
@@ -83,6 +85,32 @@ class Subscription:
             None if message_ids is None else [Position(m.ledgerId, m.entryId) for m in message_ids]
         )
         self.dispatcher.redeliver(consumer, positions)
+
+    async def seek(self, position: Position | None, publish_time_ms: int | None) -> list[Consumer]:
+        """Reset the cursor to a message id or to the first message published at or after a
+        time; returns the consumers, which the caller disconnects (clients reconnect and get
+        messages from the new position, with nothing stale left in their queues)."""
+        if position is None:
+            position = await self._first_published_at(publish_time_ms or 0)
+        self.cursor.reset(max(position, self.topic.ml.first_position))
+        consumers = list(self.dispatcher.consumers)
+        for consumer in consumers:
+            consumer.pending.clear()
+            self.dispatcher.remove_consumer(consumer)
+        self.redelivery_counts.clear()
+        return consumers
+
+    async def _first_published_at(self, publish_time_ms: int) -> Position:
+        ml = self.topic.ml
+        position = ml.first_position
+        while True:
+            entries = await ml.read_entries(position, 500)
+            if not entries:
+                return ml.next_position(ml.last_confirmed_position)
+            for found, stored in entries:
+                if entry_metadata(stored).publish_time >= publish_time_ms:
+                    return found
+            position = ml.next_position(entries[-1][0])
 
     async def close(self) -> None:
         await self.dispatcher.close()

@@ -6,12 +6,16 @@ import asyncio
 import logging
 
 from magnetar.broker.consumer import Consumer
+from magnetar.broker.cursor import NonDurableCursor
 from magnetar.broker.managed_ledger import ManagedLedger, Position
 from magnetar.broker.subscription import Subscription
 from magnetar.broker.topic_name import TopicName
 from magnetar.common.proto import pulsar_api_pb2 as pb
 
 log = logging.getLogger(__name__)
+
+#: Pulsar's MessageId.latest has ledger id Long.MAX_VALUE.
+LATEST_LEDGER_ID = 2**63 - 1
 
 
 class PersistentTopic:
@@ -35,11 +39,23 @@ class PersistentTopic:
                 subscription.dispatcher.wake()
 
     async def subscribe(
-        self, consumer: Consumer, name: str, sub_type: int, initial_position: int
+        self,
+        consumer: Consumer,
+        name: str,
+        sub_type: int,
+        initial_position: int,
+        start_message_id: pb.MessageIdData | None = None,
     ) -> Subscription:
+        """Attach a consumer. ``start_message_id`` makes a non-durable subscription (a reader)
+        starting at that message, or at the earliest/latest one for Pulsar's special ids."""
         async with self._subscribe_lock:
             subscription = self.subscriptions.get(name)
-            if subscription is None:
+            if subscription is None and start_message_id is not None:
+                cursor = NonDurableCursor(self.ml, name, self._start_position(start_message_id))
+                subscription = Subscription(self, name, cursor, sub_type, self.dispatch_batch)
+                subscription.durable = False
+                self.subscriptions[name] = subscription
+            elif subscription is None:
                 initial = (
                     "earliest" if initial_position == pb.CommandSubscribe.Earliest else "latest"
                 )
@@ -48,6 +64,27 @@ class PersistentTopic:
                 self.subscriptions[name] = subscription
             subscription.add_consumer(consumer, sub_type)
             return subscription
+
+    def _start_position(self, message_id: pb.MessageIdData) -> Position:
+        # The ids are uint64 on the wire: MessageId.earliest (-1) arrives as 2**64 - 1.
+        ledger_id = _signed(message_id.ledgerId)
+        if ledger_id < 0:  # MessageId.earliest
+            return self.ml.first_position
+        if ledger_id >= LATEST_LEDGER_ID:  # MessageId.latest
+            return self.ml.next_position(self.ml.last_confirmed_position)
+        return max(Position(ledger_id, _signed(message_id.entryId)), self.ml.first_position)
+
+    def last_message_id(self) -> pb.MessageIdData:
+        """The last stored message (for GET_LAST_MESSAGE_ID); entry -1 when there is none."""
+        last = self.ml.last_confirmed_position
+        return pb.MessageIdData(ledgerId=last.ledger_id, entryId=last.entry_id)
+
+    async def remove_subscription_if_unused(self, subscription: Subscription) -> None:
+        """Readers' subscriptions go away with their last consumer."""
+        if not subscription.durable and not subscription.dispatcher.consumers:
+            if self.subscriptions.get(subscription.name) is subscription:
+                del self.subscriptions[subscription.name]
+            await subscription.close()
 
     async def unsubscribe(self, name: str) -> None:
         subscription = self.subscriptions.pop(name, None)
@@ -59,3 +96,7 @@ class PersistentTopic:
         for subscription in self.subscriptions.values():
             await subscription.close()
         await self.ml.close()
+
+
+def _signed(value: int) -> int:
+    return value - 2**64 if value >= 2**63 else value

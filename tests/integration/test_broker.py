@@ -168,3 +168,64 @@ def test_failover_has_one_active_consumer_and_hands_over_unacked_messages(
         assert got_b == got_a
     finally:
         c.close()
+
+
+def test_readers_start_at_earliest_latest_and_a_message_id(standalone: StandaloneProcess) -> None:
+    c = client(standalone)
+    try:
+        producer = c.create_producer("log", batching_enabled=False)
+        ids = [producer.send(f"r{i}".encode()) for i in range(10)]
+
+        reader = c.create_reader("log", pulsar.MessageId.earliest)
+        assert [reader.read_next(10_000).data() for _ in range(10)] == [
+            f"r{i}".encode() for i in range(10)
+        ]
+        assert not reader.has_message_available()
+        reader.close()
+
+        after = c.create_reader("log", ids[4])  # exclusive: starts after message 4
+        assert after.read_next(10_000).data() == b"r5"
+        after.close()
+        inclusive = c.create_reader("log", ids[4], start_message_id_inclusive=True)
+        assert inclusive.read_next(10_000).data() == b"r4"
+        inclusive.close()
+
+        latest = c.create_reader("log", pulsar.MessageId.latest)
+        producer.send(b"new")
+        assert latest.read_next(10_000).data() == b"new"
+        latest.close()
+    finally:
+        c.close()
+
+
+def test_seek_by_message_id_and_by_publish_time(standalone: StandaloneProcess) -> None:
+    c = client(standalone)
+    try:
+        producer = c.create_producer("replay", batching_enabled=False)
+        ids = [producer.send(f"p{i}".encode()) for i in range(10)]
+        time.sleep(0.05)
+        middle = int(time.time() * 1000)
+        time.sleep(0.05)
+        later = [producer.send(f"q{i}".encode()) for i in range(3)]
+        assert later
+        consumer = c.subscribe("replay", "s", initial_position=pulsar.InitialPosition.Earliest)
+        for _ in range(13):
+            consumer.acknowledge(consumer.receive(timeout_millis=10_000))
+
+        # The broker resets to the message itself; the client drops it unless the consumer asked
+        # for an inclusive start (as with readers).
+        consumer.seek(ids[7])
+        assert consumer.receive(timeout_millis=10_000).data() == b"p8"
+        inclusive = c.subscribe(
+            "replay",
+            "t",
+            initial_position=pulsar.InitialPosition.Earliest,
+            start_message_id_inclusive=True,
+        )
+        inclusive.seek(ids[7])
+        assert inclusive.receive(timeout_millis=10_000).data() == b"p7"
+
+        consumer.seek(middle)
+        assert consumer.receive(timeout_millis=10_000).data() == b"q0"
+    finally:
+        c.close()
