@@ -59,6 +59,7 @@ class Standalone:
             bind_address="0.0.0.0",
             advertised_address="localhost",
             port=self.config.broker_port,
+            http_port=self.config.http_port,
             ensemble_size=1,
             write_quorum=1,
             ack_quorum=1,

@@ -9,6 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from aiohttp import web
+
+from magnetar.broker.admin import build_app
 from magnetar.broker.config import BrokerConfig
 from magnetar.broker.connection import ServerConnection
 from magnetar.broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
@@ -30,7 +33,9 @@ class Broker:
         self._loading: dict[str, asyncio.Task[PersistentTopic]] = {}
         self.connections: set[ServerConnection] = set()
         self._server: asyncio.AbstractServer | None = None
+        self._http: web.AppRunner | None = None
         self.port = config.port
+        self.http_port = config.http_port
 
     @property
     def service_url(self) -> str:
@@ -45,11 +50,23 @@ class Broker:
             lambda: ServerConnection(self), self.config.bind_address, self.config.port
         )
         self.port = self._server.sockets[0].getsockname()[1]
-        log.info("broker serving %s", self.service_url)
+        self._http = web.AppRunner(build_app(self), access_log=None)
+        await self._http.setup()
+        site = web.TCPSite(self._http, self.config.bind_address, self.config.http_port)
+        await site.start()
+        self.http_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        log.info(
+            "broker serving %s (admin http://%s:%d)",
+            self.service_url,
+            self.config.advertised_address,
+            self.http_port,
+        )
 
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+        if self._http is not None:
+            await self._http.cleanup()
         for connection in list(self.connections):
             connection.close()
         for topic in list(self.topics.values()):

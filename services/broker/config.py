@@ -15,6 +15,7 @@ class BrokerConfig:
     bind_address: str = setting("0.0.0.0", "address the Pulsar protocol and HTTP servers listen on")
     advertised_address: str = setting("127.0.0.1", "host name or IP clients are told to connect to")
     port: int = setting(6650, "Pulsar binary protocol port")
+    http_port: int = setting(8080, "HTTP port: admin REST (/admin/v2/...) and health")
     max_message_size: int = setting(
         5 * 1024 * 1024, "largest message (payload and metadata) accepted"
     )
@@ -27,7 +28,8 @@ class BrokerConfig:
     dispatch_batch: int = setting(100, "entries read from storage per dispatch round at most")
 
     def validate(self) -> None:
-        if not 0 <= self.port <= 65535:
-            raise ConfigError(f"port must be a TCP port (0-65535), got {self.port}")
+        for name in ("port", "http_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise ConfigError(f"{name} must be a TCP port (0-65535), got {getattr(self, name)}")
         if not self.ensemble_size >= self.write_quorum >= self.ack_quorum >= 1:
             raise ConfigError("need ensemble_size >= write_quorum >= ack_quorum >= 1")

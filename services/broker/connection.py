@@ -13,6 +13,7 @@ import logging
 import uuid
 from typing import TYPE_CHECKING
 
+from magnetar.broker.admin import partition_count
 from magnetar.broker.consumer import Consumer
 from magnetar.broker.dispatchers.base import ConsumerBusyError
 from magnetar.broker.managed_ledger import Position
@@ -258,17 +259,16 @@ class ServerConnection(asyncio.Protocol):
             self.send(pb.CommandError(request_id=request_id, error=error, message=message))
 
     async def _partitioned_metadata(self, body: pb.CommandPartitionedTopicMetadata) -> None:
-        if (
-            self._topic_name(
-                body.topic, body.request_id, pb.CommandPartitionedTopicMetadataResponse
-            )
-            is None
-        ):
+        name = self._topic_name(
+            body.topic, body.request_id, pb.CommandPartitionedTopicMetadataResponse
+        )
+        if name is None:
             return
+        partitions = await partition_count(self.broker, name)
         self.send(
             pb.CommandPartitionedTopicMetadataResponse(
                 request_id=body.request_id,
-                partitions=0,
+                partitions=partitions,
                 response=pb.CommandPartitionedTopicMetadataResponse.Success,
             )
         )

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -229,3 +232,50 @@ def test_seek_by_message_id_and_by_publish_time(standalone: StandaloneProcess) -
         assert consumer.receive(timeout_millis=10_000).data() == b"q0"
     finally:
         c.close()
+
+
+def _admin(
+    node: StandaloneProcess, method: str, path: str, body: str | None = None
+) -> tuple[int, str]:
+    request = urllib.request.Request(
+        node.admin_url + path, method=method, data=None if body is None else body.encode()
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_partitioned_topic_created_through_the_admin_api(standalone: StandaloneProcess) -> None:
+    assert _admin(standalone, "PUT", "/persistent/public/default/clicks/partitions", "3")[0] == 204
+    assert _admin(standalone, "PUT", "/persistent/public/default/clicks/partitions", "3")[0] == 409
+    assert _admin(standalone, "PUT", "/persistent/public/default/bad/partitions", "zero")[0] == 400
+    status, body = _admin(standalone, "GET", "/persistent/public/default/clicks/partitions")
+    assert (status, json.loads(body)) == (200, {"partitions": 3})
+
+    c = client(standalone)
+    try:
+        consumer = c.subscribe("clicks", "all", initial_position=pulsar.InitialPosition.Earliest)
+        producer = c.create_producer(
+            "clicks",
+            batching_enabled=False,
+            message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution,
+        )
+        round_robin = {producer.send(f"c{i}".encode()).partition() for i in range(9)}
+        assert round_robin == {0, 1, 2}
+        keyed = {producer.send(b"k", partition_key="user-42").partition() for _ in range(5)}
+        assert len(keyed) == 1, "one key always goes to one partition"
+        got = set()
+        for _ in range(14):
+            message = consumer.receive(timeout_millis=10_000)
+            got.add(message.data())
+            consumer.acknowledge(message)
+        assert got == {f"c{i}".encode() for i in range(9)} | {b"k"}
+    finally:
+        c.close()
+    status, body = _admin(standalone, "GET", "/persistent/public/default")
+    assert {f"persistent://public/default/clicks-partition-{i}" for i in range(3)} <= set(
+        json.loads(body)
+    )
+    assert _admin(standalone, "DELETE", "/persistent/public/default/clicks/partitions")[0] == 204

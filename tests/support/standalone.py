@@ -18,12 +18,17 @@ class StandaloneProcess:
         self.port = free_port()
         self.bookie_port = free_port()
         self.bookie_http_port = free_port()
+        self.http_port = free_port()
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"pulsar://127.0.0.1:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}/admin/v2"
 
     def start(self) -> StandaloneProcess:
         log = open(self.log_path, "ab")
@@ -32,6 +37,7 @@ class StandaloneProcess:
                 sys.executable, "-m", "magnetar.cli", "standalone", "--data-dir", str(self.data_dir),
                 "--broker-port", str(self.port), "--bookie-port", str(self.bookie_port),
                 "--bookie-http-port", str(self.bookie_http_port), "--no-journal-sync",
+                "--http-port", str(self.http_port),
             ],
             stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
