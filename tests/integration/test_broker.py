@@ -279,3 +279,49 @@ def test_partitioned_topic_created_through_the_admin_api(standalone: StandaloneP
         json.loads(body)
     )
     assert _admin(standalone, "DELETE", "/persistent/public/default/clicks/partitions")[0] == 204
+
+
+def test_negative_ack_and_ack_timeout_redeliver_with_a_redelivery_count(
+    standalone: StandaloneProcess,
+) -> None:
+    c = client(standalone)
+    try:
+        producer = c.create_producer("retries", batching_enabled=False)
+        nacking = c.subscribe(
+            "retries", "nack", consumer_type=pulsar.ConsumerType.Shared,
+            initial_position=pulsar.InitialPosition.Earliest, negative_ack_redelivery_delay_ms=100,
+        )  # fmt: skip
+        timing_out = c.subscribe(
+            "retries", "timeout", consumer_type=pulsar.ConsumerType.Shared,
+            initial_position=pulsar.InitialPosition.Earliest, unacked_messages_timeout_ms=10_000,
+        )  # fmt: skip
+        producer.send(b"flaky")
+
+        first = nacking.receive(timeout_millis=10_000)
+        assert first.redelivery_count() == 0
+        nacking.negative_acknowledge(first)
+        again = nacking.receive(timeout_millis=10_000)
+        assert (again.data(), again.redelivery_count()) == (b"flaky", 1)
+        nacking.acknowledge(again)
+
+        timing_out.receive(timeout_millis=10_000)  # not acknowledged: comes back after the timeout
+        again = timing_out.receive(timeout_millis=30_000)
+        assert (again.data(), again.redelivery_count()) == (b"flaky", 1)
+        timing_out.acknowledge(again)
+    finally:
+        c.close()
+
+
+def test_cumulative_ack_on_exclusive(standalone: StandaloneProcess) -> None:
+    c = client(standalone)
+    try:
+        producer = c.create_producer("cumulative", batching_enabled=False)
+        for i in range(10):
+            producer.send(f"m{i}".encode())
+        consumer = c.subscribe("cumulative", "s", initial_position=pulsar.InitialPosition.Earliest)
+        messages = [consumer.receive(timeout_millis=10_000) for _ in range(10)]
+        consumer.acknowledge_cumulative(messages[6])
+        consumer.redeliver_unacknowledged_messages()
+        assert consumer.receive(timeout_millis=10_000).data() == b"m7"
+    finally:
+        c.close()
