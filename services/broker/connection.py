@@ -17,6 +17,7 @@ from magnetar.broker.admin import partition_count
 from magnetar.broker.consumer import Consumer
 from magnetar.broker.dispatchers.base import ConsumerBusyError
 from magnetar.broker.managed_ledger import Position
+from magnetar.broker.producers import ProducerBusyError
 from magnetar.broker.subscription import Subscription, SubscriptionTypeError
 from magnetar.broker.topic import PersistentTopic
 from magnetar.broker.topic_name import InvalidTopicNameError, TopicName
@@ -55,6 +56,8 @@ class ServerConnection(asyncio.Protocol):
         for subscription, consumer in self.consumers.values():
             self._drop_consumer(subscription, consumer)
         self.consumers.clear()
+        for producer_id, (topic, _name) in self.producers.items():
+            topic.producers.remove((id(self), producer_id))
         self.producers.clear()
         for task in self._tasks:
             task.cancel()
@@ -152,7 +155,9 @@ class ServerConnection(asyncio.Protocol):
             case Type.SEND:
                 self._send_message(body, frame)
             case Type.CLOSE_PRODUCER:
-                self.producers.pop(body.producer_id, None)
+                found_producer = self.producers.pop(body.producer_id, None)
+                if found_producer is not None:
+                    found_producer[0].producers.remove((id(self), body.producer_id))
                 self.send(pb.CommandSuccess(request_id=body.request_id))
             case Type.SUBSCRIBE:
                 self._spawn(self._subscribe(body))
@@ -296,12 +301,36 @@ class ServerConnection(asyncio.Protocol):
             self._error(body.request_id, pb.ServiceNotReady, f"topic {name} cannot be loaded: {e}")
             return
         producer_name = body.producer_name or f"magnetar-{uuid.uuid4().hex[:12]}"
+        key = (id(self), body.producer_id)
+        mode = body.producer_access_mode
+        if mode == pb.WaitForExclusive and len(topic.producers):
+            # Pulsar's protocol: "pending" now, the real success when the topic is ours.
+            self.send(
+                pb.CommandProducerSuccess(
+                    request_id=body.request_id, producer_name=producer_name, producer_ready=False
+                )
+            )
+        try:
+            epoch = await topic.producers.add(
+                key, mode, lambda: self._fence_producer(body.producer_id)
+            )
+        except ProducerBusyError as e:
+            self._error(body.request_id, pb.ProducerBusy, f"topic {name}: {e}")
+            return
         self.producers[body.producer_id] = (topic, producer_name)
         self.send(
             pb.CommandProducerSuccess(
-                request_id=body.request_id, producer_name=producer_name, last_sequence_id=-1
+                request_id=body.request_id,
+                producer_name=producer_name,
+                last_sequence_id=-1,
+                topic_epoch=epoch,
             )
         )
+
+    def _fence_producer(self, producer_id: int) -> None:
+        """Another producer took the topic with ExclusiveWithFencing."""
+        if self.producers.pop(producer_id, None) is not None:
+            self.send(pb.CommandCloseProducer(producer_id=producer_id, request_id=0))
 
     def _send_message(self, body: pb.CommandSend, frame: codec.Frame) -> None:
         found = self.producers.get(body.producer_id)

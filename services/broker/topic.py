@@ -8,6 +8,7 @@ import logging
 from magnetar.broker.consumer import Consumer
 from magnetar.broker.cursor import NonDurableCursor
 from magnetar.broker.managed_ledger import ManagedLedger, Position
+from magnetar.broker.producers import ProducerSet
 from magnetar.broker.subscription import Subscription
 from magnetar.broker.topic_name import TopicName
 from magnetar.common.proto import pulsar_api_pb2 as pb
@@ -24,7 +25,7 @@ class PersistentTopic:
         self.ml = ml
         self.dispatch_batch = dispatch_batch
         self.subscriptions: dict[str, Subscription] = {}
-        self.producers: set[object] = set()
+        self.producers = ProducerSet()
         self._subscribe_lock = asyncio.Lock()
 
     def publish(self, stored: bytes) -> asyncio.Future[Position]:

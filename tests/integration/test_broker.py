@@ -325,3 +325,34 @@ def test_cumulative_ack_on_exclusive(standalone: StandaloneProcess) -> None:
         assert consumer.receive(timeout_millis=10_000).data() == b"m7"
     finally:
         c.close()
+
+
+def test_producer_access_modes(standalone: StandaloneProcess) -> None:
+    c = client(standalone)
+    try:
+        exclusive = c.create_producer(
+            "guarded", access_mode=pulsar.ProducerAccessMode.Exclusive, send_timeout_millis=3000
+        )
+        with pytest.raises(pulsar.ProducerBusy):
+            c.create_producer("guarded")  # shared, while an exclusive producer holds the topic
+        with pytest.raises(pulsar.ProducerBusy):
+            c.create_producer("guarded", access_mode=pulsar.ProducerAccessMode.Exclusive)
+        exclusive.send(b"first owner")
+
+        fencing = c.create_producer(
+            "guarded", access_mode=pulsar.ProducerAccessMode.ExclusiveWithFencing
+        )
+        fencing.send(b"second owner")
+        with pytest.raises(pulsar.PulsarException):
+            exclusive.send(b"fenced out")
+
+        fencing.close()
+        shared = c.create_producer("guarded")
+        shared.send(b"shared again")
+        shared.close()
+
+        reader = c.create_reader("guarded", pulsar.MessageId.earliest)
+        got = [reader.read_next(10_000).data() for _ in range(3)]
+        assert got == [b"first owner", b"second owner", b"shared again"]
+    finally:
+        c.close()
