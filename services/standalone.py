@@ -29,6 +29,9 @@ class StandaloneConfig:
     journal_sync: bool = setting(
         True, "fsync the journal before acknowledging (turn off only for tests)"
     )
+    deduplication_enabled: bool = setting(
+        False, "drop messages resent with an already stored producer name + sequence id"
+    )
 
 
 class Standalone:
@@ -60,6 +63,7 @@ class Standalone:
             advertised_address="localhost",
             port=self.config.broker_port,
             http_port=self.config.http_port,
+            deduplication_enabled=self.config.deduplication_enabled,
             ensemble_size=1,
             write_quorum=1,
             ack_quorum=1,

@@ -14,6 +14,7 @@ from aiohttp import web
 from magnetar.broker.admin import build_app
 from magnetar.broker.config import BrokerConfig
 from magnetar.broker.connection import ServerConnection
+from magnetar.broker.deduplication import Deduplication
 from magnetar.broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from magnetar.broker.topic import PersistentTopic
 from magnetar.broker.topic_name import TopicName
@@ -109,6 +110,8 @@ class Broker:
             name.managed_ledger_name, self.ledger_client, self.store, ml_config
         )
         topic = PersistentTopic(name, ml, c.dispatch_batch)
+        if c.deduplication_enabled:
+            topic.deduplication = await Deduplication.load(ml)
         self.topics[str(name)] = topic
         log.info("topic %s loaded", name)
         return topic

@@ -25,6 +25,9 @@ class BrokerConfig:
     max_entries_per_ledger: int = setting(
         50_000, "a topic starts a new ledger after this many entries"
     )
+    deduplication_enabled: bool = setting(
+        False, "drop messages resent with an already stored producer name + sequence id"
+    )
     dispatch_batch: int = setting(100, "entries read from storage per dispatch round at most")
 
     def validate(self) -> None:

@@ -322,7 +322,11 @@ class ServerConnection(asyncio.Protocol):
             pb.CommandProducerSuccess(
                 request_id=body.request_id,
                 producer_name=producer_name,
-                last_sequence_id=-1,
+                last_sequence_id=(
+                    topic.deduplication.last_sequence_id(producer_name)
+                    if topic.deduplication is not None
+                    else -1
+                ),
                 topic_epoch=epoch,
             )
         )
@@ -344,8 +348,13 @@ class ServerConnection(asyncio.Protocol):
                 )
             )
             return
-        topic, _name = found
-        future = topic.publish(frame.headers_and_payload)
+        topic, producer_name = found
+        future = topic.publish(
+            frame.headers_and_payload,
+            producer_name,
+            body.sequence_id,
+            body.highest_sequence_id if body.HasField("highest_sequence_id") else -1,
+        )
         producer_id, sequence_id = body.producer_id, body.sequence_id
         highest = body.highest_sequence_id if body.HasField("highest_sequence_id") else None
 
@@ -365,6 +374,8 @@ class ServerConnection(asyncio.Protocol):
                 )
                 return
             position = done.result()
+            if position is None:  # a duplicate: acknowledged, not stored again
+                position = Position(2**64 - 1, 2**64 - 1)  # Pulsar's (-1, -1) on the wire
             message = pb.CommandSendReceipt(
                 producer_id=producer_id,
                 sequence_id=sequence_id,

@@ -7,6 +7,7 @@ import logging
 
 from magnetar.broker.consumer import Consumer
 from magnetar.broker.cursor import NonDurableCursor
+from magnetar.broker.deduplication import Deduplication
 from magnetar.broker.managed_ledger import ManagedLedger, Position
 from magnetar.broker.producers import ProducerSet
 from magnetar.broker.subscription import Subscription
@@ -26,13 +27,42 @@ class PersistentTopic:
         self.dispatch_batch = dispatch_batch
         self.subscriptions: dict[str, Subscription] = {}
         self.producers = ProducerSet()
+        self.deduplication: Deduplication | None = None  # set by the broker when enabled
         self._subscribe_lock = asyncio.Lock()
 
-    def publish(self, stored: bytes) -> asyncio.Future[Position]:
-        """Append one entry (a producer's payload section); resolves once it is durable."""
+    def publish(
+        self, stored: bytes, producer_name: str = "", sequence_id: int = -1, highest: int = -1
+    ) -> asyncio.Future[Position | None]:
+        """Append one entry (a producer's payload section); resolves once it is durable, to
+        None for a duplicate that deduplication dropped."""
+        dedup = self.deduplication
+        if dedup is not None and dedup.is_duplicate(producer_name, sequence_id, highest):
+            done: asyncio.Future[Position | None] = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
         future = self.ml.add_entry_async(stored)
         future.add_done_callback(self._published)
-        return future
+        if dedup is not None:
+            last = max(sequence_id, highest)
+            future.add_done_callback(lambda f: self._persisted(f, producer_name, last))
+        return future  # type: ignore[return-value]
+
+    def _persisted(
+        self, future: asyncio.Future[Position], producer_name: str, sequence_id: int
+    ) -> None:
+        if future.cancelled() or future.exception() is not None or self.deduplication is None:
+            return
+        if self.deduplication.persisted_up_to(producer_name, sequence_id, future.result()):
+            task = asyncio.get_running_loop().create_task(self.deduplication.snapshot())
+            task.add_done_callback(
+                lambda t: (
+                    t.cancelled()
+                    or t.exception() is None
+                    or log.warning(
+                        "topic %s: deduplication snapshot failed: %s", self.name, t.exception()
+                    )
+                )
+            )
 
     def _published(self, future: asyncio.Future[Position]) -> None:
         if not future.cancelled() and future.exception() is None:
@@ -96,6 +126,11 @@ class PersistentTopic:
     async def close(self) -> None:
         for subscription in self.subscriptions.values():
             await subscription.close()
+        if self.deduplication is not None:
+            try:
+                await self.deduplication.snapshot()
+            except Exception as e:
+                log.warning("topic %s: final deduplication snapshot failed: %s", self.name, e)
         await self.ml.close()
 
 

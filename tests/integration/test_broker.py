@@ -356,3 +356,30 @@ def test_producer_access_modes(standalone: StandaloneProcess) -> None:
         assert got == [b"first owner", b"second owner", b"shared again"]
     finally:
         c.close()
+
+
+def test_deduplication_drops_resent_messages_across_restarts(tmp_path: Path) -> None:
+    node = StandaloneProcess(tmp_path / "dedup", extra=["--deduplication-enabled"]).start()
+    try:
+        c = client(node)
+        producer = c.create_producer("payments", producer_name="billing", batching_enabled=False)
+        for i in range(5):
+            producer.send(f"pay-{i}".encode(), sequence_id=i)
+        producer.send(b"pay-3 resent", sequence_id=3)  # a retry of something already stored
+        c.close()
+
+        node.kill()
+        node.start()
+
+        c = client(node)
+        producer = c.create_producer("payments", producer_name="billing", batching_enabled=False)
+        assert producer.last_sequence_id() == 4
+        producer.send(b"pay-4 resent after restart", sequence_id=4)
+        producer.send(b"pay-5", sequence_id=5)
+        reader = c.create_reader("payments", pulsar.MessageId.earliest)
+        got = [reader.read_next(10_000).data() for _ in range(6)]
+        assert got == [f"pay-{i}".encode() for i in range(6)]
+        assert not reader.has_message_available()
+        c.close()
+    finally:
+        node.stop()

@@ -13,8 +13,9 @@ from tests.support.etcd import free_port
 
 
 class StandaloneProcess:
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, extra: list[str] | None = None) -> None:
         self.data_dir = data_dir
+        self.extra = list(extra or [])
         self.port = free_port()
         self.bookie_port = free_port()
         self.bookie_http_port = free_port()
@@ -37,7 +38,7 @@ class StandaloneProcess:
                 sys.executable, "-m", "magnetar.cli", "standalone", "--data-dir", str(self.data_dir),
                 "--broker-port", str(self.port), "--bookie-port", str(self.bookie_port),
                 "--bookie-http-port", str(self.bookie_http_port), "--no-journal-sync",
-                "--http-port", str(self.http_port),
+                "--http-port", str(self.http_port), *self.extra,
             ],
             stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
