@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from magnetar.broker.topic import TopicBusyError
 from magnetar.broker.topic_name import InvalidTopicNameError, TopicName
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError
 
@@ -28,6 +29,23 @@ if TYPE_CHECKING:
     from magnetar.broker.broker import Broker
 
 PARTITIONED_PATH = "/magnetar/admin/partitioned-topics"
+TENANTS_PATH = "/magnetar/admin/tenants"
+NAMESPACES_PATH = "/magnetar/admin/namespaces"
+
+
+async def ensure_default_namespace(broker: Broker) -> None:
+    """``public/default`` exists from the first start, as in Pulsar."""
+    assert broker.store is not None
+    for key in (f"{TENANTS_PATH}/public", f"{NAMESPACES_PATH}/public/default"):
+        try:
+            await broker.store.put(key, b"{}", NOT_EXISTS)
+        except BadVersionError:
+            pass
+
+
+async def namespace_exists(broker: Broker, namespace: str) -> bool:
+    assert broker.store is not None
+    return await broker.store.get(f"{NAMESPACES_PATH}/{namespace}") is not None
 
 
 def partitioned_key(name: TopicName) -> str:
@@ -59,6 +77,67 @@ def build_app(broker: Broker) -> web.Application:
     @routes.get("/admin/v2/brokers/health")
     async def health(request: web.Request) -> web.Response:
         return web.Response(text="ok")
+
+    @routes.get("/admin/v2/tenants")
+    async def list_tenants(request: web.Request) -> web.Response:
+        assert broker.store is not None
+        return web.json_response(await broker.store.children(TENANTS_PATH))
+
+    @routes.put("/admin/v2/tenants/{tenant}")
+    async def create_tenant(request: web.Request) -> web.Response:
+        assert broker.store is not None
+        try:
+            await broker.store.put(
+                f"{TENANTS_PATH}/{request.match_info['tenant']}", b"{}", NOT_EXISTS
+            )
+        except BadVersionError:
+            return _error(409, "tenant already exists")
+        return web.Response(status=204)
+
+    @routes.get("/admin/v2/namespaces/{tenant}")
+    async def list_namespaces(request: web.Request) -> web.Response:
+        assert broker.store is not None
+        tenant = request.match_info["tenant"]
+        if await broker.store.get(f"{TENANTS_PATH}/{tenant}") is None:
+            return _error(404, f"tenant {tenant} does not exist")
+        names = await broker.store.children(f"{NAMESPACES_PATH}/{tenant}")
+        return web.json_response([f"{tenant}/{n}" for n in names])
+
+    @routes.put("/admin/v2/namespaces/{tenant}/{namespace}")
+    async def create_namespace(request: web.Request) -> web.Response:
+        assert broker.store is not None
+        tenant, namespace = request.match_info["tenant"], request.match_info["namespace"]
+        if await broker.store.get(f"{TENANTS_PATH}/{tenant}") is None:
+            return _error(404, f"tenant {tenant} does not exist")
+        try:
+            await broker.store.put(f"{NAMESPACES_PATH}/{tenant}/{namespace}", b"{}", NOT_EXISTS)
+        except BadVersionError:
+            return _error(409, "namespace already exists")
+        return web.Response(status=204)
+
+    @routes.get(base + "/{topic}/stats")
+    async def stats(request: web.Request) -> web.Response:
+        try:
+            name = _topic(request)
+        except InvalidTopicNameError as e:
+            return _error(400, str(e))
+        topic = broker.topics.get(str(name))
+        if topic is None:
+            return _error(404, f"topic {name} is not loaded on this broker")
+        return web.json_response(topic.stats())
+
+    @routes.delete(base + "/{topic}")
+    async def delete_topic(request: web.Request) -> web.Response:
+        try:
+            name = _topic(request)
+        except InvalidTopicNameError as e:
+            return _error(400, str(e))
+        force = request.query.get("force", "false") == "true"
+        try:
+            await broker.delete_topic(name, force=force)
+        except TopicBusyError as e:
+            return _error(412, str(e))
+        return web.Response(status=204)
 
     @routes.put(base + "/{topic}/partitions")
     async def create_partitioned(request: web.Request) -> web.Response:

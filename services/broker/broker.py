@@ -11,12 +11,12 @@ import logging
 
 from aiohttp import web
 
-from magnetar.broker.admin import build_app
+from magnetar.broker.admin import build_app, ensure_default_namespace, namespace_exists
 from magnetar.broker.config import BrokerConfig
 from magnetar.broker.connection import ServerConnection
 from magnetar.broker.deduplication import Deduplication
 from magnetar.broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
-from magnetar.broker.topic import PersistentTopic
+from magnetar.broker.topic import NamespaceNotFoundError, PersistentTopic
 from magnetar.broker.topic_name import TopicName
 from magnetar.common.ledger.client import LedgerClient
 from magnetar.common.metadata import MetadataStore, open_store
@@ -46,6 +46,7 @@ class Broker:
         if self.store is None:
             self.store = await open_store(self.config.metadata_url)
         self.ledger_client = LedgerClient(self.store)
+        await ensure_default_namespace(self)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: ServerConnection(self), self.config.bind_address, self.config.port
@@ -97,8 +98,19 @@ class Broker:
             if task.done():
                 self._loading.pop(key, None)
 
+    async def delete_topic(self, name: TopicName, *, force: bool) -> None:
+        """Delete a topic's data (ledgers, cursors) and unload it."""
+        topic = await self.get_topic(name)
+        await topic.delete(force=force)
+        self.topics.pop(str(name), None)
+        log.info("topic %s deleted", name)
+
     async def _load(self, name: TopicName) -> PersistentTopic:
         assert self.ledger_client is not None and self.store is not None
+        if not await namespace_exists(self, name.namespace_name):
+            raise NamespaceNotFoundError(
+                f"namespace {name.namespace_name} does not exist (create it with the admin API)"
+            )
         c = self.config
         ml_config = ManagedLedgerConfig(
             ensemble_size=c.ensemble_size,

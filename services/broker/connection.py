@@ -19,7 +19,7 @@ from magnetar.broker.dispatchers.base import ConsumerBusyError
 from magnetar.broker.managed_ledger import Position
 from magnetar.broker.producers import ProducerBusyError
 from magnetar.broker.subscription import Subscription, SubscriptionTypeError
-from magnetar.broker.topic import PersistentTopic
+from magnetar.broker.topic import NamespaceNotFoundError, PersistentTopic
 from magnetar.broker.topic_name import InvalidTopicNameError, TopicName
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
@@ -296,6 +296,9 @@ class ServerConnection(asyncio.Protocol):
             return
         try:
             topic = await self.broker.get_topic(name)
+        except NamespaceNotFoundError as e:
+            self._error(body.request_id, pb.TopicNotFound, str(e))
+            return
         except Exception as e:  # any storage failure: the client gets the reason, not a timeout
             log.warning("topic %s cannot be loaded: %s", name, e)
             self._error(body.request_id, pb.ServiceNotReady, f"topic {name} cannot be loaded: {e}")
@@ -419,6 +422,9 @@ class ServerConnection(asyncio.Protocol):
             return
         except NotImplementedError as e:
             self._error(body.request_id, pb.NotAllowedError, str(e))
+            return
+        except NamespaceNotFoundError as e:
+            self._error(body.request_id, pb.TopicNotFound, str(e))
             return
         except Exception as e:  # any storage failure: the client gets the reason, not a timeout
             log.warning("topic %s cannot be loaded: %s", name, e)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from magnetar.broker.consumer import Consumer
 from magnetar.broker.cursor import NonDurableCursor
@@ -20,6 +21,14 @@ log = logging.getLogger(__name__)
 LATEST_LEDGER_ID = 2**63 - 1
 
 
+class NamespaceNotFoundError(Exception):
+    """A topic was asked for in a namespace that does not exist."""
+
+
+class TopicBusyError(Exception):
+    """The topic still has producers or consumers (delete without force)."""
+
+
 class PersistentTopic:
     def __init__(self, name: TopicName, ml: ManagedLedger, dispatch_batch: int) -> None:
         self.name = name
@@ -27,6 +36,9 @@ class PersistentTopic:
         self.dispatch_batch = dispatch_batch
         self.subscriptions: dict[str, Subscription] = {}
         self.producers = ProducerSet()
+        self.loaded_at = time.monotonic()
+        self.msg_in = 0
+        self.bytes_in = 0
         self.deduplication: Deduplication | None = None  # set by the broker when enabled
         self._subscribe_lock = asyncio.Lock()
 
@@ -42,6 +54,8 @@ class PersistentTopic:
             return done
         future = self.ml.add_entry_async(stored)
         future.add_done_callback(self._published)
+        self.msg_in += 1
+        self.bytes_in += len(stored)
         if dedup is not None:
             last = max(sequence_id, highest)
             future.add_done_callback(lambda f: self._persisted(f, producer_name, last))
@@ -116,6 +130,51 @@ class PersistentTopic:
             if self.subscriptions.get(subscription.name) is subscription:
                 del self.subscriptions[subscription.name]
             await subscription.close()
+
+    def stats(self) -> dict[str, object]:
+        """Topic stats in the shape of Pulsar's ``.../stats`` (the fields built so far)."""
+        elapsed = max(time.monotonic() - self.loaded_at, 1e-9)
+        subscriptions = {}
+        for name, sub in self.subscriptions.items():
+            consumers = sub.dispatcher.consumers
+            subscriptions[name] = {
+                "type": pb.CommandSubscribe.SubType.Name(sub.sub_type),
+                "msgBacklog": sub.cursor.backlog,
+                "isDurable": sub.durable,
+                "unackedMessages": sum(sum(c.pending.values()) for c in consumers),
+                "consumers": [
+                    {
+                        "consumerName": c.name,
+                        "availablePermits": c.permits,
+                        "unackedMessages": sum(c.pending.values()),
+                    }
+                    for c in consumers
+                ],
+            }
+        return {
+            "msgInCounter": self.msg_in,
+            "bytesInCounter": self.bytes_in,
+            "msgRateIn": self.msg_in / elapsed,
+            "msgThroughputIn": self.bytes_in / elapsed,
+            "storageSize": self.ml.total_size,
+            "entries": self.ml.number_of_entries,
+            "publishers": len(self.producers),
+            "subscriptions": subscriptions,
+        }
+
+    async def delete(self, *, force: bool) -> None:
+        busy = len(self.producers) + sum(
+            len(s.dispatcher.consumers) for s in self.subscriptions.values()
+        )
+        if busy and not force:
+            raise TopicBusyError(
+                f"topic {self.name} has {busy} producer(s)/consumer(s); use force=true"
+            )
+        for subscription in self.subscriptions.values():
+            for consumer in list(subscription.dispatcher.consumers):
+                consumer.connection.close()
+            await subscription.close()
+        await self.ml.delete()
 
     async def unsubscribe(self, name: str) -> None:
         subscription = self.subscriptions.pop(name, None)

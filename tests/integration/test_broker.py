@@ -383,3 +383,33 @@ def test_deduplication_drops_resent_messages_across_restarts(tmp_path: Path) -> 
         c.close()
     finally:
         node.stop()
+
+
+def test_admin_namespaces_stats_and_topic_deletion(standalone: StandaloneProcess) -> None:
+    assert json.loads(_admin(standalone, "GET", "/tenants")[1]) == ["public"]
+    assert json.loads(_admin(standalone, "GET", "/namespaces/public")[1]) == ["public/default"]
+    c = client(standalone)
+    try:
+        with pytest.raises(pulsar.PulsarException):
+            c.create_producer("persistent://public/nowhere/t")  # no such namespace: clear error
+        assert _admin(standalone, "PUT", "/namespaces/public/team")[0] == 204
+        producer = c.create_producer("persistent://public/team/metrics", batching_enabled=False)
+        consumer = c.subscribe("persistent://public/team/metrics", "dash")
+        for i in range(5):
+            producer.send(f"v{i}".encode())
+        status, body = _admin(standalone, "GET", "/persistent/public/team/metrics/stats")
+        stats = json.loads(body)
+        assert status == 200 and stats["msgInCounter"] == 5 and stats["publishers"] == 1
+        assert stats["subscriptions"]["dash"]["msgBacklog"] == 5
+        assert json.loads(
+            _admin(standalone, "GET", "/persistent/public/team/metrics/subscriptions")[1]
+        ) == ["dash"]
+        assert _admin(standalone, "DELETE", "/persistent/public/team/metrics")[0] == 412  # busy
+        producer.close()
+        consumer.close()
+        assert _admin(standalone, "DELETE", "/persistent/public/team/metrics")[0] == 204
+        assert "persistent://public/team/metrics" not in json.loads(
+            _admin(standalone, "GET", "/persistent/public/team")[1]
+        )
+    finally:
+        c.close()
