@@ -577,9 +577,9 @@ class ManagedLedger:
         across ledgers, up to the last acknowledged entry."""
         result: list[tuple[Position, bytes]] = []
         position = self.first_at_or_after(start)
-        extents = dict(self.ledger_extents())
         while position is not None and len(result) < max_entries:
-            count = extents.get(position.ledger_id, 0)
+            # Fresh each time: adds confirmed while a read awaited the bookies extend the ledger.
+            count = dict(self.ledger_extents()).get(position.ledger_id, 0)
             last = min(count - 1, position.entry_id + max_entries - len(result) - 1)
             result.extend(await self._read_range(position.ledger_id, position.entry_id, last))
             position = self.first_at_or_after(Position(position.ledger_id, last + 1))

@@ -8,6 +8,7 @@ new LedgerClient on the same store.
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -430,6 +431,32 @@ async def test_tailing_wait(env: Env) -> None:
     new = await ml.add_entry(b"b")
     assert await waiter
     assert await ml.read_entries(ml.next_position(last), 10) == [(new, b"b")]
+
+
+async def test_read_from_the_bookies_while_adds_complete(env: Env) -> None:
+    """Entries confirmed while a read waits on the bookies are read on, not looped over."""
+    ml = await env.open()
+    first = await add_many(ml, 0, 20)
+    ml._cache.entries.clear()
+    ml._cache.size = 0
+
+    def too_long(*_: object) -> None:
+        raise TimeoutError("read_entries did not return (spinning without yielding?)")
+
+    # A busy loop never yields to a timeout of the event loop; a signal still interrupts it.
+    previous = signal.signal(signal.SIGALRM, too_long)
+    signal.setitimer(signal.ITIMER_REAL, 30)
+    try:
+        reading = asyncio.create_task(ml.read_entries(first[0], 1000))
+        more = await add_many(ml, 20, 20)
+        read = await reading
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    positions = [p for p, _ in read]
+    assert positions[:20] == first
+    assert positions == (first + more)[: len(positions)]
+    assert [d for _, d in read] == [payload(i) for i in range(len(read))]
 
 
 async def test_delete_removes_ledgers_and_metadata(env: Env) -> None:
