@@ -47,16 +47,17 @@ class Broker:
             self.store = await open_store(self.config.metadata_url)
         self.ledger_client = LedgerClient(self.store)
         await ensure_default_namespace(self)
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: ServerConnection(self), self.config.bind_address, self.config.port
-        )
-        self.port = self._server.sockets[0].getsockname()[1]
+        # HTTP first: once clients can connect to the Pulsar port, the admin API is up too.
         self._http = web.AppRunner(build_app(self), access_log=None)
         await self._http.setup()
         site = web.TCPSite(self._http, self.config.bind_address, self.config.http_port)
         await site.start()
         self.http_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: ServerConnection(self), self.config.bind_address, self.config.port
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
         log.info(
             "broker serving %s (admin http://%s:%d)",
             self.service_url,

@@ -25,6 +25,15 @@ def entry_metadata(stored: bytes) -> pb.MessageMetadata:
     return pb.MessageMetadata.FromString(stored[offset + 4 : offset + 4 + size])
 
 
+def entry_payload(stored: bytes) -> bytes:
+    """The payload after the metadata (a batch's messages, or the one message)."""
+    offset = 0
+    if len(stored) >= 2 and _U16.unpack_from(stored, 0)[0] == MAGIC_CRC32C:
+        offset = 6
+    (size,) = _U32.unpack_from(stored, offset)
+    return stored[offset + 4 + size :]
+
+
 def message_count(stored: bytes) -> int:
     """Messages in the entry: a batch counts each of its messages (each needs a permit)."""
     metadata = entry_metadata(stored)

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 def for_mode(sub_type: int, subscription: Subscription) -> Dispatcher:
     from magnetar.broker.dispatchers.exclusive import ExclusiveDispatcher
     from magnetar.broker.dispatchers.failover import FailoverDispatcher
+    from magnetar.broker.dispatchers.key_shared import KeySharedDispatcher
     from magnetar.broker.dispatchers.shared import SharedDispatcher
 
     if sub_type == pb.CommandSubscribe.Exclusive:
@@ -22,6 +23,8 @@ def for_mode(sub_type: int, subscription: Subscription) -> Dispatcher:
         return FailoverDispatcher(subscription)
     if sub_type == pb.CommandSubscribe.Shared:
         return SharedDispatcher(subscription)
+    if sub_type == pb.CommandSubscribe.Key_Shared:
+        return KeySharedDispatcher(subscription)
     raise NotImplementedError(
         f"subscription type {pb.CommandSubscribe.SubType.Name(sub_type)} is not served yet"
     )
