@@ -73,8 +73,14 @@ def _cmd_bk(args: argparse.Namespace) -> int:
     return uvloop.run(bkshell.run(args))
 
 
+def _cmd_perf(args: argparse.Namespace) -> int:
+    from magnetar import perf
+
+    return perf.run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from magnetar import bkshell
+    from magnetar import bkshell, perf
     from magnetar.bookie.config import BookieConfig
     from magnetar.broker.config import BrokerConfig
     from magnetar.standalone import StandaloneConfig
@@ -102,7 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(p, StandaloneConfig)
     p.set_defaults(func=_cmd_standalone)
 
-    p = sub.add_parser("bk", help="BookKeeper-style tools (bookiesanity, ...)")
+    p = sub.add_parser("perf", help="load generators (produce, consume) on the official client")
+    perf.add_arguments(p)
+    p.set_defaults(func=_cmd_perf)
+
+    p = sub.add_parser(
+        "bk", help="BookKeeper-style tools (bookiesanity, listledgers, recover, ...)"
+    )
     bkshell.add_arguments(p)
     p.set_defaults(func=_cmd_bk)
     return parser
@@ -111,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    _setup_logging(args.log_level or ("WARNING" if args.command == "bk" else "INFO"))
+    _setup_logging(args.log_level or ("WARNING" if args.command in ("bk", "perf") else "INFO"))
     tune_gc()
     try:
         return int(args.func(args) or 0)
