@@ -4,13 +4,13 @@ everything durable under one data directory."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from magnetar.bookie.config import BookieConfig
 from magnetar.bookie.service import Bookie
 from magnetar.broker.broker import Broker
-from magnetar.broker.config import BrokerConfig
+from magnetar.broker.config import BrokerConfig, TopicSettings
 from magnetar.common.config import setting
 from magnetar.common.metadata import MetadataStore, open_store
 
@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
-class StandaloneConfig:
+class StandaloneConfig(TopicSettings):
     data_dir: str = setting(
         "data/standalone", "directory for the metadata store, journal and ledgers"
     )
@@ -29,9 +29,9 @@ class StandaloneConfig:
     journal_sync: bool = setting(
         True, "fsync the journal before acknowledging (turn off only for tests)"
     )
-    deduplication_enabled: bool = setting(
-        False, "drop messages resent with an already stored producer name + sequence id"
-    )
+
+    def validate(self) -> None:
+        self.validate_topic_settings()
 
 
 class Standalone:
@@ -63,7 +63,7 @@ class Standalone:
             advertised_address="localhost",
             port=self.config.broker_port,
             http_port=self.config.http_port,
-            deduplication_enabled=self.config.deduplication_enabled,
+            **{f.name: getattr(self.config, f.name) for f in fields(TopicSettings)},
             ensemble_size=1,
             write_quorum=1,
             ack_quorum=1,

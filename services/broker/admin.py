@@ -7,6 +7,10 @@
 - ``GET    /admin/v2/{domain}/{tenant}/{namespace}`` lists topics (loaded ones and partitions)
 - ``GET    /admin/v2/{domain}/{tenant}/{namespace}/partitioned`` lists partitioned topics
 - ``GET    /admin/v2/{domain}/{tenant}/{namespace}/{topic}/subscriptions``
+- ``GET    /admin/v2/{domain}/{tenant}/{namespace}/{topic}/stats`` and ``.../internalStats``
+- ``GET    /admin/v2/namespaces/{tenant}/{namespace}`` the namespace's policy document
+- ``GET|POST|DELETE /admin/v2/namespaces/{tenant}/{namespace}/{policy}`` one policy, for
+  ``retention``, ``messageTTL``, ``deduplication``, ``autoTopicCreation`` (see ``policies``)
 - ``GET    /health`` (also ``/admin/v2/brokers/health``)
 
 Partitioned-topic metadata lives in the metadata store at
@@ -17,10 +21,13 @@ Partitioned-topic metadata lives in the metadata store at
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from magnetar.broker import policies
+from magnetar.broker.policies import parse_document
 from magnetar.broker.topic import TopicBusyError
 from magnetar.broker.topic_name import InvalidTopicNameError, TopicName
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError
@@ -41,11 +48,6 @@ async def ensure_default_namespace(broker: Broker) -> None:
             await broker.store.put(key, b"{}", NOT_EXISTS)
         except BadVersionError:
             pass
-
-
-async def namespace_exists(broker: Broker, namespace: str) -> bool:
-    assert broker.store is not None
-    return await broker.store.get(f"{NAMESPACES_PATH}/{namespace}") is not None
 
 
 def partitioned_key(name: TopicName) -> str:
@@ -115,6 +117,45 @@ def build_app(broker: Broker) -> web.Application:
             return _error(409, "namespace already exists")
         return web.Response(status=204)
 
+    @routes.get("/admin/v2/namespaces/{tenant}/{namespace}")
+    async def get_policies(request: web.Request) -> web.Response:
+        assert broker.store is not None
+        found = await broker.store.get(_namespace_key(request))
+        if found is None:
+            return _error(404, "namespace does not exist")
+        return web.json_response(parse_document(found.value))
+
+    @routes.get("/admin/v2/namespaces/{tenant}/{namespace}/{policy}")
+    async def get_policy(request: web.Request) -> web.Response:
+        assert broker.store is not None
+        field = POLICY_FIELDS.get(request.match_info["policy"])
+        if field is None:
+            return _error(404, f"unknown namespace policy {request.match_info['policy']!r}")
+        found = await broker.store.get(_namespace_key(request))
+        if found is None:
+            return _error(404, "namespace does not exist")
+        return web.json_response(parse_document(found.value).get(field[0]))
+
+    @routes.post("/admin/v2/namespaces/{tenant}/{namespace}/{policy}")
+    @routes.delete("/admin/v2/namespaces/{tenant}/{namespace}/{policy}")
+    async def set_policy(request: web.Request) -> web.Response:
+        field = POLICY_FIELDS.get(request.match_info["policy"])
+        if field is None:
+            return _error(404, f"unknown namespace policy {request.match_info['policy']!r}")
+        key, check = field
+        value = None
+        if request.method == "POST":
+            try:
+                value = check(json.loads(await request.text()))
+            except ValueError as e:  # bad JSON or a PolicyError
+                return _error(400, f"{request.match_info['policy']}: {e}")
+        try:
+            await _update_policies(broker, _namespace_key(request), key, value)
+        except KeyError:
+            return _error(404, "namespace does not exist")
+        broker.policies_changed()
+        return web.Response(status=204)
+
     @routes.get(base + "/{topic}/stats")
     async def stats(request: web.Request) -> web.Response:
         try:
@@ -125,6 +166,17 @@ def build_app(broker: Broker) -> web.Application:
         if topic is None:
             return _error(404, f"topic {name} is not loaded on this broker")
         return web.json_response(topic.stats())
+
+    @routes.get(base + "/{topic}/internalStats")
+    async def internal_stats(request: web.Request) -> web.Response:
+        try:
+            name = _topic(request)
+        except InvalidTopicNameError as e:
+            return _error(400, str(e))
+        topic = broker.topics.get(str(name))
+        if topic is None:
+            return _error(404, f"topic {name} is not loaded on this broker")
+        return web.json_response(topic.internal_stats())
 
     @routes.delete(base + "/{topic}")
     async def delete_topic(request: web.Request) -> web.Response:
@@ -219,6 +271,38 @@ def build_app(broker: Broker) -> web.Application:
     app = web.Application()
     app.add_routes(routes)
     return app
+
+
+#: Admin path segment -> (field in the namespace's policy document, value check).
+POLICY_FIELDS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "retention": ("retention_policies", policies.check_retention),
+    "messageTTL": ("message_ttl_in_seconds", policies.check_ttl),
+    "deduplication": ("deduplicationEnabled", lambda v: policies.check_bool(v, "deduplication")),
+    "autoTopicCreation": ("autoTopicCreationOverride", policies.check_auto_topic_creation),
+}
+
+
+def _namespace_key(request: web.Request) -> str:
+    return f"{NAMESPACES_PATH}/{request.match_info['tenant']}/{request.match_info['namespace']}"
+
+
+async def _update_policies(broker: Broker, key: str, field: str, value: Any) -> None:
+    """Set (or remove, for None) one field of a namespace's policy document, by CAS."""
+    assert broker.store is not None
+    while True:
+        found = await broker.store.get(key)
+        if found is None:
+            raise KeyError(key)
+        document = parse_document(found.value)
+        if value is None:
+            document.pop(field, None)
+        else:
+            document[field] = value
+        try:
+            await broker.store.put(key, json.dumps(document).encode(), found.version)
+            return
+        except BadVersionError:
+            continue  # changed meanwhile: apply to the new version
 
 
 async def _partitioned(broker: Broker, tenant: str, namespace: str, domain: str) -> list[str]:

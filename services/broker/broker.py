@@ -7,19 +7,27 @@ answer with its own address. Bundle ownership and the load manager come later.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 
 from aiohttp import web
 
-from magnetar.broker.admin import build_app, ensure_default_namespace, namespace_exists
+from magnetar.broker.admin import (
+    NAMESPACES_PATH,
+    build_app,
+    ensure_default_namespace,
+    partition_count,
+    partitioned_key,
+)
 from magnetar.broker.config import BrokerConfig
 from magnetar.broker.connection import ServerConnection
 from magnetar.broker.deduplication import Deduplication
-from magnetar.broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
-from magnetar.broker.topic import NamespaceNotFoundError, PersistentTopic
+from magnetar.broker.managed_ledger import ManagedLedger, ManagedLedgerConfig, managed_ledger_key
+from magnetar.broker.policies import Policies, effective, parse_document
+from magnetar.broker.topic import NamespaceNotFoundError, PersistentTopic, TopicNotFoundError
 from magnetar.broker.topic_name import TopicName
 from magnetar.common.ledger.client import LedgerClient
-from magnetar.common.metadata import MetadataStore, open_store
+from magnetar.common.metadata import NOT_EXISTS, BadVersionError, MetadataStore, open_store
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +45,8 @@ class Broker:
         self._http: web.AppRunner | None = None
         self.port = config.port
         self.http_port = config.http_port
+        self._policy_task: asyncio.Task[None] | None = None
+        self._policy_wake = asyncio.Event()
 
     @property
     def service_url(self) -> str:
@@ -58,6 +68,7 @@ class Broker:
             lambda: ServerConnection(self), self.config.bind_address, self.config.port
         )
         self.port = self._server.sockets[0].getsockname()[1]
+        self._policy_task = loop.create_task(self._policy_loop(), name="namespace-policies")
         log.info(
             "broker serving %s (admin http://%s:%d)",
             self.service_url,
@@ -66,6 +77,9 @@ class Broker:
         )
 
     async def stop(self) -> None:
+        if self._policy_task is not None:
+            self._policy_task.cancel()
+            await asyncio.gather(self._policy_task, return_exceptions=True)
         if self._server is not None:
             self._server.close()
         if self._http is not None:
@@ -84,15 +98,21 @@ class Broker:
             await self.store.close()
         log.info("broker stopped")
 
-    async def get_topic(self, name: TopicName) -> PersistentTopic:
-        """The loaded topic, loading it (and recovering its last ledger) on first use."""
+    async def get_topic(self, name: TopicName, *, auto: bool = False) -> PersistentTopic:
+        """The loaded topic, loading it (and recovering its last ledger) on first use.
+
+        ``auto``: a client asked for it (PRODUCER, SUBSCRIBE), so a topic that does not exist
+        yet is created only if the namespace allows auto-creation; otherwise (admin) it is
+        created."""
         key = str(name)
         topic = self.topics.get(key)
         if topic is not None:
             return topic
         task = self._loading.get(key)
         if task is None:
-            task = self._loading[key] = asyncio.get_running_loop().create_task(self._load(name))
+            task = self._loading[key] = asyncio.get_running_loop().create_task(
+                self._load(name, auto)
+            )
         try:
             return await asyncio.shield(task)
         finally:
@@ -106,11 +126,85 @@ class Broker:
         self.topics.pop(str(name), None)
         log.info("topic %s deleted", name)
 
-    async def _load(self, name: TopicName) -> PersistentTopic:
-        assert self.ledger_client is not None and self.store is not None
-        if not await namespace_exists(self, name.namespace_name):
+    async def namespace_policies(self, namespace: str) -> Policies:
+        """The policies in force for ``namespace`` (its own over the broker's defaults)."""
+        assert self.store is not None
+        found = await self.store.get(f"{NAMESPACES_PATH}/{namespace}")
+        if found is None:
             raise NamespaceNotFoundError(
-                f"namespace {name.namespace_name} does not exist (create it with the admin API)"
+                f"namespace {namespace} does not exist (create it with the admin API)"
+            )
+        return effective(parse_document(found.value), self.config)
+
+    async def topic_exists(self, name: TopicName) -> bool:
+        """Stored (or loaded) already, or a partition of an existing partitioned topic."""
+        assert self.store is not None
+        if str(name) in self.topics:
+            return True
+        if await self.store.get(managed_ledger_key(name.managed_ledger_name)) is not None:
+            return True
+        index = name.partition_index
+        return index >= 0 and index < await partition_count(self, name.partitioned_topic_name)
+
+    def policies_changed(self) -> None:
+        """A namespace policy was set: apply it to the loaded topics now."""
+        self._policy_wake.set()
+
+    async def _policy_loop(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(
+                    self._policy_wake.wait(), self.config.policy_check_interval_seconds
+                )
+            except TimeoutError:
+                pass
+            self._policy_wake.clear()
+            await self.apply_policies()
+
+    async def apply_policies(self) -> None:
+        """Retention, TTL and deduplication of every loaded topic, by its namespace's policies."""
+        found: dict[str, Policies | None] = {}
+        for topic in list(self.topics.values()):
+            namespace = topic.name.namespace_name
+            if namespace not in found:
+                try:
+                    found[namespace] = await self.namespace_policies(namespace)
+                except Exception as e:  # a deleted namespace, a store hiccup: next round
+                    log.warning("namespace %s: policies not read: %s", namespace, e)
+                    found[namespace] = None
+            policies = found[namespace]
+            if policies is None or self.topics.get(str(topic.name)) is not topic:
+                continue
+            try:
+                await topic.apply_policies(policies)
+            except Exception as e:
+                log.warning("topic %s: policies not applied: %s", topic.name, e)
+
+    async def partitions_for_client(self, name: TopicName) -> int:
+        """PARTITIONED_METADATA: the partition count (0: not partitioned). Where the namespace
+        auto-creates partitioned topics, a topic that does not exist yet is created here."""
+        count = await partition_count(self, name)
+        if count or name.partition_index >= 0:
+            return count
+        auto = (await self.namespace_policies(name.namespace_name)).auto_topic_creation
+        if auto.allow and auto.topic_type == "partitioned" and not await self.topic_exists(name):
+            assert self.store is not None
+            document = json.dumps({"partitions": auto.default_partitions}).encode()
+            try:
+                await self.store.put(partitioned_key(name), document, NOT_EXISTS)
+                log.info("partitioned topic %s auto-created (%d)", name, auto.default_partitions)
+            except BadVersionError:
+                pass  # created meanwhile
+            return await partition_count(self, name)
+        return 0
+
+    async def _load(self, name: TopicName, auto: bool) -> PersistentTopic:
+        assert self.ledger_client is not None and self.store is not None
+        policies = await self.namespace_policies(name.namespace_name)
+        if auto and not policies.auto_topic_creation.allow and not await self.topic_exists(name):
+            raise TopicNotFoundError(
+                f"topic {name} does not exist and namespace {name.namespace_name} does not allow "
+                "auto-creation (create it with the admin API)"
             )
         c = self.config
         ml_config = ManagedLedgerConfig(
@@ -123,7 +217,7 @@ class Broker:
             name.managed_ledger_name, self.ledger_client, self.store, ml_config
         )
         topic = PersistentTopic(name, ml, c.dispatch_batch)
-        if c.deduplication_enabled:
+        if policies.deduplication:
             topic.deduplication = await Deduplication.load(ml)
         self.topics[str(name)] = topic
         log.info("topic %s loaded", name)

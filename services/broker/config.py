@@ -6,9 +6,70 @@ from dataclasses import dataclass
 
 from magnetar.common.config import ConfigError, setting
 
+AUTO_CREATION_TYPES = ("non-partitioned", "partitioned")
+
 
 @dataclass(slots=True)
-class BrokerConfig:
+class TopicSettings:
+    """Limits and the defaults of namespace policies; shared by ``broker`` and ``standalone``."""
+
+    max_message_size: int = setting(
+        5 * 1024 * 1024, "largest message (payload and metadata) accepted"
+    )
+    deduplication_enabled: bool = setting(
+        False,
+        "default of the namespace policy: drop messages resent with an already stored "
+        "producer name + sequence id",
+    )
+    allow_auto_topic_creation: bool = setting(
+        True, "default of the namespace policy: create a topic when a client first uses it"
+    )
+    allow_auto_topic_creation_type: str = setting(
+        "non-partitioned", "what auto-creation creates: non-partitioned or partitioned"
+    )
+    default_num_partitions: int = setting(1, "partitions of an auto-created partitioned topic")
+    default_retention_time_minutes: int = setting(
+        0, "keep fully acknowledged messages this long (-1: forever) unless a namespace says else"
+    )
+    default_retention_size_mb: int = setting(
+        0, "keep at most this much of fully acknowledged messages per topic (-1: no limit)"
+    )
+    ttl_duration_default_seconds: int = setting(
+        0,
+        "unacknowledged messages older than this are acknowledged for their subscriptions (0: never)",
+    )
+    max_entries_per_ledger: int = setting(
+        50_000, "a topic starts a new ledger after this many entries"
+    )
+    policy_check_interval_seconds: float = setting(
+        60.0, "how often retention and TTL are applied to loaded topics"
+    )
+
+    def validate_topic_settings(self) -> None:
+        if self.max_message_size < 1024:
+            raise ConfigError(
+                f"max_message_size must be at least 1024, got {self.max_message_size}"
+            )
+        if self.allow_auto_topic_creation_type not in AUTO_CREATION_TYPES:
+            raise ConfigError(
+                "allow_auto_topic_creation_type must be non-partitioned or partitioned, got "
+                f"{self.allow_auto_topic_creation_type!r}"
+            )
+        if self.default_num_partitions < 1:
+            raise ConfigError("default_num_partitions must be at least 1")
+        for name in ("default_retention_time_minutes", "default_retention_size_mb"):
+            if getattr(self, name) < -1:
+                raise ConfigError(f"{name} must be -1 (no limit) or more")
+        if self.ttl_duration_default_seconds < 0:
+            raise ConfigError("ttl_duration_default_seconds must be 0 (off) or more")
+        if self.max_entries_per_ledger < 1:
+            raise ConfigError("max_entries_per_ledger must be at least 1")
+        if self.policy_check_interval_seconds <= 0:
+            raise ConfigError("policy_check_interval_seconds must be positive")
+
+
+@dataclass(slots=True)
+class BrokerConfig(TopicSettings):
     metadata_url: str = setting(
         "etcd://127.0.0.1:2379", "metadata store URL (etcd://h:p[,h:p] or local:///path/meta.db)"
     )
@@ -16,18 +77,9 @@ class BrokerConfig:
     advertised_address: str = setting("127.0.0.1", "host name or IP clients are told to connect to")
     port: int = setting(6650, "Pulsar binary protocol port")
     http_port: int = setting(8080, "HTTP port: admin REST (/admin/v2/...) and health")
-    max_message_size: int = setting(
-        5 * 1024 * 1024, "largest message (payload and metadata) accepted"
-    )
     ensemble_size: int = setting(2, "bookies per topic ledger (E)")
     write_quorum: int = setting(2, "copies of each entry (Qw)")
     ack_quorum: int = setting(2, "copies that must be stored before a send is acknowledged (Qa)")
-    max_entries_per_ledger: int = setting(
-        50_000, "a topic starts a new ledger after this many entries"
-    )
-    deduplication_enabled: bool = setting(
-        False, "drop messages resent with an already stored producer name + sequence id"
-    )
     dispatch_batch: int = setting(100, "entries read from storage per dispatch round at most")
 
     def validate(self) -> None:
@@ -36,3 +88,4 @@ class BrokerConfig:
                 raise ConfigError(f"{name} must be a TCP port (0-65535), got {getattr(self, name)}")
         if not self.ensemble_size >= self.write_quorum >= self.ack_quorum >= 1:
             raise ConfigError("need ensemble_size >= write_quorum >= ack_quorum >= 1")
+        self.validate_topic_settings()

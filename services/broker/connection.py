@@ -13,13 +13,12 @@ import logging
 import uuid
 from typing import TYPE_CHECKING
 
-from magnetar.broker.admin import partition_count
 from magnetar.broker.consumer import Consumer
 from magnetar.broker.dispatchers.base import ConsumerBusyError
 from magnetar.broker.managed_ledger import Position
 from magnetar.broker.producers import ProducerBusyError
 from magnetar.broker.subscription import Subscription, SubscriptionTypeError
-from magnetar.broker.topic import NamespaceNotFoundError, PersistentTopic
+from magnetar.broker.topic import NamespaceNotFoundError, PersistentTopic, TopicNotFoundError
 from magnetar.broker.topic_name import InvalidTopicNameError, TopicName
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
@@ -269,7 +268,16 @@ class ServerConnection(asyncio.Protocol):
         )
         if name is None:
             return
-        partitions = await partition_count(self.broker, name)
+        try:
+            partitions = await self.broker.partitions_for_client(name)
+        except (NamespaceNotFoundError, TopicNotFoundError) as e:
+            self._error(
+                body.request_id,
+                pb.TopicNotFound,
+                str(e),
+                pb.CommandPartitionedTopicMetadataResponse,
+            )
+            return
         self.send(
             pb.CommandPartitionedTopicMetadataResponse(
                 request_id=body.request_id,
@@ -295,8 +303,8 @@ class ServerConnection(asyncio.Protocol):
         if name is None:
             return
         try:
-            topic = await self.broker.get_topic(name)
-        except NamespaceNotFoundError as e:
+            topic = await self.broker.get_topic(name, auto=True)
+        except (NamespaceNotFoundError, TopicNotFoundError) as e:
             self._error(body.request_id, pb.TopicNotFound, str(e))
             return
         except Exception as e:  # any storage failure: the client gets the reason, not a timeout
@@ -396,7 +404,7 @@ class ServerConnection(asyncio.Protocol):
             return
         log.debug("connection %s: SUBSCRIBE %s", self.peer, body)
         try:
-            topic = await self.broker.get_topic(name)
+            topic = await self.broker.get_topic(name, auto=True)
             consumer = Consumer(
                 body.consumer_id,
                 body.consumer_name,
@@ -423,7 +431,7 @@ class ServerConnection(asyncio.Protocol):
         except NotImplementedError as e:
             self._error(body.request_id, pb.NotAllowedError, str(e))
             return
-        except NamespaceNotFoundError as e:
+        except (NamespaceNotFoundError, TopicNotFoundError) as e:
             self._error(body.request_id, pb.TopicNotFound, str(e))
             return
         except Exception as e:  # any storage failure: the client gets the reason, not a timeout

@@ -105,6 +105,7 @@ class LedgerInfo:
     size: int = 0
     ctime_ms: int = 0
     closed: bool = False
+    closed_ms: int = 0  # when the broker closed it (0: unknown, use ctime_ms)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -113,6 +114,7 @@ class LedgerInfo:
             "size": self.size,
             "ctime_ms": self.ctime_ms,
             "closed": self.closed,
+            "closed_ms": self.closed_ms,
         }
 
     @classmethod
@@ -123,6 +125,7 @@ class LedgerInfo:
             int(d["size"]),
             int(d["ctime_ms"]),
             bool(d["closed"]),
+            int(d.get("closed_ms", 0)),
         )
 
 
@@ -237,6 +240,7 @@ class ManagedLedger:
                     entries=handle.metadata.last_entry_id + 1,
                     size=handle.metadata.length,
                     closed=True,
+                    closed_ms=int(time.time() * 1000),
                 )
             )
         empty = [i.ledger_id for i in recovered if i.entries == 0]
@@ -486,7 +490,13 @@ class ManagedLedger:
             recovered = await self.client.open_ledger(handle.ledger_id, recovery=True)
             last, length = recovered.metadata.last_entry_id, recovered.metadata.length
             self._read_handles[handle.ledger_id] = recovered
-        return replace(self._ledgers[-1], entries=last + 1, size=length, closed=True)
+        return replace(
+            self._ledgers[-1],
+            entries=last + 1,
+            size=length,
+            closed=True,
+            closed_ms=int(time.time() * 1000),
+        )
 
     # -- positions -----------------------------------------------------------------------------
 
@@ -669,32 +679,71 @@ class ManagedLedger:
 
     # -- trimming ------------------------------------------------------------------------------
 
+    def _closed_before(self, before: Position) -> list[LedgerInfo]:
+        """The closed ledgers (never the current one) whose every entry is before ``before``."""
+        current = self._current.ledger_id if self._current is not None else None
+        return [
+            i
+            for i in self._ledgers
+            if i.ledger_id != current and i.closed and Position(i.ledger_id, i.entries - 1) < before
+        ]
+
     async def trim(self, before: Position) -> list[int]:
         """Delete the ledgers whose every entry is before ``before`` (never the current one);
         returns their ids."""
         async with self._meta_lock:
             if self._error is not None:
                 raise self._error
-            current = self._current.ledger_id if self._current is not None else None
-            doomed = [
-                i.ledger_id
-                for i in self._ledgers
-                if i.ledger_id != current
-                and i.closed
-                and Position(i.ledger_id, i.entries - 1) < before
-            ]
-            if not doomed:
-                return []
-            kept = self._ledgers
-            self._ledgers = [i for i in self._ledgers if i.ledger_id not in doomed]
-            try:
-                await self._write_metadata()
-            except ManagedLedgerFencedError:
-                self._ledgers = kept
-                raise
-            await self._delete_ledgers(doomed)
-            log.info("managed ledger %s: trimmed ledgers %s", self.name, doomed)
-            return doomed
+            doomed = [i.ledger_id for i in self._closed_before(before)]
+            return await self._drop_ledgers(doomed)
+
+    async def trim_retained(self, retention_minutes: int, retention_mb: int) -> list[int]:
+        """Apply a retention policy, as Pulsar does: oldest first, a ledger every durable cursor
+        has consumed (every ledger, without cursors) is deleted while it is older than
+        ``retention_minutes`` or the rest of the topic is over ``retention_mb``; -1 is no limit
+        for either. The ledger being written is never deleted. Returns the deleted ids."""
+        if retention_minutes < 0 and retention_mb < 0:
+            return []
+        async with self._meta_lock:
+            if self._error is not None:
+                raise self._error
+            slowest = self.slowest_mark_delete()
+            consumed_before = (
+                Position(slowest.ledger_id, slowest.entry_id + 1)
+                if slowest is not None
+                else self.next_position(self.last_confirmed_position)
+            )
+            consumed = {i.ledger_id for i in self._closed_before(consumed_before)}
+            now_ms = time.time() * 1000
+            total, deleted, doomed = self.total_size, 0, []
+            for info in self._ledgers:
+                if info.ledger_id not in consumed:
+                    break
+                expired = (
+                    retention_minutes >= 0
+                    and (info.closed_ms or info.ctime_ms) < now_ms - retention_minutes * 60_000
+                )
+                over_size = retention_mb >= 0 and total - deleted > retention_mb * MiB
+                if not expired and not over_size:
+                    break
+                doomed.append(info.ledger_id)
+                deleted += info.size
+            return await self._drop_ledgers(doomed)
+
+    async def _drop_ledgers(self, doomed: list[int]) -> list[int]:
+        """Remove ``doomed`` from the ledger list (CAS) and delete them; under the meta lock."""
+        if not doomed:
+            return []
+        kept = self._ledgers
+        self._ledgers = [i for i in self._ledgers if i.ledger_id not in doomed]
+        try:
+            await self._write_metadata()
+        except ManagedLedgerFencedError:
+            self._ledgers = kept
+            raise
+        await self._delete_ledgers(doomed)
+        log.info("managed ledger %s: trimmed ledgers %s", self.name, doomed)
+        return doomed
 
     def slowest_mark_delete(self) -> Position | None:
         if not self.cursors:

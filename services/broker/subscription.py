@@ -80,6 +80,38 @@ class Subscription:
                 self.redelivery_counts.pop(position, None)
         self.dispatcher.wake()
 
+    async def expire_before(self, cutoff_ms: int, limit: int = 10_000) -> int:
+        """Message TTL: acknowledge the unacknowledged messages published before ``cutoff_ms``
+        (from the oldest on, stopping at the first younger one; at most ``limit`` entries
+        looked at per call). Returns how many entries expired."""
+        ml = self.cursor.ml
+        position = ml.next_position(self.cursor.mark_delete_position)
+        last: Position | None = None
+        looked = 0
+        while looked < limit:
+            entries = await ml.read_entries(position, min(100, limit - looked))
+            if not entries:
+                break
+            for found, stored in entries:
+                if entry_metadata(stored).publish_time >= cutoff_ms:
+                    looked = limit
+                    break
+                last = found
+            else:
+                looked += len(entries)
+                position = ml.next_position(entries[-1][0])
+        if last is None:
+            return 0
+        expired = ml.entries_after(self.cursor.mark_delete_position) - ml.entries_after(last)
+        self.cursor.mark_delete(last)
+        for consumer in self.dispatcher.consumers:
+            for p in [p for p in consumer.pending if p <= last]:
+                consumer.acked(p)
+        for p in [p for p in self.redelivery_counts if p <= last]:
+            del self.redelivery_counts[p]
+        self.dispatcher.wake()
+        return expired
+
     def redeliver(self, consumer: Consumer, message_ids: list[pb.MessageIdData] | None) -> None:
         positions = (
             None if message_ids is None else [Position(m.ledgerId, m.entryId) for m in message_ids]

@@ -10,6 +10,7 @@ from magnetar.broker.consumer import Consumer
 from magnetar.broker.cursor import NonDurableCursor
 from magnetar.broker.deduplication import Deduplication
 from magnetar.broker.managed_ledger import ManagedLedger, Position
+from magnetar.broker.policies import Policies
 from magnetar.broker.producers import ProducerSet
 from magnetar.broker.subscription import Subscription
 from magnetar.broker.topic_name import TopicName
@@ -23,6 +24,10 @@ LATEST_LEDGER_ID = 2**63 - 1
 
 class NamespaceNotFoundError(Exception):
     """A topic was asked for in a namespace that does not exist."""
+
+
+class TopicNotFoundError(Exception):
+    """The topic does not exist and may not be created automatically."""
 
 
 class TopicBusyError(Exception):
@@ -162,6 +167,28 @@ class PersistentTopic:
             "subscriptions": subscriptions,
         }
 
+    def internal_stats(self) -> dict[str, object]:
+        """Storage view in the shape of Pulsar's ``.../internalStats``: ledgers and cursors."""
+        ml = self.ml
+        return {
+            "numberOfEntries": ml.number_of_entries,
+            "totalSize": ml.total_size,
+            "lastConfirmedEntry": str(ml.last_confirmed_position),
+            "ledgers": [
+                {"ledgerId": ledger_id, "entries": entries}
+                for ledger_id, entries in ml.ledger_extents()
+            ],
+            "cursors": {
+                name: {
+                    "markDeletePosition": str(sub.cursor.mark_delete_position),
+                    "readPosition": str(sub.cursor.read_position),
+                    "messagesConsumedCounter": ml.number_of_entries - sub.cursor.backlog,
+                }
+                for name, sub in self.subscriptions.items()
+                if sub.durable
+            },
+        }
+
     async def delete(self, *, force: bool) -> None:
         busy = len(self.producers) + sum(
             len(s.dispatcher.consumers) for s in self.subscriptions.values()
@@ -175,6 +202,28 @@ class PersistentTopic:
                 consumer.connection.close()
             await subscription.close()
         await self.ml.delete()
+
+    async def apply_policies(self, policies: Policies) -> None:
+        """Bring the topic in line with its namespace's policies (run periodically)."""
+        if policies.deduplication and self.deduplication is None:
+            self.deduplication = await Deduplication.load(self.ml)
+        elif not policies.deduplication:
+            self.deduplication = None
+        if policies.message_ttl_seconds > 0:
+            cutoff_ms = int(time.time() * 1000) - policies.message_ttl_seconds * 1000
+            for subscription in list(self.subscriptions.values()):
+                if subscription.durable:
+                    expired = await subscription.expire_before(cutoff_ms)
+                    if expired:
+                        log.info(
+                            "topic %s: %d entries expired for subscription %s (TTL %d s)",
+                            self.name,
+                            expired,
+                            subscription.name,
+                            policies.message_ttl_seconds,
+                        )
+        retention = policies.retention
+        await self.ml.trim_retained(retention.time_minutes, retention.size_mb)
 
     async def unsubscribe(self, name: str) -> None:
         subscription = self.subscriptions.pop(name, None)

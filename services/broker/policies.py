@@ -1,0 +1,119 @@
+"""Namespace policies: what a namespace sets for its topics, over the broker's defaults.
+
+A namespace's policies are the JSON document at its key in the metadata store
+(``/magnetar/admin/namespaces/<tenant>/<namespace>``), with Pulsar's field names, each optional
+(absent means "the broker's default"):
+
+- ``retention_policies``: ``{"retentionTimeInMinutes": T, "retentionSizeInMB": S}``
+- ``message_ttl_in_seconds``: N
+- ``deduplicationEnabled``: true/false
+- ``autoTopicCreationOverride``: ``{"allowAutoTopicCreation": b, "topicType": "partitioned" |
+  "non-partitioned", "defaultNumPartitions": N}``
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from magnetar.broker.config import AUTO_CREATION_TYPES, TopicSettings
+
+
+class PolicyError(ValueError):
+    """A policy value is invalid (the admin API answers 400 with this text)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    time_minutes: int  # -1: forever
+    size_mb: int  # -1: no limit
+
+
+@dataclass(frozen=True, slots=True)
+class AutoTopicCreation:
+    allow: bool
+    topic_type: str
+    default_partitions: int
+
+
+@dataclass(frozen=True, slots=True)
+class Policies:
+    """The policies in force for a namespace's topics (namespace values over broker defaults)."""
+
+    retention: Retention
+    message_ttl_seconds: int  # 0: messages do not expire
+    deduplication: bool
+    auto_topic_creation: AutoTopicCreation
+
+
+def parse_document(raw: bytes | None) -> dict[str, Any]:
+    if not raw:
+        return {}
+    try:
+        document = json.loads(raw)
+    except ValueError as e:
+        raise PolicyError(f"namespace policies are not JSON: {e}") from None
+    if not isinstance(document, dict):
+        raise PolicyError("namespace policies must be a JSON object")
+    return document
+
+
+def effective(document: dict[str, Any], defaults: TopicSettings) -> Policies:
+    retention = document.get("retention_policies") or {}
+    auto = document.get("autoTopicCreationOverride") or {}
+    ttl = document.get("message_ttl_in_seconds")
+    dedup = document.get("deduplicationEnabled")
+    return Policies(
+        retention=Retention(
+            int(retention.get("retentionTimeInMinutes", defaults.default_retention_time_minutes)),
+            int(retention.get("retentionSizeInMB", defaults.default_retention_size_mb)),
+        ),
+        message_ttl_seconds=int(ttl if ttl is not None else defaults.ttl_duration_default_seconds),
+        deduplication=bool(dedup if dedup is not None else defaults.deduplication_enabled),
+        auto_topic_creation=AutoTopicCreation(
+            bool(auto.get("allowAutoTopicCreation", defaults.allow_auto_topic_creation)),
+            str(auto.get("topicType", defaults.allow_auto_topic_creation_type)),
+            int(auto.get("defaultNumPartitions", defaults.default_num_partitions)),
+        ),
+    )
+
+
+def check_retention(value: Any) -> dict[str, int]:
+    if not isinstance(value, dict):
+        raise PolicyError('expected {"retentionTimeInMinutes": T, "retentionSizeInMB": S}')
+    result = {}
+    for key in ("retentionTimeInMinutes", "retentionSizeInMB"):
+        number = value.get(key, 0)
+        if not isinstance(number, int) or isinstance(number, bool) or number < -1:
+            raise PolicyError(f"{key} must be an integer, -1 (no limit) or more; got {number!r}")
+        result[key] = number
+    return result
+
+
+def check_ttl(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise PolicyError(f"the message TTL must be a number of seconds >= 0, got {value!r}")
+    return value
+
+
+def check_bool(value: Any, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise PolicyError(f"{what} must be true or false, got {value!r}")
+    return value
+
+
+def check_auto_topic_creation(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict) or not isinstance(value.get("allowAutoTopicCreation"), bool):
+        raise PolicyError('expected {"allowAutoTopicCreation": true|false, "topicType": ...}')
+    result: dict[str, Any] = {"allowAutoTopicCreation": value["allowAutoTopicCreation"]}
+    topic_type = value.get("topicType", "non-partitioned")
+    if topic_type not in AUTO_CREATION_TYPES:
+        raise PolicyError(f"topicType must be non-partitioned or partitioned, got {topic_type!r}")
+    result["topicType"] = topic_type
+    if topic_type == "partitioned":
+        partitions = value.get("defaultNumPartitions")
+        if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
+            raise PolicyError("a partitioned auto-creation needs defaultNumPartitions >= 1")
+        result["defaultNumPartitions"] = partitions
+    return result
