@@ -28,7 +28,7 @@ from aiohttp import web
 
 from magnetar.broker import policies
 from magnetar.broker.policies import parse_document
-from magnetar.broker.topic import TopicBusyError
+from magnetar.broker.topic import PersistentTopic, TopicBusyError
 from magnetar.broker.topic_name import InvalidTopicNameError, TopicName
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError
 
@@ -176,6 +176,8 @@ def build_app(broker: Broker) -> web.Application:
         topic = broker.topics.get(str(name))
         if topic is None:
             return _error(404, f"topic {name} is not loaded on this broker")
+        if not isinstance(topic, PersistentTopic):
+            return _error(412, f"topic {name} is non-persistent: it has no storage")
         return web.json_response(topic.internal_stats())
 
     @routes.delete(base + "/{topic}")
@@ -235,8 +237,6 @@ def build_app(broker: Broker) -> web.Application:
             name = _topic(request)
         except InvalidTopicNameError as e:
             return _error(400, str(e))
-        if not name.persistent:
-            return _error(412, "non-persistent topics are not served yet")
         await broker.get_topic(name)
         return web.Response(status=204)
 
@@ -266,7 +266,10 @@ def build_app(broker: Broker) -> web.Application:
         topic = broker.topics.get(str(name))
         if topic is None:
             return _error(404, f"topic {name} is not loaded on this broker")
-        return web.json_response(sorted(s for s, sub in topic.subscriptions.items() if sub.durable))
+        persistent = topic.name.persistent  # readers' subscriptions are not listed
+        return web.json_response(
+            sorted(s for s, sub in topic.subscriptions.items() if sub.durable or not persistent)
+        )
 
     app = web.Application()
     app.add_routes(routes)

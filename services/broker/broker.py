@@ -23,6 +23,7 @@ from magnetar.broker.config import BrokerConfig
 from magnetar.broker.connection import ServerConnection
 from magnetar.broker.deduplication import Deduplication
 from magnetar.broker.managed_ledger import ManagedLedger, ManagedLedgerConfig, managed_ledger_key
+from magnetar.broker.nonpersistent import NonPersistentTopic
 from magnetar.broker.policies import Policies, effective, parse_document
 from magnetar.broker.topic import NamespaceNotFoundError, PersistentTopic, TopicNotFoundError
 from magnetar.broker.topic_name import TopicName
@@ -38,8 +39,8 @@ class Broker:
         self.store = store
         self._owns_store = store is None
         self.ledger_client: LedgerClient | None = None
-        self.topics: dict[str, PersistentTopic] = {}
-        self._loading: dict[str, asyncio.Task[PersistentTopic]] = {}
+        self.topics: dict[str, PersistentTopic | NonPersistentTopic] = {}
+        self._loading: dict[str, asyncio.Task[PersistentTopic | NonPersistentTopic]] = {}
         self.connections: set[ServerConnection] = set()
         self._server: asyncio.AbstractServer | None = None
         self._http: web.AppRunner | None = None
@@ -98,7 +99,9 @@ class Broker:
             await self.store.close()
         log.info("broker stopped")
 
-    async def get_topic(self, name: TopicName, *, auto: bool = False) -> PersistentTopic:
+    async def get_topic(
+        self, name: TopicName, *, auto: bool = False
+    ) -> PersistentTopic | NonPersistentTopic:
         """The loaded topic, loading it (and recovering its last ledger) on first use.
 
         ``auto``: a client asked for it (PRODUCER, SUBSCRIBE), so a topic that does not exist
@@ -198,7 +201,7 @@ class Broker:
             return await partition_count(self, name)
         return 0
 
-    async def _load(self, name: TopicName, auto: bool) -> PersistentTopic:
+    async def _load(self, name: TopicName, auto: bool) -> PersistentTopic | NonPersistentTopic:
         assert self.ledger_client is not None and self.store is not None
         policies = await self.namespace_policies(name.namespace_name)
         if auto and not policies.auto_topic_creation.allow and not await self.topic_exists(name):
@@ -206,6 +209,11 @@ class Broker:
                 f"topic {name} does not exist and namespace {name.namespace_name} does not allow "
                 "auto-creation (create it with the admin API)"
             )
+        if not name.persistent:
+            topic: PersistentTopic | NonPersistentTopic = NonPersistentTopic(name)
+            self.topics[str(name)] = topic
+            log.info("topic %s loaded (non-persistent)", name)
+            return topic
         c = self.config
         ml_config = ManagedLedgerConfig(
             ensemble_size=c.ensemble_size,

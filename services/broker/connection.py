@@ -16,6 +16,11 @@ from typing import TYPE_CHECKING
 from magnetar.broker.consumer import Consumer
 from magnetar.broker.dispatchers.base import ConsumerBusyError
 from magnetar.broker.managed_ledger import Position
+from magnetar.broker.nonpersistent import (
+    NonPersistentSubscription,
+    NonPersistentTopic,
+    SeekNotSupportedError,
+)
 from magnetar.broker.producers import ProducerBusyError
 from magnetar.broker.subscription import Subscription, SubscriptionTypeError
 from magnetar.broker.topic import NamespaceNotFoundError, PersistentTopic, TopicNotFoundError
@@ -38,8 +43,8 @@ class ServerConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.connected = False
-        self.producers: dict[int, tuple[PersistentTopic, str]] = {}
-        self.consumers: dict[int, tuple[Subscription, Consumer]] = {}
+        self.producers: dict[int, tuple[PersistentTopic | NonPersistentTopic, str]] = {}
+        self.consumers: dict[int, tuple[Subscription | NonPersistentSubscription, Consumer]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- transport ----------------------------------------------------------------------------
@@ -61,7 +66,9 @@ class ServerConnection(asyncio.Protocol):
         for task in self._tasks:
             task.cancel()
 
-    def _drop_consumer(self, subscription: Subscription, consumer: Consumer) -> None:
+    def _drop_consumer(
+        self, subscription: Subscription | NonPersistentSubscription, consumer: Consumer
+    ) -> None:
         subscription.remove_consumer(consumer)
         if not subscription.durable:
             asyncio.get_running_loop().create_task(
@@ -191,6 +198,12 @@ class ServerConnection(asyncio.Protocol):
                 found = self.consumers.get(body.consumer_id)
                 if found is None:
                     self._error(body.request_id, pb.ConsumerNotFound, "unknown consumer id")
+                elif not found[0].topic.name.persistent:
+                    self._error(
+                        body.request_id,
+                        pb.NotAllowedError,
+                        "a non-persistent topic stores no messages: it has no last message id",
+                    )
                 else:
                     subscription = found[0]
                     mark_delete = subscription.cursor.mark_delete_position
@@ -232,11 +245,6 @@ class ServerConnection(asyncio.Protocol):
             topic = TopicName.parse(name)
         except InvalidTopicNameError as e:
             self._error(request_id, pb.InvalidTopicName, str(e), reply)
-            return None
-        if not topic.persistent:
-            self._error(
-                request_id, pb.NotAllowedError, "non-persistent topics are not served yet", reply
-            )
             return None
         return topic
 
@@ -455,9 +463,13 @@ class ServerConnection(asyncio.Protocol):
                 body.request_id, pb.MetadataError, "SEEK needs a message id or a publish time"
             )
             return
-        consumers = await subscription.seek(
-            position, body.message_publish_time if position is None else None
-        )
+        try:
+            consumers = await subscription.seek(
+                position, body.message_publish_time if position is None else None
+            )
+        except SeekNotSupportedError as e:
+            self._error(body.request_id, pb.NotAllowedError, str(e))
+            return
         self.send(pb.CommandSuccess(request_id=body.request_id))
         # Like Pulsar: the subscription's consumers are disconnected and come back at the new position.
         for consumer in consumers:

@@ -27,16 +27,45 @@ class Consumer:
     pending: dict[Position, int] = field(default_factory=dict)
     closed: bool = False
 
-    def send(self, position: Position, stored: bytes, redelivery_count: int = 0) -> None:
+    def send(
+        self,
+        position: Position,
+        stored: bytes,
+        redelivery_count: int = 0,
+        acked_indexes: frozenset[int] = frozenset(),
+    ) -> None:
         count = message_count(stored)
         message = pb.CommandMessage(
             consumer_id=self.consumer_id,
             message_id=pb.MessageIdData(ledgerId=position.ledger_id, entryId=position.entry_id),
             redelivery_count=redelivery_count,
         )
+        if acked_indexes:
+            # The batch's messages still to acknowledge, as a bit set: the client skips the rest.
+            message.ack_set.extend(unacked_bit_set(count, acked_indexes))
         self.connection.write(codec.encode_payload_command_raw(message, stored))
         self.permits -= count
         self.pending[position] = count
 
     def acked(self, position: Position) -> None:
         self.pending.pop(position, None)
+
+
+def unacked_bit_set(batch_size: int, acked: frozenset[int]) -> list[int]:
+    """Pulsar's ack set: bit ``i`` set while message ``i`` of the batch is unacknowledged, in
+    64-bit words (signed, as protobuf's int64 carries them)."""
+    bits = sum(1 << i for i in range(batch_size) if i not in acked)
+    words = []
+    for _ in range(max((batch_size + 63) // 64, 1)):
+        word = bits & (2**64 - 1)
+        words.append(word - 2**64 if word >= 2**63 else word)
+        bits >>= 64
+    return words
+
+
+def acked_from_bit_set(words: list[int], batch_size: int) -> list[int]:
+    """The acknowledged indexes of a batch of ``batch_size``, from an ack set (unset bits)."""
+    bits = 0
+    for i, word in enumerate(words):
+        bits |= (word & (2**64 - 1)) << (64 * i)
+    return [i for i in range(batch_size) if not bits >> i & 1]

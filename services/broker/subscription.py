@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from magnetar.broker import dispatchers
-from magnetar.broker.consumer import Consumer
+from magnetar.broker.consumer import Consumer, acked_from_bit_set
 from magnetar.broker.cursor import ManagedCursor
 from magnetar.broker.entry import entry_metadata
 from magnetar.broker.managed_ledger import Position
@@ -64,13 +64,13 @@ class Subscription:
                     for p in [p for p in c.pending if p <= position]:
                         c.acked(p)
                         self.redelivery_counts.pop(p, None)
-            elif mid.ack_set and mid.HasField("batch_size"):
-                # ack_set holds the batch's still-unacknowledged indexes as a bit set.
-                bits = 0
-                for i, word in enumerate(mid.ack_set):
-                    bits |= (word & (2**64 - 1)) << (64 * i)
-                acked = [i for i in range(mid.batch_size) if not bits >> i & 1]
-                self.cursor.delete_batch_indexes(position, acked, mid.batch_size)
+            elif mid.ack_set:
+                # A batch-index ack: ack_set holds the batch's still-unacknowledged indexes.
+                size = mid.batch_size if mid.HasField("batch_size") else self._batch_size(position)
+                if size <= 0:
+                    continue  # not out on any consumer: nothing to match the bits against
+                acked = acked_from_bit_set(list(mid.ack_set), size)
+                self.cursor.delete_batch_indexes(position, acked, size)
                 if self.cursor.is_acked(position):
                     consumer.acked(position)
                     self.redelivery_counts.pop(position, None)
@@ -111,6 +111,13 @@ class Subscription:
             del self.redelivery_counts[p]
         self.dispatcher.wake()
         return expired
+
+    def _batch_size(self, position: Position) -> int:
+        """Messages in the entry at ``position``, from the consumer it went out to (0: none)."""
+        for consumer in self.dispatcher.consumers:
+            if position in consumer.pending:
+                return consumer.pending[position]
+        return 0
 
     def redeliver(self, consumer: Consumer, message_ids: list[pb.MessageIdData] | None) -> None:
         positions = (

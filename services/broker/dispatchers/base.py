@@ -64,6 +64,15 @@ class Dispatcher(abc.ABC):
             if not progressed:
                 await self._wake.wait()
 
+    def send(self, consumer: Consumer, position: Position, stored: bytes) -> None:
+        """Dispatch one entry, with its redelivery count and the batch indexes already acked."""
+        consumer.send(
+            position,
+            stored,
+            self.subscription.redelivery_counts.get(position, 0),
+            self.cursor.acked_batch_indexes(position),
+        )
+
     def redelivered(self, position: Position) -> None:
         counts = self.subscription.redelivery_counts
         counts[position] = counts.get(position, 0) + 1

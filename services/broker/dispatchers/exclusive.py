@@ -29,7 +29,7 @@ class ExclusiveDispatcher(Dispatcher):
         for position, stored in entries:
             if consumer.closed:
                 break
-            consumer.send(position, stored, self.subscription.redelivery_counts.get(position, 0))
+            self.send(consumer, position, stored)
         return bool(entries)
 
     def release(self, consumer: Consumer) -> None:

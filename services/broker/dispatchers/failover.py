@@ -61,7 +61,7 @@ class FailoverDispatcher(ExclusiveDispatcher):
             if consumer.closed or consumer is not self.active:
                 self.cursor.rewind()
                 break
-            consumer.send(position, stored, self.subscription.redelivery_counts.get(position, 0))
+            self.send(consumer, position, stored)
         return bool(entries)
 
     def redeliver(self, consumer: Consumer, positions: list[Position] | None) -> None:

@@ -147,9 +147,6 @@ class KeySharedDispatcher(Dispatcher):
             return None  # draining: pending on its previous consumer
         return consumer
 
-    def _send(self, consumer: Consumer, position: Position, stored: bytes) -> None:
-        consumer.send(position, stored, self.subscription.redelivery_counts.get(position, 0))
-
     async def dispatch_round(self) -> bool:
         if not any(c.permits > 0 and not c.closed for c in self.consumers):
             return False
@@ -181,7 +178,7 @@ class KeySharedDispatcher(Dispatcher):
                 blocked.add(h)
                 continue
             self._waiting.discard(position)
-            self._send(consumer, position, stored)
+            self.send(consumer, position, stored)
             owners[h] = consumer
             sent = True
         # Then new entries.
@@ -196,7 +193,7 @@ class KeySharedDispatcher(Dispatcher):
                 blocked.add(h)
                 self._waiting.add(position)
                 continue
-            self._send(consumer, position, stored)
+            self.send(consumer, position, stored)
             owners[h] = consumer
         return sent or bool(entries)
 

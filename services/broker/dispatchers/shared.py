@@ -36,7 +36,7 @@ class SharedDispatcher(Dispatcher):
             if consumer is None:
                 self._replay.add(position)  # permits ran out (batches count more than one)
                 continue
-            consumer.send(position, stored, self.subscription.redelivery_counts.get(position, 0))
+            self.send(consumer, position, stored)
             sent = True
         return sent
 

@@ -1,0 +1,228 @@
+"""Non-persistent topics (``non-persistent://...``): nothing is stored. A published message is
+acknowledged at once and handed to each subscription's consumer that can take it now (one with
+permits, chosen by the subscription's mode); when there is none, it is dropped for that
+subscription and counted. Acks, redelivery requests and seeks have nothing to act on.
+
+Message ids are ``(0, n)`` with ``n`` counting the topic's published entries from 0 since it
+was loaded (they are not durable and not comparable across broker restarts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from magnetar.broker.consumer import Consumer
+from magnetar.broker.dispatchers.base import ConsumerBusyError
+from magnetar.broker.dispatchers.hash_assignment import AssignmentConflict, HashAssignment
+from magnetar.broker.dispatchers.key_hash import key_hash
+from magnetar.broker.dispatchers.key_shared import sticky_key
+from magnetar.broker.entry import message_count
+from magnetar.broker.managed_ledger import Position
+from magnetar.broker.producers import ProducerSet
+from magnetar.broker.subscription import SubscriptionTypeError
+from magnetar.broker.topic import TopicBusyError
+from magnetar.broker.topic_name import TopicName
+from magnetar.common.proto import pulsar_api_pb2 as pb
+
+if TYPE_CHECKING:
+    from magnetar.broker.policies import Policies
+
+log = logging.getLogger(__name__)
+
+Sub = pb.CommandSubscribe
+
+
+class NonPersistentSubscription:
+    durable = False
+
+    def __init__(self, topic: NonPersistentTopic, name: str, sub_type: int) -> None:
+        self.topic = topic
+        self.name = name
+        self.sub_type = sub_type
+        self.consumers: list[Consumer] = []
+        self.assignment: HashAssignment[Consumer] = HashAssignment()
+        self.dropped = 0
+        self._turn = itertools.count()
+
+    def __str__(self) -> str:
+        return f"{self.topic.name}/{self.name}"
+
+    @property
+    def dispatcher(self) -> NonPersistentSubscription:
+        return self  # the connection asks ``subscription.dispatcher.consumers``
+
+    def add_consumer(self, consumer: Consumer, sub_type: int) -> None:
+        if sub_type != self.sub_type:
+            raise SubscriptionTypeError(
+                f"subscription {self} is {Sub.SubType.Name(self.sub_type)}, "
+                f"not {Sub.SubType.Name(sub_type)}"
+            )
+        if sub_type == Sub.Exclusive and self.consumers:
+            raise ConsumerBusyError(f"exclusive subscription {self} already has a consumer")
+        if sub_type == Sub.Key_Shared:
+            meta = consumer.key_shared_meta
+            ranges = None
+            if meta is not None and meta.keySharedMode == pb.KeySharedMode.STICKY:
+                ranges = [(r.start, r.end) for r in meta.hashRanges]
+            try:
+                self.assignment.add(consumer, consumer.name, ranges)
+            except AssignmentConflict as e:
+                raise ConsumerBusyError(f"key_shared subscription {self}: {e}") from e
+        self.consumers.append(consumer)
+        if sub_type == Sub.Failover:
+            self._announce_active()
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        if consumer in self.consumers:
+            self.consumers.remove(consumer)
+            consumer.closed = True
+            self.assignment.remove(consumer)
+            if self.sub_type == Sub.Failover:
+                self._announce_active()
+
+    def _active(self) -> Consumer | None:
+        if not self.consumers:
+            return None
+        ordered = sorted(self.consumers, key=lambda c: (c.priority, c.name))
+        return ordered[max(self.topic.name.partition_index, 0) % len(ordered)]
+
+    def _announce_active(self) -> None:
+        active = self._active()
+        for consumer in self.consumers:
+            consumer.connection.send(
+                pb.CommandActiveConsumerChange(
+                    consumer_id=consumer.consumer_id, is_active=consumer is active
+                )
+            )
+
+    def _choose(self, stored: bytes) -> Consumer | None:
+        if self.sub_type in (Sub.Exclusive, Sub.Failover):
+            chosen = self._active()
+        elif self.sub_type == Sub.Key_Shared:
+            chosen = self.assignment.select(key_hash(sticky_key(stored)))
+        else:
+            ready = [c for c in self.consumers if c.permits > 0 and not c.closed]
+            chosen = ready[next(self._turn) % len(ready)] if ready else None
+        if chosen is None or chosen.closed or chosen.permits <= 0:
+            return None
+        return chosen
+
+    def deliver(self, position: Position, stored: bytes) -> None:
+        consumer = self._choose(stored)
+        if consumer is None:
+            self.dropped += message_count(stored)
+            return
+        consumer.send(position, stored)
+        consumer.pending.clear()  # nothing to acknowledge on a non-persistent topic
+
+    def flow(self, consumer: Consumer, permits: int) -> None:
+        consumer.permits += permits
+
+    def ack(self, consumer: Consumer, ack_type: int, message_ids: list[pb.MessageIdData]) -> None:
+        pass  # nothing is kept, so nothing to mark
+
+    def redeliver(self, consumer: Consumer, message_ids: list[pb.MessageIdData] | None) -> None:
+        pass  # nothing is kept to send again
+
+    async def seek(self, position: Position | None, publish_time_ms: int | None) -> list[Consumer]:
+        raise SeekNotSupportedError(f"{self.topic.name} is non-persistent: nothing to seek in")
+
+    async def close(self) -> None:
+        for consumer in list(self.consumers):
+            self.remove_consumer(consumer)
+
+
+class SeekNotSupportedError(Exception):
+    """Seek (or a last message id) on a topic that stores nothing."""
+
+
+class NonPersistentTopic:
+    persistent = False
+
+    def __init__(self, name: TopicName) -> None:
+        self.name = name
+        self.subscriptions: dict[str, NonPersistentSubscription] = {}
+        self.producers = ProducerSet()
+        self.deduplication = None  # not for a topic that stores nothing
+        self.loaded_at = time.monotonic()
+        self.msg_in = 0
+        self.bytes_in = 0
+        self._entry_ids = itertools.count()
+
+    def publish(
+        self, stored: bytes, producer_name: str = "", sequence_id: int = -1, highest: int = -1
+    ) -> asyncio.Future[Position | None]:
+        position = Position(0, next(self._entry_ids))
+        self.msg_in += 1
+        self.bytes_in += len(stored)
+        for subscription in list(self.subscriptions.values()):
+            subscription.deliver(position, stored)
+        done: asyncio.Future[Position | None] = asyncio.get_running_loop().create_future()
+        done.set_result(position)
+        return done
+
+    async def subscribe(
+        self,
+        consumer: Consumer,
+        name: str,
+        sub_type: int,
+        initial_position: int,
+        start_message_id: pb.MessageIdData | None = None,
+    ) -> NonPersistentSubscription:
+        subscription = self.subscriptions.get(name)
+        if subscription is None:
+            subscription = self.subscriptions[name] = NonPersistentSubscription(
+                self, name, sub_type
+            )
+        subscription.add_consumer(consumer, sub_type)
+        return subscription
+
+    async def remove_subscription_if_unused(self, subscription: NonPersistentSubscription) -> None:
+        if not subscription.consumers and self.subscriptions.get(subscription.name) is subscription:
+            del self.subscriptions[subscription.name]
+
+    async def unsubscribe(self, name: str) -> None:
+        self.subscriptions.pop(name, None)
+
+    async def apply_policies(self, policies: Policies) -> None:
+        pass  # retention, TTL and deduplication concern stored messages only
+
+    def stats(self) -> dict[str, object]:
+        elapsed = max(time.monotonic() - self.loaded_at, 1e-9)
+        return {
+            "msgInCounter": self.msg_in,
+            "bytesInCounter": self.bytes_in,
+            "msgRateIn": self.msg_in / elapsed,
+            "msgThroughputIn": self.bytes_in / elapsed,
+            "publishers": len(self.producers),
+            "subscriptions": {
+                name: {
+                    "type": Sub.SubType.Name(sub.sub_type),
+                    "msgDropped": sub.dropped,
+                    "consumers": [
+                        {"consumerName": c.name, "availablePermits": c.permits}
+                        for c in sub.consumers
+                    ],
+                }
+                for name, sub in self.subscriptions.items()
+            },
+        }
+
+    async def delete(self, *, force: bool) -> None:
+        busy = len(self.producers) + sum(len(s.consumers) for s in self.subscriptions.values())
+        if busy and not force:
+            raise TopicBusyError(
+                f"topic {self.name} has {busy} producer(s)/consumer(s); use force=true"
+            )
+        for subscription in self.subscriptions.values():
+            for consumer in list(subscription.consumers):
+                consumer.connection.close()
+        self.subscriptions.clear()
+
+    async def close(self) -> None:
+        for subscription in self.subscriptions.values():
+            await subscription.close()

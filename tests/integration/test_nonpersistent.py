@@ -1,0 +1,71 @@
+"""Non-persistent topics with the official client: delivered live, never stored."""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pulsar
+import pytest
+
+from tests.support.standalone import StandaloneProcess
+
+QUIET = logging.getLogger("pulsar-client")
+QUIET.setLevel(logging.WARNING)
+TOPIC = "non-persistent://public/default/ticks"
+
+
+@pytest.fixture
+def standalone(tmp_path: Path) -> Iterator[StandaloneProcess]:
+    node = StandaloneProcess(tmp_path / "standalone").start()
+    try:
+        yield node
+    finally:
+        node.stop()
+        print(node.log_tail())
+
+
+def drain(consumer: pulsar.Consumer, wait_ms: int = 1000) -> list[bytes]:
+    got = []
+    while True:
+        try:
+            message = consumer.receive(timeout_millis=wait_ms)
+        except pulsar.Timeout:
+            return got
+        got.append(message.data())
+        consumer.acknowledge(message)
+
+
+def test_live_delivery_to_connected_consumers_only(standalone: StandaloneProcess) -> None:
+    c = pulsar.Client(standalone.url, operation_timeout_seconds=10, logger=QUIET)
+    try:
+        producer = c.create_producer(TOPIC, batching_enabled=False)
+        producer.send(b"before anyone listens")  # acknowledged, and gone
+        shared = [c.subscribe(TOPIC, "workers", consumer_type=pulsar.ConsumerType.Shared)]
+        shared.append(c.subscribe(TOPIC, "workers", consumer_type=pulsar.ConsumerType.Shared))
+        audit = c.subscribe(TOPIC, "audit")
+        with pytest.raises(pulsar.ConsumerBusy):
+            c.subscribe(TOPIC, "audit")  # exclusive, as on persistent topics
+        sent = [f"tick-{i}".encode() for i in range(20)]
+        for data in sent:
+            producer.send(data)
+        split = [drain(consumer) for consumer in shared]
+        assert sorted(split[0] + split[1]) == sorted(sent)  # each once, between the two
+        assert split[0] and split[1]
+        assert drain(audit) == sent  # every subscription gets its own copy, in order
+        late = c.subscribe(TOPIC, "late")
+        assert drain(late, 500) == []  # nothing was stored for it
+        producer.send(b"now")
+        assert drain(late) == [b"now"]
+        with pytest.raises(pulsar.PulsarException):
+            audit.seek(pulsar.MessageId.earliest)  # nothing to seek in
+        stats_url = f"{standalone.admin_url}/non-persistent/public/default/ticks/stats"
+        with urllib.request.urlopen(stats_url, timeout=10) as response:
+            stats = json.loads(response.read())
+        assert stats["msgInCounter"] == 22 and stats["publishers"] == 1
+        assert set(stats["subscriptions"]) == {"workers", "audit", "late"}
+    finally:
+        c.close()
