@@ -1,0 +1,109 @@
+"""SIGKILL a standalone while producers publish with callbacks and a consumer acknowledges."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+import pulsar
+
+from tests.support.standalone import StandaloneProcess
+
+QUIET = logging.getLogger("pulsar-client")
+QUIET.setLevel(logging.WARNING)
+
+#: cursor_persist_interval_s (1 s, docs/architecture.md) plus scheduling slack.
+ACK_BOUND_S = 1.5
+
+
+def test_sigkill_mid_stream_loses_no_receipted_message_and_redelivers_only_recent_acks(
+    tmp_path: Path,
+) -> None:
+    node = StandaloneProcess(tmp_path / "standalone").start()
+    try:
+        c = pulsar.Client(node.url, operation_timeout_seconds=10, logger=QUIET)
+        consumer = c.subscribe("crashy", "workers", receiver_queue_size=100)
+        producer = c.create_producer(
+            "crashy",
+            batching_enabled=True,
+            batching_max_publish_delay_ms=2,
+            block_if_queue_full=True,
+            send_timeout_millis=5000,
+        )
+        receipted: set[bytes] = set()
+        acked_at: dict[bytes, float] = {}
+        lock = threading.Lock()
+        stop = threading.Event()
+
+        def on_receipt(result: pulsar.Result, _msg_id: object, data: bytes) -> None:
+            if result == pulsar.Result.Ok:
+                with lock:
+                    receipted.add(data)
+
+        def consume() -> None:
+            while not stop.is_set():
+                try:
+                    message = consumer.receive(timeout_millis=100)
+                    consumer.acknowledge(message)
+                except pulsar.PulsarException:
+                    continue
+                with lock:
+                    acked_at[message.data()] = time.monotonic()
+
+        reader = threading.Thread(target=consume, daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 3.0
+        i = 0
+        while time.monotonic() < deadline:
+            data = f"m{i}".encode()
+            producer.send_async(data, lambda r, m, d=data: on_receipt(r, m, d))
+            i += 1
+            if i % 200 == 0:
+                time.sleep(0.01)
+        node.kill()  # mid-stream: sends in flight, acks in flight
+        killed_at = time.monotonic()
+        stop.set()
+        reader.join(5)
+        with lock:
+            receipted_now = set(receipted)
+            acked_long_ago = {d for d, t in acked_at.items() if t < killed_at - ACK_BOUND_S}
+        c.close()
+        assert len(receipted_now) > 500 and acked_long_ago, "the workload did not get going"
+
+        node.start()
+        c = pulsar.Client(node.url, operation_timeout_seconds=10, logger=QUIET)
+        try:
+            everything = c.subscribe(
+                "crashy", "audit", initial_position=pulsar.InitialPosition.Earliest
+            )
+            stored = set()
+            while True:
+                try:
+                    stored.add(everything.receive(timeout_millis=2000).data())
+                except pulsar.Timeout:
+                    break
+            missing = receipted_now - stored
+            assert not missing, (
+                f"{len(missing)} receipted messages lost, e.g. {sorted(missing)[:5]}"
+            )
+
+            again = c.subscribe("crashy", "workers")
+            redelivered = set()
+            while True:
+                try:
+                    redelivered.add(again.receive(timeout_millis=2000).data())
+                except pulsar.Timeout:
+                    break
+            stale = redelivered & acked_long_ago
+            assert not stale, (
+                f"{len(stale)} messages acked > {ACK_BOUND_S} s before the kill came back"
+            )
+            # Everything not acknowledged comes back (nothing stored is skipped either).
+            assert stored - set(acked_at) <= redelivered
+        finally:
+            c.close()
+    finally:
+        node.stop()
+        print(node.log_tail())
