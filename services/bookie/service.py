@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import grpc
 from aiohttp import web
@@ -14,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from magnetar.bookie import disk_checker
 from magnetar.bookie.config import BookieConfig
+from magnetar.bookie.cookie import check_or_write
 from magnetar.bookie.ledger_storage import LedgerStorage
 from magnetar.bookie.metrics import BookieMetrics
 from magnetar.bookie.server import BookieService, grpc_server_options
@@ -65,6 +67,7 @@ class Bookie:
         if self.config.port == 0:
             self.port = bound
             self.address = f"{self.address.rsplit(':', 1)[0]}:{bound}"
+        check_or_write(self.address, Path(self.config.journal_dir), Path(self.config.ledger_dir))
         await self._grpc.start()
         await self._start_http()
         if self._store is None:

@@ -30,7 +30,7 @@ from tests.support.bookie import (
     BookieStartError,
     bookie_factory_fixture,
 )
-from tests.support.etcd import EtcdServer
+from tests.support.etcd import EtcdServer, free_port
 
 FAST = {"journal_sync": False}
 
@@ -726,3 +726,18 @@ async def test_paused_bookie_is_unavailable_then_recovers(bookies: BookieFactory
             bookie.resume()
         await read_all(client, 1, sent)
         await assert_serving(client, 2)
+
+
+def test_a_bookie_refuses_to_serve_its_data_under_another_address(
+    bookies: BookieFactory,
+) -> None:
+    bookie = bookies.start()
+    old_address = bookie.address
+    bookie.stop()
+    bookie.port = free_port()  # same directories, another port: another identity
+    with pytest.raises(BookieStartError) as refused:
+        bookie.start()
+    assert f"holds the data of bookie {old_address}" in str(refused.value)
+    bookie.port = int(old_address.rsplit(":", 1)[1])
+    bookie.start()  # back under its own address it serves again
+    assert bookie.running
