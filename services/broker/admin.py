@@ -243,18 +243,14 @@ def build_app(broker: Broker) -> web.Application:
     @routes.get(base)
     async def list_topics(request: web.Request) -> web.Response:
         m = request.match_info
-        prefix = f"{m['domain']}://{m['tenant']}/{m['namespace']}/"
-        names = {n for n in broker.topics if n.startswith(prefix)}
-        for partitioned in await _partitioned(broker, m["tenant"], m["namespace"], m["domain"]):
-            count = await partition_count(broker, TopicName.parse(partitioned))
-            names.update(str(TopicName.parse(partitioned).partition(i)) for i in range(count))
-        return web.json_response(sorted(names))
+        namespace = f"{m['tenant']}/{m['namespace']}"
+        return web.json_response(await broker.list_topics(namespace, (m["domain"],)))
 
     @routes.get(base + "/partitioned")
     async def list_partitioned(request: web.Request) -> web.Response:
         m = request.match_info
         return web.json_response(
-            await _partitioned(broker, m["tenant"], m["namespace"], m["domain"])
+            await partitioned_topics(broker, m["tenant"], m["namespace"], m["domain"])
         )
 
     @routes.get(base + "/{topic}/subscriptions")
@@ -308,7 +304,7 @@ async def _update_policies(broker: Broker, key: str, field: str, value: Any) -> 
             continue  # changed meanwhile: apply to the new version
 
 
-async def _partitioned(broker: Broker, tenant: str, namespace: str, domain: str) -> list[str]:
+async def partitioned_topics(broker: Broker, tenant: str, namespace: str, domain: str) -> list[str]:
     assert broker.store is not None
     names = await broker.store.children(f"{PARTITIONED_PATH}/{tenant}/{namespace}/{domain}")
     return sorted(f"{domain}://{tenant}/{namespace}/{n}" for n in names)

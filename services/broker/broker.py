@@ -18,11 +18,18 @@ from magnetar.broker.admin import (
     ensure_default_namespace,
     partition_count,
     partitioned_key,
+    partitioned_topics,
 )
 from magnetar.broker.config import BrokerConfig
 from magnetar.broker.connection import ServerConnection
 from magnetar.broker.deduplication import Deduplication
-from magnetar.broker.managed_ledger import ManagedLedger, ManagedLedgerConfig, managed_ledger_key
+from magnetar.broker.managed_ledger import (
+    MANAGED_LEDGERS_PATH,
+    ManagedLedger,
+    ManagedLedgerConfig,
+    decode_name,
+    managed_ledger_key,
+)
 from magnetar.broker.nonpersistent import NonPersistentTopic
 from magnetar.broker.policies import Policies, effective, parse_document
 from magnetar.broker.topic import NamespaceNotFoundError, PersistentTopic, TopicNotFoundError
@@ -182,6 +189,26 @@ class Broker:
                 await topic.apply_policies(policies)
             except Exception as e:
                 log.warning("topic %s: policies not applied: %s", topic.name, e)
+
+    async def list_topics(self, namespace: str, domains: tuple[str, ...]) -> list[str]:
+        """Topics of ``tenant/namespace`` in these domains: stored ones, loaded ones (the
+        non-persistent ones live only there) and the partitions of partitioned topics."""
+        assert self.store is not None
+        names: set[str] = set()
+        tenant, local_namespace = namespace.split("/", 1)
+        for segment in await self.store.children(MANAGED_LEDGERS_PATH):
+            parts = decode_name(segment).split("/", 3)  # tenant/namespace/domain/topic
+            if len(parts) == 4 and f"{parts[0]}/{parts[1]}" == namespace and parts[2] in domains:
+                names.add(f"{parts[2]}://{namespace}/{parts[3]}")
+        for key, topic in self.topics.items():
+            if topic.name.namespace_name == namespace and topic.name.domain in domains:
+                names.add(key)
+        for domain in domains:
+            for partitioned in await partitioned_topics(self, tenant, local_namespace, domain):
+                name = TopicName.parse(partitioned)
+                count = await partition_count(self, name)
+                names.update(str(name.partition(i)) for i in range(count))
+        return sorted(names)
 
     async def partitions_for_client(self, name: TopicName) -> int:
         """PARTITIONED_METADATA: the partition count (0: not partitioned). Where the namespace

@@ -194,6 +194,8 @@ class ServerConnection(asyncio.Protocol):
                 self._spawn(self._unsubscribe(body))
             case Type.SEEK:
                 self._spawn(self._seek(body))
+            case Type.GET_TOPICS_OF_NAMESPACE:
+                self._spawn(self._topics_of_namespace(body))
             case Type.GET_LAST_MESSAGE_ID:
                 found = self.consumers.get(body.consumer_id)
                 if found is None:
@@ -448,6 +450,24 @@ class ServerConnection(asyncio.Protocol):
             return
         self.consumers[body.consumer_id] = (subscription, consumer)
         self.send(pb.CommandSuccess(request_id=body.request_id))
+
+    async def _topics_of_namespace(self, body: pb.CommandGetTopicsOfNamespace) -> None:
+        mode = pb.CommandGetTopicsOfNamespace
+        domains = {
+            mode.PERSISTENT: ("persistent",),
+            mode.NON_PERSISTENT: ("non-persistent",),
+            mode.ALL: ("persistent", "non-persistent"),
+        }[body.mode]
+        if body.namespace.count("/") != 1:
+            self._error(
+                body.request_id,
+                pb.MetadataError,
+                f"namespace {body.namespace!r}: expected tenant/namespace",
+            )
+            return
+        topics = await self.broker.list_topics(body.namespace, domains)
+        # Not filtered by topics_pattern here: the client applies its pattern itself.
+        self.send(pb.CommandGetTopicsOfNamespaceResponse(request_id=body.request_id, topics=topics))
 
     async def _seek(self, body: pb.CommandSeek) -> None:
         found = self.consumers.get(body.consumer_id)

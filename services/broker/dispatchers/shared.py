@@ -1,6 +1,7 @@
-"""Shared subscriptions: messages go round-robin to the consumers that have permits. Unacked
-messages of a consumer that leaves (or asks for redelivery, or negatively acks) are put in a
-replay set and sent to the others before new messages. Only individual acks."""
+"""Shared subscriptions: messages go round-robin to the consumers that have permits, those of
+the best priority level first. Unacked messages of a consumer that leaves (or asks for
+redelivery, or negatively acks) are put in a replay set and sent to the others before new
+messages. Only individual acks."""
 
 from __future__ import annotations
 
@@ -18,10 +19,14 @@ class SharedDispatcher(Dispatcher):
         self._turn = itertools.count()
 
     def _next_consumer(self) -> Consumer | None:
+        """Round robin among the ready consumers of the best priority level (0 is the best):
+        a lower level gets messages only while every consumer above it has no permits."""
         ready = [c for c in self.consumers if c.permits > 0 and not c.closed]
         if not ready:
             return None
-        return ready[next(self._turn) % len(ready)]
+        best = min(c.priority for c in ready)
+        level = [c for c in ready if c.priority == best]
+        return level[next(self._turn) % len(level)]
 
     async def dispatch_round(self) -> bool:
         budget = sum(max(c.permits, 0) for c in self.consumers if not c.closed)
