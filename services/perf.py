@@ -103,10 +103,9 @@ def run(args: argparse.Namespace) -> int:
             "magnetar perf needs the official client: pip install 'magnetar[perf]'", file=sys.stderr
         )
         return 2
-    import logging
-
-    quiet = logging.getLogger("pulsar-client")
-    quiet.setLevel(logging.WARNING)
+    # The client's own logger: a Python logger here makes the client abort at exit
+    # (apache/pulsar-client-python#256).
+    quiet = pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn)
     client = pulsar.Client(args.service_url, operation_timeout_seconds=30, logger=quiet)
     recorder = Recorder()
     try:

@@ -1,0 +1,644 @@
+"""End-to-end throughput and publish latency: Magnetar against pulsar-lite, in one run.
+
+For each broker in turn (never both at once, so they do not share the CPUs) this starts the
+broker in its own process on free ports and a temp dir, then runs one producer process and one
+consumer process on the official ``pulsar-client``: batching on (1 ms delay, at most 1,000
+messages pending, as ``magnetar perf`` and pulsar-perf do), an exclusive subscription from the
+earliest position, every message acknowledged on its own.
+
+- throughput: the producer sends as fast as it can for ``--seconds``; the consumer receives
+  until it has every acknowledged message. Consumed msg/s is messages over the time from the
+  common start to the last message received, so a consumer that falls behind pays for its tail.
+- latency: the same at a fixed ``--rate``; publish latency is from ``send_async`` to the
+  broker's acknowledgement, end-to-end latency from the publish timestamp to the receive.
+
+Every payload starts with its sequence number, so the consumer counts lost, duplicated and
+reordered messages. Magnetar runs with the journal fsynced before every acknowledgement (the
+default; ``--journal-sync`` is passed explicitly). pulsar-lite is started from the binary in
+its wheel (``pip install pulsar-lite==0.2.0``); how durable it is gets printed in the header.
+
+    python bench/e2e_bench.py [--seconds 10] [--sizes 100,1024] [--rate 2000]
+                              [--skip-magnetar] [--skip-lite]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SEQUENCE_BYTES = 8
+# After the producer is done, how long the consumer may take to receive the rest.
+DRAIN_TIMEOUT_S = 60.0
+READY_TIMEOUT_S = 60.0
+
+# Established for pulsar-lite 0.2.0 from its source (storage/managed-ledger-rocksdb:
+# entrylog.rs writes each batch with write_all + File::flush, a no-op for a std File;
+# RocksDB is opened with use_fsync=false, manual_wal_flush=false and written without
+# WriteOptions::sync) and checked with `strace -f -e fsync,fdatasync,sync_file_range`:
+# fsyncs only while RocksDB opens, none while 20,000 messages were published. Its config
+# (pulsar-lite.toml: addr, db_path, default_partitions, limits, metrics) has no sync setting.
+LITE_DURABILITY_VERSION = "0.2.0"
+LITE_DURABILITY = (
+    "messages persisted to an append-only entry log + RocksDB index, but NOT fsynced: "
+    "the publish is acknowledged once the bytes are written to the page cache (RocksDB WAL "
+    "unsynced, entry log never fsynced); no setting turns fsync on. So acknowledged messages "
+    "can survive a crash of the broker process, not an OS crash or a power loss."
+)
+MAGNETAR_DURABILITY = (
+    "journal fdatasync'd (group commit) before every publish acknowledgement "
+    "(standalone --journal-sync, the default): acknowledged messages survive power loss."
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Client roles: each runs in its own process (this script with --role), driven over its stdin.
+# --------------------------------------------------------------------------------------------
+
+
+def percentile_ms(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))] * 1000
+
+
+def _client(url: str) -> Any:
+    import pulsar
+
+    # The client's own console logger, not a Python one: with a Python logger the client
+    # aborts now and then at interpreter exit ("terminate called without an active exception",
+    # apache/pulsar-client-python#256).
+    quiet = pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn)
+    return pulsar.Client(url, operation_timeout_seconds=30, logger=quiet)
+
+
+def _say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def run_producer(args: argparse.Namespace) -> int:
+    import pulsar
+
+    client = _client(args.url)
+    try:
+        producer = client.create_producer(
+            args.topic,
+            batching_enabled=True,
+            batching_max_publish_delay_ms=1,
+            max_pending_messages=1000,
+            block_if_queue_full=True,
+            send_timeout_millis=60_000,
+        )
+        filler = os.urandom(args.size - SEQUENCE_BYTES)
+        lock = threading.Lock()
+        latencies: list[float] = []
+        failed = 0
+
+        def acked(result: Any, _msg_id: Any, sent_at: float) -> None:
+            nonlocal failed
+            now = time.monotonic()
+            with lock:
+                if result == pulsar.Result.Ok:
+                    latencies.append(now - sent_at)
+                else:
+                    failed += 1
+
+        _say("ready")
+        sys.stdin.readline()  # "go"
+        started = time.monotonic()
+        deadline = started + args.seconds
+        sent = 0
+        while time.monotonic() < deadline:
+            if args.rate > 0:
+                delay = started + sent / args.rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+            sent_at = time.monotonic()
+            payload = sent.to_bytes(SEQUENCE_BYTES, "big") + filler
+            producer.send_async(payload, lambda r, m, t=sent_at: acked(r, m, t))
+            sent += 1
+        producer.flush()
+        elapsed = time.monotonic() - started
+        with lock:
+            done = list(latencies)
+            failures = failed
+        _say(
+            json.dumps(
+                {
+                    "sent": sent,
+                    "acked": len(done),
+                    "failed": failures,
+                    "seconds": elapsed,
+                    "msg_per_s": len(done) / elapsed,
+                    "p50_ms": percentile_ms(done, 50),
+                    "p99_ms": percentile_ms(done, 99),
+                }
+            )
+        )
+        producer.close()
+    finally:
+        client.close()
+    return 0
+
+
+def run_consumer(args: argparse.Namespace) -> int:
+    import pulsar
+
+    client = _client(args.url)
+    try:
+        consumer = client.subscribe(
+            args.topic,
+            "e2e-bench",
+            consumer_type=pulsar.ConsumerType.Exclusive,
+            initial_position=pulsar.InitialPosition.Earliest,
+        )
+        # Set by the stdin reader once the producer is done: how many messages to wait for,
+        # and until when.
+        target: list[tuple[int, float]] = []
+
+        def read_target() -> None:
+            line = sys.stdin.readline().split()  # "expect N"
+            if line:
+                target.append((int(line[1]), time.monotonic() + DRAIN_TIMEOUT_S))
+
+        _say("ready")
+        sys.stdin.readline()  # "go"
+        threading.Thread(target=read_target, daemon=True).start()
+        started = last_at = time.monotonic()
+        hard_deadline = started + args.seconds + 120 + DRAIN_TIMEOUT_S
+        seen = bytearray()
+        unique = duplicates = reordered = 0
+        highest = -1
+        latencies: list[float] = []
+        timed_out = False
+        while True:
+            if target and (unique >= target[0][0] or time.monotonic() > target[0][1]):
+                timed_out = unique < target[0][0]
+                break
+            if time.monotonic() > hard_deadline:
+                timed_out = True
+                break
+            try:
+                message = consumer.receive(timeout_millis=100)
+            except pulsar.Timeout:
+                continue
+            last_at = time.monotonic()
+            latencies.append(max(time.time() - message.publish_timestamp() / 1000, 0.0))
+            sequence = int.from_bytes(message.data()[:SEQUENCE_BYTES], "big")
+            consumer.acknowledge(message)
+            if sequence >= len(seen):  # grow by at least doubling
+                seen.extend(bytes(max(sequence + 1 - len(seen), len(seen))))
+            if seen[sequence]:
+                duplicates += 1
+                continue
+            seen[sequence] = 1
+            unique += 1
+            if sequence < highest:
+                reordered += 1
+            highest = max(highest, sequence)
+        elapsed = last_at - started
+        _say(
+            json.dumps(
+                {
+                    "unique": unique,
+                    "duplicates": duplicates,
+                    "reordered": reordered,
+                    "timed_out": timed_out,
+                    "seconds": elapsed,
+                    "msg_per_s": unique / elapsed if elapsed > 0 else 0.0,
+                    "p50_ms": percentile_ms(latencies, 50),
+                    "p99_ms": percentile_ms(latencies, 99),
+                }
+            )
+        )
+        consumer.close()
+    finally:
+        client.close()
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# Brokers and processes
+# --------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Processes:
+    """Every child this run started, so that any exit (error, Ctrl-C, SIGTERM) ends them."""
+
+    def __init__(self) -> None:
+        self.children: list[subprocess.Popen[bytes]] = []
+
+    def start(self, command: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        # A session of its own: Ctrl-C reaches only this script, which then stops the
+        # children in order instead of every process dying at once.
+        process = subprocess.Popen(command, start_new_session=True, **kwargs)
+        self.children.append(process)
+        return process
+
+    def stop(self, process: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
+        if process in self.children:
+            self.children.remove(process)
+
+    def stop_all(self) -> None:
+        for process in reversed(list(self.children)):
+            self.stop(process, timeout=10.0)
+
+
+@dataclass(slots=True)
+class Broker:
+    name: str
+    url: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except FileNotFoundError:
+            return ""
+
+
+def wait_listening(broker: Broker, port: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if broker.process.poll() is not None:
+            raise RuntimeError(f"{broker.name} exited at start:\n{broker.log_tail()}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{broker.name} did not listen on {port}:\n{broker.log_tail()}")
+
+
+def start_magnetar(processes: Processes, workdir: Path) -> Broker:
+    port = free_port()
+    log_path = workdir / "magnetar.log"
+    with open(log_path, "ab") as log:
+        process = processes.start(
+            [
+                sys.executable, "-m", "magnetar.cli", "--log-level", "WARNING", "standalone",
+                "--data-dir", str(workdir / "data"), "--broker-port", str(port),
+                "--http-port", str(free_port()), "--bookie-port", str(free_port()),
+                "--bookie-http-port", str(free_port()), "--journal-sync",
+            ],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    broker = Broker("Magnetar", f"pulsar://127.0.0.1:{port}", process, log_path)
+    wait_listening(broker, port)
+    return broker
+
+
+def pulsar_lite_binary() -> str:
+    try:
+        from pulsar_lite.binary_finder import find_pulsar_lite_binary
+    except ImportError:
+        raise SystemExit(
+            "pulsar-lite is not installed: pip install pulsar-lite==0.2.0, or pass --skip-lite"
+        ) from None
+    return find_pulsar_lite_binary()
+
+
+def start_pulsar_lite(processes: Processes, workdir: Path) -> Broker:
+    port = free_port()
+    # An explicit config (the binary reads ./pulsar-lite.toml by default): non-partitioned
+    # topics, as Magnetar auto-creates them.
+    config = workdir / "pulsar-lite.toml"
+    config.write_text("default_partitions = 0\n")
+    log_path = workdir / "pulsar-lite.log"
+    with open(log_path, "ab") as log:
+        process = processes.start(
+            [
+                pulsar_lite_binary(), "--config", str(config), "--addr", f"127.0.0.1:{port}",
+                "--db-path", str(workdir / "db"), "--log-level", "warn",
+            ],
+            stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
+        )  # fmt: skip
+    broker = Broker("pulsar-lite", f"pulsar://127.0.0.1:{port}", process, log_path)
+    wait_listening(broker, port)
+    return broker
+
+
+# --------------------------------------------------------------------------------------------
+# Measurements
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class PairResult:
+    """One producer process and one consumer process on one topic."""
+
+    size: int
+    rate: float
+    produced: dict[str, Any]
+    consumed: dict[str, Any]
+    # Share of one CPU each process used during the run: whether a figure is the broker's limit
+    # or a client's (each client is one Python process, so about 100% means it is the limit).
+    cpu: dict[str, float]
+
+    @property
+    def lost(self) -> int:
+        return max(self.produced["acked"] - self.consumed["unique"], 0)
+
+    @property
+    def problems(self) -> str:
+        found = []
+        if self.produced["failed"]:
+            found.append(f"{self.produced['failed']} sends failed")
+        if self.lost:
+            found.append(f"{self.lost} acked messages not received")
+        if self.consumed["duplicates"]:
+            found.append(f"{self.consumed['duplicates']} duplicates")
+        if self.consumed["reordered"]:
+            found.append(f"{self.consumed['reordered']} out of order")
+        if self.consumed["timed_out"]:
+            found.append(f"consumer gave up after {DRAIN_TIMEOUT_S:.0f} s")
+        return ", ".join(found) or "ok"
+
+
+def read_line(process: subprocess.Popen[bytes], timeout: float, what: str) -> str:
+    assert process.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([process.stdout], [], [], 0.5)
+        if ready:
+            line = process.stdout.readline().decode().strip()
+            if line:
+                return line
+            raise RuntimeError(f"{what} exited (code {process.wait(10)}) without answering")
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited (code {process.returncode}) without answering")
+    raise RuntimeError(f"{what} did not answer within {timeout:.0f} s")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (also readable while it is a zombie)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, IndexError):
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tell(process: subprocess.Popen[bytes], line: str) -> None:
+    assert process.stdin is not None
+    process.stdin.write(line.encode() + b"\n")
+    process.stdin.flush()
+
+
+def run_pair(
+    processes: Processes, broker: Broker, workdir: Path, size: int, rate: float, seconds: float
+) -> PairResult:
+    topic = f"persistent://public/default/e2e-{size}-{uuid.uuid4().hex[:8]}"
+    clients = {}
+    for role in ("consumer", "producer"):
+        command = [
+            sys.executable, __file__, "--role", role, "--url", broker.url, "--topic", topic,
+            "--size", str(size), "--rate", str(rate), "--seconds", str(seconds),
+        ]  # fmt: skip
+        with open(workdir / f"{role}.log", "ab") as log:
+            clients[role] = processes.start(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, bufsize=0
+            )
+    try:
+        for role, process in clients.items():
+            if read_line(process, READY_TIMEOUT_S, f"{broker.name} {role}") != "ready":
+                raise RuntimeError(f"{broker.name} {role} did not start")
+        pids = {"broker": broker.process.pid} | {r: p.pid for r, p in clients.items()}
+        cpu_before = {role: cpu_seconds(pid) for role, pid in pids.items()}
+        started = time.monotonic()
+        for process in clients.values():
+            tell(process, "go")
+        produced = json.loads(
+            read_line(clients["producer"], seconds + 120, f"{broker.name} producer")
+        )
+        cpu_after = {"producer": (cpu_seconds(pids["producer"]), time.monotonic())}
+        tell(clients["consumer"], f"expect {produced['acked']}")
+        consumed = json.loads(
+            read_line(clients["consumer"], DRAIN_TIMEOUT_S + 30, f"{broker.name} consumer")
+        )
+        for role in ("broker", "consumer"):
+            cpu_after[role] = (cpu_seconds(pids[role]), time.monotonic())
+        cpu = {
+            role: (used - cpu_before[role]) / (at - started)
+            for role, (used, at) in cpu_after.items()
+        }
+        for role, process in clients.items():
+            code = process.wait(30)
+            if code != 0:
+                print(f"  warning: {broker.name} {role} exited with code {code}", file=sys.stderr)
+    finally:
+        for process in clients.values():
+            processes.stop(process, timeout=5.0)
+    return PairResult(size, rate, produced, consumed, cpu)
+
+
+def measure(
+    processes: Processes, broker: Broker, workdir: Path, args: argparse.Namespace
+) -> dict[tuple[str, int], PairResult]:
+    results = {}
+    # Warm-up, not reported: first connections, topic creation, caches.
+    run_pair(processes, broker, workdir, args.sizes[0], 0, min(args.seconds, 2.0))
+    for size in args.sizes:
+        for kind, rate in (("throughput", 0.0), ("latency", args.rate)):
+            print(f"  {broker.name}: {kind}, {size} B ...", file=sys.stderr, flush=True)
+            result = run_pair(processes, broker, workdir, size, rate, args.seconds)
+            results[(kind, size)] = result
+            if result.problems != "ok":
+                print(f"  {broker.name} {kind} {size} B: {result.problems}", file=sys.stderr)
+    return results
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------------
+
+
+def print_broker_table(name: str, results: dict[tuple[str, int], PairResult]) -> None:
+    print(f"\n{name} (CPU: share of one core; a client near 100% is the limit, not the broker)")
+    print(
+        f"{'run':<16}{'size':>7}{'produced':>11}{'consumed':>11}{'cons MB/s':>10}"
+        f"{'pub p50':>9}{'pub p99':>9}{'e2e p50':>9}{'e2e p99':>9}{'CPU % broker':>14}  check"
+    )
+    print(
+        f"{'':<16}{'':>7}{'msg/s':>11}{'msg/s':>11}{'':>10}{'ms':>9}{'ms':>9}{'ms':>9}{'ms':>9}"
+        f"{'/prod/cons':>14}"
+    )
+    for (kind, size), r in results.items():
+        label = "throughput" if kind == "throughput" else f"latency @{r.rate:,.0f}/s"
+        p, c = r.produced, r.consumed
+        cpu = "/".join(f"{r.cpu[role] * 100:.0f}" for role in ("broker", "producer", "consumer"))
+        print(
+            f"{label:<16}{size:>5} B{p['msg_per_s']:>11,.0f}{c['msg_per_s']:>11,.0f}"
+            f"{c['msg_per_s'] * size / 1e6:>10.2f}{p['p50_ms']:>9.2f}{p['p99_ms']:>9.2f}"
+            f"{c['p50_ms']:>9.1f}{c['p99_ms']:>9.1f}{cpu:>14}  "
+            f"{p['acked']:,} acked, {c['unique']:,} received: {r.problems}"
+        )
+
+
+def print_comparison(
+    magnetar: dict[tuple[str, int], PairResult], lite: dict[tuple[str, int], PairResult]
+) -> None:
+    print("\nMagnetar / pulsar-lite")
+    print(f"{'figure':<40}{'Magnetar':>12}{'pulsar-lite':>13}{'ratio':>9}")
+    rows: list[tuple[str, float, float, str]] = []
+    for (kind, size), m in magnetar.items():
+        lr = lite[(kind, size)]
+        if kind == "throughput":
+            rows.append(
+                (
+                    f"consumed msg/s, {size} B",
+                    m.consumed["msg_per_s"],
+                    lr.consumed["msg_per_s"],
+                    ",.0f",
+                )
+            )
+        else:
+            at = f"@{m.rate:,.0f}/s, {size} B"
+            rows.append(
+                (f"publish p50 ms {at}", m.produced["p50_ms"], lr.produced["p50_ms"], ".2f")
+            )
+            rows.append(
+                (f"publish p99 ms {at}", m.produced["p99_ms"], lr.produced["p99_ms"], ".2f")
+            )
+            rows.append(
+                (f"end-to-end p50 ms {at}", m.consumed["p50_ms"], lr.consumed["p50_ms"], ".1f")
+            )
+            rows.append(
+                (f"end-to-end p99 ms {at}", m.consumed["p99_ms"], lr.consumed["p99_ms"], ".1f")
+            )
+    for label, mine, theirs, fmt in rows:
+        ratio = f"{mine / theirs:.2f}x" if theirs else "-"
+        print(f"{label:<40}{format(mine, fmt):>12}{format(theirs, fmt):>13}{ratio:>9}")
+    for name, results in (("Magnetar", magnetar), ("pulsar-lite", lite)):
+        for (kind, size), r in results.items():
+            if r.problems != "ok":
+                print(f"  note: {name} {kind} {size} B: {r.problems} (msg/s count each once)")
+
+
+def print_header(args: argparse.Namespace) -> None:
+    client = importlib.metadata.version("pulsar-client")
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(
+        f"End-to-end: 1 producer + 1 consumer process, official pulsar-client {client}, batching "
+        f"on (1 ms, <=1000 pending), exclusive subscription, individual acks; {args.seconds:g} s "
+        f"per run; {os.cpu_count()} CPUs, load average {load} at start"
+    )
+    if not args.skip_magnetar:
+        print(f"  Magnetar durability: {MAGNETAR_DURABILITY}")
+    if not args.skip_lite:
+        try:
+            version = importlib.metadata.version("pulsar-lite")
+        except importlib.metadata.PackageNotFoundError:
+            version = "not installed"
+        note = LITE_DURABILITY
+        if version != LITE_DURABILITY_VERSION:
+            note += f" (established for {LITE_DURABILITY_VERSION}; recheck for this version)"
+        print(f"  pulsar-lite {version} durability: {note}")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=float, default=10.0, help="per run [default: 10]")
+    parser.add_argument(
+        "--sizes", default="100,1024", help="message sizes in bytes [default: 100,1024]"
+    )
+    parser.add_argument(
+        "--rate", type=float, default=2000, help="messages/s of the latency runs [default: 2000]"
+    )
+    parser.add_argument("--skip-magnetar", action="store_true", help="do not run Magnetar")
+    parser.add_argument("--skip-lite", action="store_true", help="do not run pulsar-lite")
+    parser.add_argument("--dir", help="scratch directory [default: a temp dir]")
+    # A client process (this script started by itself).
+    parser.add_argument("--role", choices=["producer", "consumer"], help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--topic", help=argparse.SUPPRESS)
+    parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role is None:
+        args.sizes = [int(s) for s in args.sizes.split(",")]
+        if min(args.sizes) < SEQUENCE_BYTES:
+            parser.error(f"--sizes: each message carries a {SEQUENCE_BYTES}-byte sequence number")
+        if args.skip_magnetar and args.skip_lite:
+            parser.error("nothing to run")
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    if args.role == "producer":
+        return run_producer(args)
+    if args.role == "consumer":
+        return run_consumer(args)
+
+    if not args.skip_lite:
+        pulsar_lite_binary()  # fail before Magnetar has run, not after
+    # SIGTERM unwinds like Ctrl-C, through the cleanup below.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    processes = Processes()
+    workdir = Path(tempfile.mkdtemp(prefix="e2e-bench-", dir=args.dir))
+    results: dict[str, dict[tuple[str, int], PairResult]] = {}
+    starters = [("Magnetar", start_magnetar), ("pulsar-lite", start_pulsar_lite)]
+    skipped = {"Magnetar": args.skip_magnetar, "pulsar-lite": args.skip_lite}
+    try:
+        for name, start in starters:
+            if skipped[name]:
+                continue
+            brokerdir = workdir / name
+            brokerdir.mkdir()
+            broker = start(processes, brokerdir)
+            try:
+                results[name] = measure(processes, broker, brokerdir, args)
+            except Exception:
+                print(f"{name} log tail:\n{broker.log_tail()}", file=sys.stderr)
+                raise
+            finally:
+                processes.stop(broker.process)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        processes.stop_all()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    print_header(args)
+    for name, table in results.items():
+        print_broker_table(name, table)
+    if len(results) == 2:
+        print_comparison(results["Magnetar"], results["pulsar-lite"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
