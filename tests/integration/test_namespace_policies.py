@@ -166,3 +166,46 @@ def test_retention_deletes_consumed_ledgers_unless_the_namespace_keeps_them(
         ]
     finally:
         c.close()
+
+
+def test_deduplication_switched_on_and_off_per_namespace(
+    start: Callable[..., StandaloneProcess],
+) -> None:
+    node = start("--policy-check-interval-seconds", "1")
+    c = client(node)
+    try:
+        producer = c.create_producer("ledger", producer_name="bank", batching_enabled=False)
+        producer.send(b"a", sequence_id=1)
+        producer.send(b"a again", sequence_id=1)  # off by default: stored twice
+        assert admin(node, "POST", "/namespaces/public/default/deduplication", "yes")[0] == 400
+        assert admin(node, "POST", "/namespaces/public/default/deduplication", True)[0] == 204
+        assert admin(node, "GET", "/namespaces/public/default") == (
+            200,
+            {"deduplicationEnabled": True},
+        )
+
+        deadline = time.monotonic() + 20  # applied to the loaded topic within an interval
+        while True:
+            producer.send(b"probe", sequence_id=1)
+            stats = admin(node, "GET", "/persistent/public/default/ledger/internalStats")[1]
+            stored = stats["numberOfEntries"]  # type: ignore[index]
+            producer.send(b"probe again", sequence_id=1)
+            stats = admin(node, "GET", "/persistent/public/default/ledger/internalStats")[1]
+            if stats["numberOfEntries"] == stored:  # type: ignore[index]
+                break  # the resend was dropped: deduplication is on
+            assert time.monotonic() < deadline, "deduplication never took effect"
+            time.sleep(0.3)
+        producer.send(b"b", sequence_id=2)
+        assert admin(node, "DELETE", "/namespaces/public/default/deduplication")[0] == 204
+        eventually_stored = time.monotonic() + 20
+        while True:
+            stats = admin(node, "GET", "/persistent/public/default/ledger/internalStats")[1]
+            before = stats["numberOfEntries"]  # type: ignore[index]
+            producer.send(b"b again", sequence_id=2)
+            stats = admin(node, "GET", "/persistent/public/default/ledger/internalStats")[1]
+            if stats["numberOfEntries"] == before + 1:  # type: ignore[index]
+                break  # stored again: deduplication is off
+            assert time.monotonic() < eventually_stored, "deduplication never went off"
+            time.sleep(0.3)
+    finally:
+        c.close()
