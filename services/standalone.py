@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from magnetar.bookie.config import BookieConfig
+from magnetar.bookie.local_client import LocalBookieClient
 from magnetar.bookie.service import Bookie
 from magnetar.broker.broker import Broker
 from magnetar.broker.config import BrokerConfig, TopicSettings
@@ -28,6 +29,11 @@ class StandaloneConfig(TopicSettings):
     bookie_http_port: int = setting(8000, "HTTP port of the embedded bookie")
     journal_sync: bool = setting(
         True, "fsync the journal before acknowledging (turn off only for tests)"
+    )
+    bookie_via_grpc: bool = setting(
+        False,
+        "reach the embedded bookie over gRPC like a remote one (slower; by default the broker "
+        "calls it in process)",
     )
 
     def validate(self) -> None:
@@ -68,7 +74,12 @@ class Standalone:
             write_quorum=1,
             ack_quorum=1,
         )
-        self.broker = Broker(broker_config, self.store)
+        local = {}
+        if not self.config.bookie_via_grpc:
+            local[self.bookie.address] = LocalBookieClient(
+                self.bookie.address, self.bookie.storage, self.bookie.info
+            )
+        self.broker = Broker(broker_config, self.store, local_bookies=local)
         await self.broker.start()
         log.info(
             "standalone ready: %s (metadata %s, bookie %s)",

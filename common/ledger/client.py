@@ -59,9 +59,19 @@ class LedgerClient:
         self.config = config or LedgerClientConfig()
         self.placement = placement or RandomPlacement()
         self._bookies: dict[str, BookieClient] = {}
+        #: Bookies in this process, reached without gRPC (see ``add_local_bookie``).
+        self._local: dict[str, BookieClient] = {}
         self.corrupt_reads = 0  # replicas that returned a corrupt entry (reported in the log too)
 
+    def add_local_bookie(self, address: str, client: object) -> None:
+        """Reach the bookie at ``address`` through ``client`` (an object with BookieClient's
+        calls, e.g. ``magnetar.bookie.local_client.LocalBookieClient``) instead of gRPC."""
+        self._local[address] = client  # type: ignore[assignment]
+
     def bookie(self, address: str) -> BookieClient:
+        local = self._local.get(address)
+        if local is not None:
+            return local
         client = self._bookies.get(address)
         if client is None:
             client = self._bookies[address] = BookieClient(
@@ -70,7 +80,8 @@ class LedgerClient:
         return client
 
     async def close(self) -> None:
-        clients, self._bookies = self._bookies, {}
+        clients, self._bookies = {**self._bookies, **self._local}, {}
+        self._local = {}
         await asyncio.gather(*(c.close() for c in clients.values()), return_exceptions=True)
 
     async def __aenter__(self) -> LedgerClient:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Mapping
 
 from aiohttp import web
 
@@ -41,9 +42,16 @@ log = logging.getLogger(__name__)
 
 
 class Broker:
-    def __init__(self, config: BrokerConfig, store: MetadataStore | None = None) -> None:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        store: MetadataStore | None = None,
+        local_bookies: Mapping[str, object] | None = None,
+    ) -> None:
         self.config = config
         self.store = store
+        #: Bookies in this process (standalone), reached without gRPC: address -> client.
+        self.local_bookies = dict(local_bookies or {})
         self._owns_store = store is None
         self.ledger_client: LedgerClient | None = None
         self.topics: dict[str, PersistentTopic | NonPersistentTopic] = {}
@@ -64,6 +72,8 @@ class Broker:
         if self.store is None:
             self.store = await open_store(self.config.metadata_url)
         self.ledger_client = LedgerClient(self.store)
+        for address, client in self.local_bookies.items():
+            self.ledger_client.add_local_bookie(address, client)
         await ensure_default_namespace(self)
         # HTTP first: once clients can connect to the Pulsar port, the admin API is up too.
         self._http = web.AppRunner(build_app(self), access_log=None)

@@ -1,0 +1,195 @@
+"""A bookie in the same process, seen by the ledger client: the calls of ``BookieClient``, made
+straight on the bookie's storage, without gRPC and without encoding a message per add.
+
+``magnetar standalone`` hands one to its broker's ledger client. The semantics are those of the
+gRPC path: adds are taken in order and in batches, each completes once durable (journal
+fsync), completions come back in journal order, and the storage's errors arrive as the same
+``BookieError`` statuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from magnetar.bookie.ledger_storage import LedgerStorage, StorageError
+from magnetar.common.ledger.bookie_client import (
+    AddCallback,
+    BookieError,
+    BookieUnavailableError,
+    LedgerPosition,
+)
+from magnetar.common.proto import bookie_pb2 as pb
+
+#: At most this many entry bytes go to the storage in one batch (as one gRPC AddRequest would).
+MAX_BATCH_BYTES = 1024 * 1024
+
+
+@dataclass(slots=True)
+class _AddOp:
+    ledger_id: int
+    entry_id: int
+    entry: bytes
+    recovery: bool
+
+
+_Batch = tuple[list[AddCallback], Awaitable[list[tuple[int, int, str]]] | BaseException]
+
+
+class LocalBookieClient:
+    def __init__(
+        self, address: str, storage: LedgerStorage, info: Callable[[], pb.BookieInfoResponse]
+    ) -> None:
+        self.address = address
+        self.storage = storage
+        self._info = info
+        self._ops: list[_AddOp] = []
+        self._callbacks: list[AddCallback] = []
+        self._ready = asyncio.Event()
+        self._batches: asyncio.Queue[_Batch] = asyncio.Queue()
+        self._outstanding = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False
+
+    # -- adds ----------------------------------------------------------------------------
+
+    def add_entry(
+        self,
+        ledger_id: int,
+        entry_id: int,
+        entry: bytes,
+        callback: AddCallback,
+        *,
+        recovery: bool = False,
+    ) -> None:
+        if self._closed:
+            raise BookieUnavailableError(self.address, "client closed")
+        if not self._tasks:
+            self._tasks = [
+                asyncio.create_task(self._submit(), name=f"local-bookie-submit-{self.address}"),
+                asyncio.create_task(self._complete(), name=f"local-bookie-done-{self.address}"),
+            ]
+        self._ops.append(_AddOp(ledger_id, entry_id, entry, recovery))
+        self._callbacks.append(callback)
+        self._outstanding += 1
+        if not self._ready.is_set():
+            self._ready.set()
+
+    def add(
+        self, ledger_id: int, entry_id: int, entry: bytes, *, recovery: bool = False
+    ) -> asyncio.Future[None]:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def settle(error: BookieError | None) -> None:
+            if not fut.done():
+                if error is None:
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(error)
+
+        self.add_entry(ledger_id, entry_id, entry, settle, recovery=recovery)
+        return fut
+
+    @property
+    def pending_adds(self) -> int:
+        return self._outstanding
+
+    async def _submit(self) -> None:
+        """Hand queued adds to the storage in batches, in order (it journals them at once)."""
+        while True:
+            if not self._ops:
+                self._ready.clear()
+                await self._ready.wait()
+                continue
+            await self.storage.wait_for_capacity()
+            take, size = 0, 0
+            for op in self._ops:
+                take += 1
+                size += len(op.entry)
+                if size >= MAX_BATCH_BYTES:
+                    break
+            ops, self._ops = self._ops[:take], self._ops[take:]
+            callbacks, self._callbacks = self._callbacks[:take], self._callbacks[take:]
+            try:
+                self._batches.put_nowait((callbacks, self.storage.add(ops)))
+            except Exception as e:  # the storage is closed or broken: these adds failed
+                self._batches.put_nowait((callbacks, e))
+
+    async def _complete(self) -> None:
+        """Call back each batch once durable, in the order the batches were taken."""
+        while True:
+            callbacks, done = await self._batches.get()
+            self._outstanding -= len(callbacks)
+            try:
+                if isinstance(done, BaseException):
+                    raise done
+                failures = await done
+            except asyncio.CancelledError:
+                closed = BookieUnavailableError(self.address, "client closed")
+                for callback in callbacks:
+                    callback(closed)
+                raise
+            except Exception as e:
+                error = BookieUnavailableError(self.address, f"add failed: {e}")
+                for callback in callbacks:
+                    callback(error)
+                continue
+            failed = {i: (status, message) for i, status, message in failures}
+            for i, callback in enumerate(callbacks):
+                problem = failed.get(i)
+                callback(None if problem is None else BookieError(self.address, *problem))
+
+    # -- other calls ---------------------------------------------------------------------
+
+    async def read(self, ledger_id: int, entry_id: int, *, fence: bool = False) -> bytes:
+        try:
+            if fence:
+                await self.storage.fence(ledger_id)
+            return await self.storage.read(ledger_id, entry_id)
+        except StorageError as e:
+            raise BookieError(self.address, e.status, e.message) from None
+
+    async def read_lac(
+        self, ledger_id: int, *, previous: int = -2, wait_ms: int = 0
+    ) -> LedgerPosition:
+        wait_s = wait_ms / 1000 if previous >= -1 else 0.0
+        try:
+            state = await self.storage.read_lac(ledger_id, previous, wait_s)
+        except StorageError as e:
+            raise BookieError(self.address, e.status, e.message) from None
+        if wait_s > 0 and state.lac <= previous:
+            raise BookieError(self.address, pb.TIMEOUT, "LAC did not advance in time")
+        return LedgerPosition(state.lac, state.last_entry_id)
+
+    async def fence(self, ledger_id: int) -> LedgerPosition:
+        try:
+            state = await self.storage.fence(ledger_id)
+        except StorageError as e:
+            raise BookieError(self.address, e.status, e.message) from None
+        return LedgerPosition(state.lac, state.last_entry_id)
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        try:
+            await self.storage.delete_ledger(ledger_id)
+        except StorageError as e:
+            raise BookieError(self.address, e.status, e.message) from None
+
+    async def info(self) -> pb.BookieInfoResponse:
+        return self._info()
+
+    async def wait_ready(self, timeout: float = 10.0) -> None:
+        return None  # same process: nothing to connect
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        error = BookieUnavailableError(self.address, "client closed")
+        callbacks = list(self._callbacks)
+        while not self._batches.empty():
+            callbacks += self._batches.get_nowait()[0]
+        self._ops, self._callbacks, self._outstanding = [], [], 0
+        for callback in callbacks:
+            callback(error)
