@@ -207,6 +207,7 @@ def _produce(pulsar, client, args: argparse.Namespace, recorder: Recorder) -> in
         producer.flush()
     elapsed = time.monotonic() - started
     done.set()
+    reporter.join()  # its last line must not come after the summary
     _summary(args, recorder, elapsed, "produced")
     return 0 if recorder.failed == 0 else 1
 
@@ -243,5 +244,6 @@ def _consume(pulsar, client, args: argparse.Namespace, recorder: Recorder) -> in
             received += 1
     elapsed = time.monotonic() - started
     done.set()
+    reporter.join()  # its last line must not come after the summary
     _summary(args, recorder, elapsed, "consumed")
     return 0

@@ -53,6 +53,20 @@ class LedgerPosition:
     last_entry_id: int
 
 
+def add_future() -> tuple[asyncio.Future[None], AddCallback]:
+    """A future and the add callback that settles it (for ``add`` on top of ``add_entry``)."""
+    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def settle(error: BookieError | None) -> None:
+        if not fut.done():
+            if error is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(error)
+
+    return fut, settle
+
+
 class BookieClient:
     def __init__(self, address: str, *, timeout: float = 10.0) -> None:
         self.address = address
@@ -121,15 +135,7 @@ class BookieClient:
         self, ledger_id: int, entry_id: int, entry: bytes, *, recovery: bool = False
     ) -> asyncio.Future[None]:
         """Queue an add; the future completes when the bookie made it durable."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def settle(error: BookieError | None) -> None:
-            if not fut.done():
-                if error is None:
-                    fut.set_result(None)
-                else:
-                    fut.set_exception(error)
-
+        fut, settle = add_future()
         self.add_entry(ledger_id, entry_id, entry, settle, recovery=recovery)
         return fut
 

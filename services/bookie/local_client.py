@@ -19,6 +19,7 @@ from magnetar.common.ledger.bookie_client import (
     BookieError,
     BookieUnavailableError,
     LedgerPosition,
+    add_future,
 )
 from magnetar.common.proto import bookie_pb2 as pb
 
@@ -79,15 +80,7 @@ class LocalBookieClient:
     def add(
         self, ledger_id: int, entry_id: int, entry: bytes, *, recovery: bool = False
     ) -> asyncio.Future[None]:
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def settle(error: BookieError | None) -> None:
-            if not fut.done():
-                if error is None:
-                    fut.set_result(None)
-                else:
-                    fut.set_exception(error)
-
+        fut, settle = add_future()
         self.add_entry(ledger_id, entry_id, entry, settle, recovery=recovery)
         return fut
 

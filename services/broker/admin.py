@@ -21,7 +21,7 @@ Partitioned-topic metadata lives in the metadata store at
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -34,6 +34,7 @@ from magnetar.common.metadata import NOT_EXISTS, BadVersionError
 
 if TYPE_CHECKING:
     from magnetar.broker.broker import Broker
+    from magnetar.broker.nonpersistent import NonPersistentTopic
 
 PARTITIONED_PATH = "/magnetar/admin/partitioned-topics"
 TENANTS_PATH = "/magnetar/admin/tenants"
@@ -64,6 +65,34 @@ async def partition_count(broker: Broker, name: TopicName) -> int:
 def _error(status: int, reason: str) -> web.Response:
     # Pulsar's admin API answers errors as {"reason": ...}.
     return web.json_response({"reason": reason}, status=status)
+
+
+class AdminError(Exception):
+    """Answered as ``{"reason": ...}`` with this HTTP status."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+@web.middleware
+async def _errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except InvalidTopicNameError as e:
+        return _error(400, str(e))
+    except AdminError as e:
+        return _error(e.status, e.reason)
+
+
+def _loaded(broker: Broker, name: TopicName) -> PersistentTopic | NonPersistentTopic:
+    topic = broker.topics.get(str(name))
+    if topic is None:
+        raise AdminError(404, f"topic {name} is not loaded on this broker")
+    return topic
 
 
 def _topic(request: web.Request) -> TopicName:
@@ -119,30 +148,17 @@ def build_app(broker: Broker) -> web.Application:
 
     @routes.get("/admin/v2/namespaces/{tenant}/{namespace}")
     async def get_policies(request: web.Request) -> web.Response:
-        assert broker.store is not None
-        found = await broker.store.get(_namespace_key(request))
-        if found is None:
-            return _error(404, "namespace does not exist")
-        return web.json_response(parse_document(found.value))
+        return web.json_response(await _policy_document(broker, request))
 
     @routes.get("/admin/v2/namespaces/{tenant}/{namespace}/{policy}")
     async def get_policy(request: web.Request) -> web.Response:
-        assert broker.store is not None
-        field = POLICY_FIELDS.get(request.match_info["policy"])
-        if field is None:
-            return _error(404, f"unknown namespace policy {request.match_info['policy']!r}")
-        found = await broker.store.get(_namespace_key(request))
-        if found is None:
-            return _error(404, "namespace does not exist")
-        return web.json_response(parse_document(found.value).get(field[0]))
+        key, _check = _policy_field(request)
+        return web.json_response((await _policy_document(broker, request)).get(key))
 
     @routes.post("/admin/v2/namespaces/{tenant}/{namespace}/{policy}")
     @routes.delete("/admin/v2/namespaces/{tenant}/{namespace}/{policy}")
     async def set_policy(request: web.Request) -> web.Response:
-        field = POLICY_FIELDS.get(request.match_info["policy"])
-        if field is None:
-            return _error(404, f"unknown namespace policy {request.match_info['policy']!r}")
-        key, check = field
+        key, check = _policy_field(request)
         value = None
         if request.method == "POST":
             try:
@@ -158,34 +174,21 @@ def build_app(broker: Broker) -> web.Application:
 
     @routes.get(base + "/{topic}/stats")
     async def stats(request: web.Request) -> web.Response:
-        try:
-            name = _topic(request)
-        except InvalidTopicNameError as e:
-            return _error(400, str(e))
-        topic = broker.topics.get(str(name))
-        if topic is None:
-            return _error(404, f"topic {name} is not loaded on this broker")
+        name = _topic(request)
+        topic = _loaded(broker, name)
         return web.json_response(topic.stats())
 
     @routes.get(base + "/{topic}/internalStats")
     async def internal_stats(request: web.Request) -> web.Response:
-        try:
-            name = _topic(request)
-        except InvalidTopicNameError as e:
-            return _error(400, str(e))
-        topic = broker.topics.get(str(name))
-        if topic is None:
-            return _error(404, f"topic {name} is not loaded on this broker")
+        name = _topic(request)
+        topic = _loaded(broker, name)
         if not isinstance(topic, PersistentTopic):
             return _error(412, f"topic {name} is non-persistent: it has no storage")
         return web.json_response(topic.internal_stats())
 
     @routes.delete(base + "/{topic}")
     async def delete_topic(request: web.Request) -> web.Response:
-        try:
-            name = _topic(request)
-        except InvalidTopicNameError as e:
-            return _error(400, str(e))
+        name = _topic(request)
         force = request.query.get("force", "false") == "true"
         try:
             await broker.delete_topic(name, force=force)
@@ -213,18 +216,12 @@ def build_app(broker: Broker) -> web.Application:
 
     @routes.get(base + "/{topic}/partitions")
     async def get_partitions(request: web.Request) -> web.Response:
-        try:
-            name = _topic(request)
-        except InvalidTopicNameError as e:
-            return _error(400, str(e))
+        name = _topic(request)
         return web.json_response({"partitions": await partition_count(broker, name)})
 
     @routes.delete(base + "/{topic}/partitions")
     async def delete_partitioned(request: web.Request) -> web.Response:
-        try:
-            name = _topic(request)
-        except InvalidTopicNameError as e:
-            return _error(400, str(e))
+        name = _topic(request)
         assert broker.store is not None
         if await partition_count(broker, name) == 0:
             return _error(404, f"partitioned topic {name} does not exist")
@@ -233,10 +230,7 @@ def build_app(broker: Broker) -> web.Application:
 
     @routes.put(base + "/{topic}")
     async def create_topic(request: web.Request) -> web.Response:
-        try:
-            name = _topic(request)
-        except InvalidTopicNameError as e:
-            return _error(400, str(e))
+        name = _topic(request)
         await broker.get_topic(name)
         return web.Response(status=204)
 
@@ -255,19 +249,14 @@ def build_app(broker: Broker) -> web.Application:
 
     @routes.get(base + "/{topic}/subscriptions")
     async def subscriptions(request: web.Request) -> web.Response:
-        try:
-            name = _topic(request)
-        except InvalidTopicNameError as e:
-            return _error(400, str(e))
-        topic = broker.topics.get(str(name))
-        if topic is None:
-            return _error(404, f"topic {name} is not loaded on this broker")
+        name = _topic(request)
+        topic = _loaded(broker, name)
         persistent = topic.name.persistent  # readers' subscriptions are not listed
         return web.json_response(
             sorted(s for s, sub in topic.subscriptions.items() if sub.durable or not persistent)
         )
 
-    app = web.Application()
+    app = web.Application(middlewares=[_errors])
     app.add_routes(routes)
     return app
 
@@ -279,6 +268,21 @@ POLICY_FIELDS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "deduplication": ("deduplicationEnabled", lambda v: policies.check_bool(v, "deduplication")),
     "autoTopicCreation": ("autoTopicCreationOverride", policies.check_auto_topic_creation),
 }
+
+
+def _policy_field(request: web.Request) -> tuple[str, Callable[[Any], Any]]:
+    field = POLICY_FIELDS.get(request.match_info["policy"])
+    if field is None:
+        raise AdminError(404, f"unknown namespace policy {request.match_info['policy']!r}")
+    return field
+
+
+async def _policy_document(broker: Broker, request: web.Request) -> dict[str, Any]:
+    assert broker.store is not None
+    found = await broker.store.get(_namespace_key(request))
+    if found is None:
+        raise AdminError(404, "namespace does not exist")
+    return parse_document(found.value)
 
 
 def _namespace_key(request: web.Request) -> str:

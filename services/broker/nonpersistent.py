@@ -24,7 +24,7 @@ from magnetar.broker.entry import message_count
 from magnetar.broker.managed_ledger import Position
 from magnetar.broker.producers import ProducerSet
 from magnetar.broker.subscription import SubscriptionTypeError
-from magnetar.broker.topic import TopicBusyError
+from magnetar.broker.topic import TopicBusyError, publish_counters
 from magnetar.broker.topic_name import TopicName
 from magnetar.common.proto import pulsar_api_pb2 as pb
 
@@ -192,13 +192,8 @@ class NonPersistentTopic:
         pass  # retention, TTL and deduplication concern stored messages only
 
     def stats(self) -> dict[str, object]:
-        elapsed = max(time.monotonic() - self.loaded_at, 1e-9)
         return {
-            "msgInCounter": self.msg_in,
-            "bytesInCounter": self.bytes_in,
-            "msgRateIn": self.msg_in / elapsed,
-            "msgThroughputIn": self.bytes_in / elapsed,
-            "publishers": len(self.producers),
+            **publish_counters(self.msg_in, self.bytes_in, self.loaded_at, len(self.producers)),
             "subscriptions": {
                 name: {
                     "type": Sub.SubType.Name(sub.sub_type),

@@ -138,7 +138,6 @@ class PersistentTopic:
 
     def stats(self) -> dict[str, object]:
         """Topic stats in the shape of Pulsar's ``.../stats`` (the fields built so far)."""
-        elapsed = max(time.monotonic() - self.loaded_at, 1e-9)
         subscriptions = {}
         for name, sub in self.subscriptions.items():
             consumers = sub.dispatcher.consumers
@@ -157,13 +156,9 @@ class PersistentTopic:
                 ],
             }
         return {
-            "msgInCounter": self.msg_in,
-            "bytesInCounter": self.bytes_in,
-            "msgRateIn": self.msg_in / elapsed,
-            "msgThroughputIn": self.bytes_in / elapsed,
+            **publish_counters(self.msg_in, self.bytes_in, self.loaded_at, len(self.producers)),
             "storageSize": self.ml.total_size,
             "entries": self.ml.number_of_entries,
-            "publishers": len(self.producers),
             "subscriptions": subscriptions,
         }
 
@@ -240,6 +235,20 @@ class PersistentTopic:
             except Exception as e:
                 log.warning("topic %s: final deduplication snapshot failed: %s", self.name, e)
         await self.ml.close()
+
+
+def publish_counters(
+    msg_in: int, bytes_in: int, loaded_at: float, publishers: int
+) -> dict[str, object]:
+    """The publish side of a topic's stats (rates averaged since the topic was loaded)."""
+    elapsed = max(time.monotonic() - loaded_at, 1e-9)
+    return {
+        "msgInCounter": msg_in,
+        "bytesInCounter": bytes_in,
+        "msgRateIn": msg_in / elapsed,
+        "msgThroughputIn": bytes_in / elapsed,
+        "publishers": publishers,
+    }
 
 
 def _signed(value: int) -> int:

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from pathlib import Path
 
 import pulsar
 
-from tests.support.standalone import StandaloneProcess
-
-QUIET = logging.getLogger("pulsar-client")
-QUIET.setLevel(logging.WARNING)
+from tests.support.standalone import StandaloneProcess, client
 
 #: cursor_persist_interval_s (1 s, docs/architecture.md) plus scheduling slack.
 ACK_BOUND_S = 1.5
@@ -23,7 +19,7 @@ def test_sigkill_mid_stream_loses_no_receipted_message_and_redelivers_only_recen
 ) -> None:
     node = StandaloneProcess(tmp_path / "standalone").start()
     try:
-        c = pulsar.Client(node.url, operation_timeout_seconds=10, logger=QUIET)
+        c = client(node)
         consumer = c.subscribe("crashy", "workers", receiver_queue_size=100)
         producer = c.create_producer(
             "crashy",
@@ -73,7 +69,7 @@ def test_sigkill_mid_stream_loses_no_receipted_message_and_redelivers_only_recen
         assert len(receipted_now) > 500 and acked_long_ago, "the workload did not get going"
 
         node.start()
-        c = pulsar.Client(node.url, operation_timeout_seconds=10, logger=QUIET)
+        c = client(node)
         try:
             everything = c.subscribe(
                 "crashy", "audit", initial_position=pulsar.InitialPosition.Earliest

@@ -3,34 +3,15 @@
 from __future__ import annotations
 
 import json
-import logging
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pulsar
 import pytest
 
-from tests.support.standalone import StandaloneProcess
-
-QUIET = logging.getLogger("pulsar-client")
-QUIET.setLevel(logging.WARNING)
-
-
-@pytest.fixture
-def standalone(tmp_path: Path) -> Iterator[StandaloneProcess]:
-    node = StandaloneProcess(tmp_path / "standalone").start()
-    try:
-        yield node
-    finally:
-        node.stop()
-        print(node.log_tail())
-
-
-def client(node: StandaloneProcess) -> pulsar.Client:
-    return pulsar.Client(node.url, operation_timeout_seconds=10, logger=QUIET)
+from tests.support.standalone import StandaloneProcess, client
 
 
 def test_exclusive_in_order_and_a_second_consumer_is_refused(standalone: StandaloneProcess) -> None:

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import logging
 import socket
 import threading
 import time
@@ -23,23 +22,10 @@ import pytest
 
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
-from tests.support.standalone import StandaloneProcess
-
-QUIET = logging.getLogger("pulsar-client")
-QUIET.setLevel(logging.WARNING)
+from tests.support.standalone import StandaloneProcess, client
 
 SMALL_LIMIT = 64 * 1024  # far below the 5 MiB default, so only the advertised value explains it
 Type = pb.BaseCommand.Type
-
-
-@pytest.fixture
-def standalone(tmp_path: Path) -> Iterator[StandaloneProcess]:
-    node = StandaloneProcess(tmp_path / "standalone").start()
-    try:
-        yield node
-    finally:
-        node.stop()
-        print(node.log_tail())
 
 
 @pytest.fixture
@@ -52,10 +38,6 @@ def small_limit(tmp_path: Path) -> Iterator[StandaloneProcess]:
     finally:
         node.stop()
         print(node.log_tail())
-
-
-def client(node: StandaloneProcess) -> pulsar.Client:
-    return pulsar.Client(node.url, operation_timeout_seconds=10, logger=QUIET)
 
 
 def drain(consumer: pulsar.Consumer, quiet_ms: int = 1500) -> list[pulsar.Message]:

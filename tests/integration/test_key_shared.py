@@ -2,35 +2,15 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator
-from pathlib import Path
 
 import pulsar
 import pytest
 
 from magnetar.broker.dispatchers.key_hash import key_hash
-from tests.support.standalone import StandaloneProcess
-
-QUIET = logging.getLogger("pulsar-client")
-QUIET.setLevel(logging.WARNING)
-
-
-@pytest.fixture
-def standalone(tmp_path: Path) -> Iterator[StandaloneProcess]:
-    node = StandaloneProcess(tmp_path / "standalone").start()
-    try:
-        yield node
-    finally:
-        node.stop()
-        print(node.log_tail())
-
-
-def client(node: StandaloneProcess) -> pulsar.Client:
-    return pulsar.Client(node.url, operation_timeout_seconds=10, logger=QUIET)
+from tests.support.standalone import StandaloneProcess, client
 
 
 class Receiver(threading.Thread):

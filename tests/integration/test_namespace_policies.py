@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import time
 import urllib.error
 import urllib.request
@@ -13,10 +12,7 @@ from pathlib import Path
 import pulsar
 import pytest
 
-from tests.support.standalone import StandaloneProcess
-
-QUIET = logging.getLogger("pulsar-client")
-QUIET.setLevel(logging.WARNING)
+from tests.support.standalone import StandaloneProcess, client
 
 
 @pytest.fixture
@@ -45,10 +41,6 @@ def admin(
             return response.status, json.loads(text) if text else None
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read().decode() or "null")
-
-
-def client(node: StandaloneProcess) -> pulsar.Client:
-    return pulsar.Client(node.url, operation_timeout_seconds=10, logger=QUIET)
 
 
 def eventually(check: Callable[[], bool], timeout: float = 20.0) -> None:

@@ -3,29 +3,14 @@
 from __future__ import annotations
 
 import json
-import logging
 import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 
 import pulsar
 import pytest
 
-from tests.support.standalone import StandaloneProcess
+from tests.support.standalone import StandaloneProcess, client
 
-QUIET = logging.getLogger("pulsar-client")
-QUIET.setLevel(logging.WARNING)
 TOPIC = "non-persistent://public/default/ticks"
-
-
-@pytest.fixture
-def standalone(tmp_path: Path) -> Iterator[StandaloneProcess]:
-    node = StandaloneProcess(tmp_path / "standalone").start()
-    try:
-        yield node
-    finally:
-        node.stop()
-        print(node.log_tail())
 
 
 def drain(consumer: pulsar.Consumer, wait_ms: int = 1000) -> list[bytes]:
@@ -40,7 +25,7 @@ def drain(consumer: pulsar.Consumer, wait_ms: int = 1000) -> list[bytes]:
 
 
 def test_live_delivery_to_connected_consumers_only(standalone: StandaloneProcess) -> None:
-    c = pulsar.Client(standalone.url, operation_timeout_seconds=10, logger=QUIET)
+    c = client(standalone)
     try:
         producer = c.create_producer(TOPIC, batching_enabled=False)
         producer.send(b"before anyone listens")  # acknowledged, and gone

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pulsar
 
 from tests.support.etcd import free_port
 
@@ -70,3 +73,13 @@ class StandaloneProcess:
             return self.log_path.read_text(errors="replace")[-chars:]
         except FileNotFoundError:
             return ""
+
+
+#: The official client's own logging, quietened to warnings.
+QUIET = logging.getLogger("pulsar-client")
+QUIET.setLevel(logging.WARNING)
+
+
+def client(node: StandaloneProcess) -> pulsar.Client:
+    """An official Pulsar client connected to ``node``."""
+    return pulsar.Client(node.url, operation_timeout_seconds=10, logger=QUIET)

@@ -88,3 +88,31 @@ class Dispatcher(abc.ABC):
     @abc.abstractmethod
     def redeliver(self, consumer: Consumer, positions: list[Position] | None) -> None:
         """Send these (or all) unacknowledged messages of ``consumer`` again."""
+
+
+class ReplayingDispatcher(Dispatcher):
+    """Shared and key_shared: the unacknowledged messages of a consumer that leaves (or asks for
+    redelivery) go into ``replay``, to be sent again (to whichever consumer may take them)
+    before new messages."""
+
+    def __init__(self, subscription: Subscription) -> None:
+        super().__init__(subscription)
+        self.replay: set[Position] = set()
+
+    def release(self, consumer: Consumer) -> None:
+        for position in consumer.pending:
+            self.redelivered(position)
+            self.replay.add(position)
+        consumer.pending.clear()
+
+    def redeliver(self, consumer: Consumer, positions: list[Position] | None) -> None:
+        chosen = (
+            list(consumer.pending)
+            if positions is None
+            else [p for p in positions if p in consumer.pending]
+        )
+        for position in chosen:
+            consumer.pending.pop(position, None)
+            self.redelivered(position)
+            self.replay.add(position)
+        self.wake()

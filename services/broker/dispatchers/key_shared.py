@@ -21,7 +21,7 @@ from __future__ import annotations
 import base64
 
 from magnetar.broker.consumer import Consumer
-from magnetar.broker.dispatchers.base import ConsumerBusyError, Dispatcher
+from magnetar.broker.dispatchers.base import ConsumerBusyError, ReplayingDispatcher
 from magnetar.broker.dispatchers.hash_assignment import AssignmentConflict, HashAssignment
 from magnetar.broker.dispatchers.key_hash import NONE_KEY, key_hash
 from magnetar.broker.entry import entry_metadata, entry_payload
@@ -76,12 +76,12 @@ def _out_of_order_ok(consumer: Consumer) -> bool:
     return meta is not None and meta.allowOutOfOrderDelivery
 
 
-class KeySharedDispatcher(Dispatcher):
+class KeySharedDispatcher(ReplayingDispatcher):
     def __init__(self, subscription) -> None:  # type: ignore[no-untyped-def]
         super().__init__(subscription)
         self.assignment: HashAssignment[Consumer] = HashAssignment()
-        #: Read past by the cursor, not sent (held back) or to be sent again (replay).
-        self._waiting: set[Position] = set()
+        # ``replay`` (from the base) also holds what the cursor read past but could not send
+        # yet (held back).
         #: Key hash of every position that is waiting or was dispatched.
         self._hash_of: dict[Position, int] = {}
 
@@ -101,27 +101,9 @@ class KeySharedDispatcher(Dispatcher):
         if not self.consumers:
             # Nobody left: forget in-memory state and start again from the first unacked entry
             # (also what a seek needs: the cursor was reset before its consumers were removed).
-            self._waiting.clear()
+            self.replay.clear()
             self._hash_of.clear()
             self.cursor.rewind()
-
-    def release(self, consumer: Consumer) -> None:
-        for position in consumer.pending:
-            self.redelivered(position)
-            self._waiting.add(position)
-        consumer.pending.clear()
-
-    def redeliver(self, consumer: Consumer, positions: list[Position] | None) -> None:
-        chosen = (
-            list(consumer.pending)
-            if positions is None
-            else [p for p in positions if p in consumer.pending]
-        )
-        for position in chosen:
-            consumer.pending.pop(position, None)
-            self.redelivered(position)
-            self._waiting.add(position)
-        self.wake()
 
     # -- dispatching ---------------------------------------------------------------------------
 
@@ -155,11 +137,11 @@ class KeySharedDispatcher(Dispatcher):
         blocked: set[int] = set()
         sent = False
         # Waiting messages first, in position order.
-        for position in sorted(self._waiting):
-            if position not in self._waiting:
+        for position in sorted(self.replay):
+            if position not in self.replay:
                 continue
             if self.cursor.is_acked(position):
-                self._waiting.discard(position)
+                self.replay.discard(position)
                 continue
             h = self._hash_of.get(position)
             if h is not None and self._target(h, owners, blocked) is None:
@@ -167,23 +149,23 @@ class KeySharedDispatcher(Dispatcher):
                 continue
             found = await self.cursor.ml.read_entries(position, 1)
             if not found or found[0][0] != position:
-                self._waiting.discard(position)  # trimmed away
+                self.replay.discard(position)  # trimmed away
                 continue
             stored = found[0][1]
             if h is None:
                 h = self._hash_of[position] = key_hash(sticky_key(stored))
             # Consumers may have come or gone while reading: decide again.
             consumer = self._target(h, owners, blocked)
-            if consumer is None or position not in self._waiting:
+            if consumer is None or position not in self.replay:
                 blocked.add(h)
                 continue
-            self._waiting.discard(position)
+            self.replay.discard(position)
             self.send(consumer, position, stored)
             owners[h] = consumer
             sent = True
         # Then new entries.
         budget = sum(max(c.permits, 0) for c in self.consumers if not c.closed)
-        if budget <= 0 or len(self._waiting) >= MAX_WAITING or not self.cursor.has_more_entries:
+        if budget <= 0 or len(self.replay) >= MAX_WAITING or not self.cursor.has_more_entries:
             return sent
         entries = await self.cursor.read_entries(min(budget, self.subscription.dispatch_batch))
         for position, stored in entries:
@@ -191,17 +173,17 @@ class KeySharedDispatcher(Dispatcher):
             consumer = self._target(h, owners, blocked)
             if consumer is None:
                 blocked.add(h)
-                self._waiting.add(position)
+                self.replay.add(position)
                 continue
             self.send(consumer, position, stored)
             owners[h] = consumer
         return sent or bool(entries)
 
     def _forget_stale_hashes(self) -> None:
-        live = len(self._waiting) + sum(len(c.pending) for c in self.consumers)
+        live = len(self.replay) + sum(len(c.pending) for c in self.consumers)
         if len(self._hash_of) <= 2 * live + 1000:
             return
-        keep = set(self._waiting)
+        keep = set(self.replay)
         for consumer in self.consumers:
             keep.update(consumer.pending)
         self._hash_of = {p: h for p, h in self._hash_of.items() if p in keep}

@@ -8,14 +8,13 @@ from __future__ import annotations
 import itertools
 
 from magnetar.broker.consumer import Consumer
-from magnetar.broker.dispatchers.base import Dispatcher
+from magnetar.broker.dispatchers.base import ReplayingDispatcher
 from magnetar.broker.managed_ledger import Position
 
 
-class SharedDispatcher(Dispatcher):
+class SharedDispatcher(ReplayingDispatcher):
     def __init__(self, subscription) -> None:  # type: ignore[no-untyped-def]
         super().__init__(subscription)
-        self._replay: set[Position] = set()
         self._turn = itertools.count()
 
     def _next_consumer(self) -> Consumer | None:
@@ -39,7 +38,7 @@ class SharedDispatcher(Dispatcher):
         for position, stored in entries:
             consumer = self._next_consumer()
             if consumer is None:
-                self._replay.add(position)  # permits ran out (batches count more than one)
+                self.replay.add(position)  # permits ran out (batches count more than one)
                 continue
             self.send(consumer, position, stored)
             sent = True
@@ -47,29 +46,11 @@ class SharedDispatcher(Dispatcher):
 
     async def _replay_entries(self, limit: int) -> list[tuple[Position, bytes]]:
         entries = []
-        for position in sorted(self._replay)[:limit]:
-            self._replay.discard(position)
+        for position in sorted(self.replay)[:limit]:
+            self.replay.discard(position)
             if self.cursor.is_acked(position):
                 continue
             found = await self.cursor.ml.read_entries(position, 1)
             if found and found[0][0] == position:
                 entries.append(found[0])
         return entries
-
-    def release(self, consumer: Consumer) -> None:
-        for position in consumer.pending:
-            self.redelivered(position)
-            self._replay.add(position)
-        consumer.pending.clear()
-
-    def redeliver(self, consumer: Consumer, positions: list[Position] | None) -> None:
-        chosen = (
-            list(consumer.pending)
-            if positions is None
-            else [p for p in positions if p in consumer.pending]
-        )
-        for position in chosen:
-            consumer.pending.pop(position, None)
-            self.redelivered(position)
-            self._replay.add(position)
-        self.wake()
