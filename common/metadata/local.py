@@ -9,6 +9,9 @@
   that crashed before closing, when the next owner opens the file.
 - Threads: every SQLite call runs on one worker thread, never on the event loop; watchers are
   notified from that thread in commit order via ``call_soon_threadsafe``.
+- Group commit: writes that arrive while the worker is busy wait in a queue and then go to
+  SQLite together, in one transaction (each in its own savepoint, so a failed compare-and-set
+  fails only itself) and one fsync. Each write still returns only after that commit.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import functools
 import logging
 import os
 import sqlite3
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -75,6 +79,10 @@ class LocalMetadataStore(MetadataStore):
         self._db = db
         self._loop = loop
         self._closed = False
+        #: Writes waiting for the next group commit: (method, args, future); under the lock.
+        self._writes: list[tuple[Callable[..., object], tuple[object, ...], asyncio.Future]] = []
+        self._writes_lock = threading.Lock()
+        self._group_queued = False
         # Weak: a watch dropped without aclose() must not keep receiving events forever.
         self._watches: weakref.WeakSet[_LocalWatch] = weakref.WeakSet()
 
@@ -120,11 +128,11 @@ class LocalMetadataStore(MetadataStore):
         ephemeral: bool = False,
     ) -> int:
         _check_expected_version(expected_version, allow_not_exists=True)
-        return await self._run(self._db.put, key, bytes(value), expected_version, ephemeral)
+        return await self._write(self._db.put, key, bytes(value), expected_version, ephemeral)  # type: ignore[return-value]
 
     async def delete(self, key: str, expected_version: int | None = None) -> None:
         _check_expected_version(expected_version, allow_not_exists=False)
-        await self._run(self._db.delete, key, expected_version)
+        await self._write(self._db.delete, key, expected_version)
 
     # -- watches, sessions, elections ----------------------------------------------------
 
@@ -165,6 +173,37 @@ class LocalMetadataStore(MetadataStore):
     async def _run(self, fn: Callable[..., T], *args: object) -> T:
         self._check_open()
         return await self._loop.run_in_executor(self._executor, functools.partial(fn, *args))
+
+    async def _write(self, fn: Callable[..., object], *args: object) -> object:
+        self._check_open()
+        future: asyncio.Future[object] = self._loop.create_future()
+        with self._writes_lock:
+            self._writes.append((fn, args, future))
+            queue_group = not self._group_queued
+            self._group_queued = True
+        if queue_group:
+            self._executor.submit(self._commit_group)
+        return await future
+
+    def _commit_group(self) -> None:
+        """On the SQLite thread: every write queued so far, in one transaction."""
+        with self._writes_lock:
+            writes, self._writes = self._writes, []
+            self._group_queued = False
+        results = self._db.run_group([(fn, args) for fn, args, _ in writes])
+        self._loop.call_soon_threadsafe(self._settle, [f for _, _, f in writes], results)
+
+    @staticmethod
+    def _settle(
+        futures: list[asyncio.Future[object]], results: list[tuple[object, BaseException | None]]
+    ) -> None:
+        for future, (value, error) in zip(futures, results, strict=True):
+            if future.done():
+                continue
+            if error is None:
+                future.set_result(value)
+            else:
+                future.set_exception(error)
 
     def _publish(self, events: list[WatchEvent]) -> None:
         """Called on the SQLite thread after a commit; hands the events to the loop in order."""
@@ -208,6 +247,8 @@ class _Database:
         self._conn = conn
         self._lock_fd = lock_fd
         self.on_commit: Callable[[list[WatchEvent]], None] = lambda events: None
+        #: Events of the group being committed (``run_group``), None outside one.
+        self._group_events: list[WatchEvent] | None = None
 
     @classmethod
     def open(cls, path: Path) -> _Database:
@@ -298,10 +339,47 @@ class _Database:
         self._conn.execute("UPDATE revision SET value = value + 1 WHERE id = 0")
         return self.revision
 
+    def run_group(
+        self, calls: list[tuple[Callable[..., object], tuple[object, ...]]]
+    ) -> list[tuple[object, BaseException | None]]:
+        """Run write ``calls`` in one transaction, each in a savepoint: (result, error) each.
+        If the commit itself fails, every call fails with that error."""
+        results: list[tuple[object, BaseException | None]] = []
+        self._group_events = []
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+            for fn, args in calls:
+                try:
+                    results.append((fn(*args), None))
+                except Exception as e:
+                    results.append((None, e))
+            self._conn.execute("COMMIT")
+        except Exception as e:
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            self._group_events = None
+            return [(None, e)] * len(calls)
+        events, self._group_events = self._group_events, None
+        if events:
+            self.on_commit(events)
+        return results
+
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[list[WatchEvent]]:
-        """One write transaction; its events are published only if it commits."""
+        """One write transaction; its events are published only if it commits. Inside a
+        group (``run_group``) it is a savepoint of the group's transaction."""
         events: list[WatchEvent] = []
+        if self._group_events is not None:
+            self._conn.execute("SAVEPOINT write")
+            try:
+                yield events
+            except BaseException:
+                self._conn.execute("ROLLBACK TO write")
+                self._conn.execute("RELEASE write")
+                raise
+            self._conn.execute("RELEASE write")
+            self._group_events.extend(events)
+            return
         self._conn.execute("BEGIN IMMEDIATE")
         try:
             yield events

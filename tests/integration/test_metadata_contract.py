@@ -144,6 +144,28 @@ async def test_cas_conflicts(store: MetadataStore, backend: Backend) -> None:
     await store.delete(key)  # unconditional delete of a missing key: no-op
 
 
+async def test_concurrent_writes_each_get_their_own_answer(
+    store: MetadataStore, backend: Backend
+) -> None:
+    # Many writes in flight at once (the local store commits them in groups): one create of a
+    # contested key wins, every other one fails alone; the rest all land, in revision order.
+    contested = f"{backend.prefix}/contested"
+    root = f"{backend.prefix}/many/"
+    async with store.watch(root, prefix=True) as events:
+        creates = [store.put(contested, f"{i}".encode(), NOT_EXISTS) for i in range(20)]
+        puts = [store.put(f"{root}{i:03}", f"{i}".encode()) for i in range(100)]
+        results = await asyncio.gather(*creates, *puts, return_exceptions=True)
+        seen = [await next_event(events) for _ in range(100)]
+    won = [r for r in results[:20] if not isinstance(r, BaseException)]
+    assert len(won) == 1
+    assert all(isinstance(r, BadVersionError) for r in results[:20] if r is not won[0])
+    versions = results[20:]
+    assert all(isinstance(v, int) for v in versions) and len(set(versions)) == 100
+    assert [e.version for e in seen] == sorted(e.version for e in seen)
+    assert sorted(e.key for e in seen) == [f"{root}{i:03}" for i in range(100)]
+    assert (await store.get(contested)).version == won[0]  # type: ignore[union-attr]
+
+
 # -- children and scan -------------------------------------------------------------------
 
 
