@@ -10,6 +10,7 @@ fsync), completions come back in journal order, and the storage's errors arrive 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -22,6 +23,8 @@ from magnetar.common.ledger.bookie_client import (
     add_future,
 )
 from magnetar.common.proto import bookie_pb2 as pb
+
+log = logging.getLogger(__name__)
 
 #: At most this many entry bytes go to the storage in one batch (as one gRPC AddRequest would).
 MAX_BATCH_BYTES = 1024 * 1024
@@ -113,25 +116,26 @@ class LocalBookieClient:
         """Call back each batch once durable, in the order the batches were taken."""
         while True:
             callbacks, done = await self._batches.get()
-            self._outstanding -= len(callbacks)
             try:
                 if isinstance(done, BaseException):
                     raise done
                 failures = await done
             except asyncio.CancelledError:
-                closed = BookieUnavailableError(self.address, "client closed")
-                for callback in callbacks:
-                    callback(closed)
+                self._settle(callbacks, BookieUnavailableError(self.address, "client closed"))
                 raise
             except Exception as e:
-                error = BookieUnavailableError(self.address, f"add failed: {e}")
-                for callback in callbacks:
-                    callback(error)
+                self._settle(callbacks, BookieUnavailableError(self.address, f"add failed: {e}"))
                 continue
+            self._outstanding -= len(callbacks)
             failed = {i: (status, message) for i, status, message in failures}
             for i, callback in enumerate(callbacks):
                 problem = failed.get(i)
-                callback(None if problem is None else BookieError(self.address, *problem))
+                _call(callback, None if problem is None else BookieError(self.address, *problem))
+
+    def _settle(self, callbacks: list[AddCallback], error: BookieError) -> None:
+        self._outstanding -= len(callbacks)
+        for callback in callbacks:
+            _call(callback, error)
 
     # -- other calls ---------------------------------------------------------------------
 
@@ -185,4 +189,12 @@ class LocalBookieClient:
             callbacks += self._batches.get_nowait()[0]
         self._ops, self._callbacks, self._outstanding = [], [], 0
         for callback in callbacks:
-            callback(error)
+            _call(callback, error)
+
+
+def _call(callback: AddCallback, error: BookieError | None) -> None:
+    """A caller's callback that raises must not stop the completions of everyone else."""
+    try:
+        callback(error)
+    except Exception:
+        log.exception("add callback failed")

@@ -53,8 +53,6 @@ class Bookie:
         return f"{self.address.rsplit(':', 1)[0]}:{self.http_port}"
 
     async def start(self) -> None:
-        await self.storage.start()
-        self._check_disk()
         self._grpc = grpc.aio.server(options=grpc_server_options())
         bookie_pb2_grpc.add_BookieServicer_to_server(
             BookieService(self.storage, self.info), self._grpc
@@ -67,7 +65,10 @@ class Bookie:
         if self.config.port == 0:
             self.port = bound
             self.address = f"{self.address.rsplit(':', 1)[0]}:{bound}"
+        # The identity first: nothing is opened or created in directories of another bookie.
         check_or_write(self.address, Path(self.config.journal_dir), Path(self.config.ledger_dir))
+        await self.storage.start()
+        self._check_disk()
         await self._grpc.start()
         await self._start_http()
         if self._store is None:

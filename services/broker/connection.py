@@ -19,7 +19,6 @@ from magnetar.broker.managed_ledger import Position
 from magnetar.broker.nonpersistent import (
     NonPersistentSubscription,
     NonPersistentTopic,
-    SeekNotSupportedError,
 )
 from magnetar.broker.producers import ProducerBusyError
 from magnetar.broker.subscription import Subscription, SubscriptionTypeError
@@ -475,21 +474,24 @@ class ServerConnection(asyncio.Protocol):
             self._error(body.request_id, pb.ConsumerNotFound, "unknown consumer id")
             return
         subscription = found[0]
+        if not subscription.topic.name.persistent:
+            self._error(
+                body.request_id,
+                pb.NotAllowedError,
+                f"{subscription.topic.name} is non-persistent: nothing to seek in",
+            )
+            return
         position = None
         if body.HasField("message_id"):
-            position = Position(body.message_id.ledgerId, body.message_id.entryId)
+            position = subscription.topic.position_for(body.message_id)
         elif not body.HasField("message_publish_time"):
             self._error(
                 body.request_id, pb.MetadataError, "SEEK needs a message id or a publish time"
             )
             return
-        try:
-            consumers = await subscription.seek(
-                position, body.message_publish_time if position is None else None
-            )
-        except SeekNotSupportedError as e:
-            self._error(body.request_id, pb.NotAllowedError, str(e))
-            return
+        consumers = await subscription.seek(
+            position, body.message_publish_time if position is None else None
+        )
         self.send(pb.CommandSuccess(request_id=body.request_id))
         # Like Pulsar: the subscription's consumers are disconnected and come back at the new position.
         for consumer in consumers:

@@ -135,6 +135,9 @@ class ManagedCursor:
         self._acked = AckRanges()
         self._batch_acks: dict[Position, set[int]] = {}
         self.read_position = ml.next_position(mark_delete)
+        #: Bumped whenever the read position jumps (rewind, reset, seek): a read in flight
+        #: across a jump is dropped.
+        self.moves = 0
         self._version = version
         self._dirty = False
         self._flush: asyncio.Task[None] | None = None
@@ -354,8 +357,13 @@ class ManagedCursor:
         """Up to ``max_entries`` unacknowledged entries from the read position, which moves
         past them."""
         result: list[tuple[Position, bytes]] = []
+        moves = self.moves
         while len(result) < max_entries:
             batch = await self.ml.read_entries(self.read_position, max_entries - len(result))
+            if self.moves != moves:
+                # Rewound, reset or sought while the read waited on storage: what was read is
+                # from before that, and the read position is the new one. Nothing to give.
+                return []
             if not batch:
                 break
             result.extend((p, data) for p, data in batch if p not in self._acked)
@@ -368,6 +376,7 @@ class ManagedCursor:
 
     def seek(self, position: Position) -> None:
         """Dispatch from ``position`` next (not before the first unacknowledged entry)."""
+        self.moves += 1
         self.read_position = max(position, self.ml.next_position(self._mark_delete))
 
     def reset(self, position: Position) -> None:
@@ -376,11 +385,13 @@ class ManagedCursor:
         self._mark_delete = Position(position.ledger_id, position.entry_id - 1)
         self._acked = AckRanges()
         self._batch_acks.clear()
+        self.moves += 1
         self.read_position = position
         self._mark_dirty()
 
     def rewind(self) -> None:
         """Dispatch again from the first unacknowledged entry."""
+        self.moves += 1
         self.read_position = self.ml.next_position(self._mark_delete)
 
 

@@ -34,6 +34,9 @@ class Subscription:
         self.sub_type = sub_type
         self.dispatch_batch = dispatch_batch
         self.redelivery_counts: dict[Position, int] = {}
+        #: Messages per batch entry dispatched and not fully acknowledged (batch-index acks
+        #: from the official client carry no batch size).
+        self.batch_sizes: dict[Position, int] = {}
         self.durable = True  # False for a reader's subscription
         self.dispatcher = dispatchers.for_mode(sub_type, self)
 
@@ -57,28 +60,57 @@ class Subscription:
 
     def ack(self, consumer: Consumer, ack_type: int, message_ids: list[pb.MessageIdData]) -> None:
         for mid in message_ids:
-            position = Position(mid.ledgerId, mid.entryId)
+            position = signed_position(mid)
+            if position.ledger_id < 0:
+                continue  # MessageId.earliest: nothing to acknowledge
+            acked: list[int] = []
+            size = 0
+            if mid.ack_set:
+                # Batch-index ack: ack_set holds the batch's still-unacknowledged indexes.
+                size = mid.batch_size if mid.HasField("batch_size") else self.batch_size(position)
+                if size > 0:
+                    acked = acked_from_bit_set(list(mid.ack_set), size)
             if ack_type == pb.CommandAck.Cumulative:
-                self.cursor.mark_delete(position)
-                for c in self.dispatcher.consumers:
-                    for p in [p for p in c.pending if p <= position]:
-                        c.acked(p)
-                        self.redelivery_counts.pop(p, None)
+                # Everything before the entry; of the entry itself, what the ack set says (all
+                # of it without one). (L, -1) means "everything before (L, 0)".
+                through = (
+                    Position(position.ledger_id, position.entry_id - 1) if mid.ack_set else position
+                )
+                self._cumulative(through)
+                if mid.ack_set and size > 0:
+                    self._batch_indexes(consumer, position, acked, size)
             elif mid.ack_set:
-                # A batch-index ack: ack_set holds the batch's still-unacknowledged indexes.
-                size = mid.batch_size if mid.HasField("batch_size") else self._batch_size(position)
-                if size <= 0:
-                    continue  # not out on any consumer: nothing to match the bits against
-                acked = acked_from_bit_set(list(mid.ack_set), size)
-                self.cursor.delete_batch_indexes(position, acked, size)
-                if self.cursor.is_acked(position):
-                    consumer.acked(position)
-                    self.redelivery_counts.pop(position, None)
+                if size > 0:
+                    self._batch_indexes(consumer, position, acked, size)
+                # else: not out on any consumer, nothing to match the bits against
             else:
                 self.cursor.delete([position])
-                consumer.acked(position)
-                self.redelivery_counts.pop(position, None)
+                self._forget(consumer, position)
         self.dispatcher.wake()
+
+    def _cumulative(self, through: Position) -> None:
+        self.cursor.mark_delete(through)
+        for c in self.dispatcher.consumers:
+            for p in [p for p in c.pending if p <= through]:
+                self._forget(c, p)
+        for p in [p for p in self.batch_sizes if p <= through]:
+            del self.batch_sizes[p]
+
+    def _batch_indexes(
+        self, consumer: Consumer, position: Position, acked: list[int], size: int
+    ) -> None:
+        self.cursor.delete_batch_indexes(position, acked, size)
+        if self.cursor.is_acked(position):
+            self._forget(consumer, position)
+
+    def _forget(self, consumer: Consumer, position: Position) -> None:
+        consumer.acked(position)
+        self.redelivery_counts.pop(position, None)
+        self.batch_sizes.pop(position, None)
+
+    def batch_size(self, position: Position) -> int:
+        """Messages in the batch entry at ``position``, as dispatched (0: not known)."""
+        return self.batch_sizes.get(position, 0)
 
     async def expire_before(self, cutoff_ms: int, limit: int = 10_000) -> int:
         """Message TTL: acknowledge the unacknowledged messages published before ``cutoff_ms``
@@ -111,13 +143,6 @@ class Subscription:
             del self.redelivery_counts[p]
         self.dispatcher.wake()
         return expired
-
-    def _batch_size(self, position: Position) -> int:
-        """Messages in the entry at ``position``, from the consumer it went out to (0: none)."""
-        for consumer in self.dispatcher.consumers:
-            if position in consumer.pending:
-                return consumer.pending[position]
-        return 0
 
     def redeliver(self, consumer: Consumer, message_ids: list[pb.MessageIdData] | None) -> None:
         positions = (
@@ -153,3 +178,12 @@ class Subscription:
 
     async def close(self) -> None:
         await self.dispatcher.close()
+
+
+def signed_position(mid: pb.MessageIdData) -> Position:
+    """The position of a message id; ids are uint64 on the wire, so -1 arrives as 2**64 - 1."""
+    return Position(_signed(mid.ledgerId), _signed(mid.entryId))
+
+
+def _signed(value: int) -> int:
+    return value - 2**64 if value >= 2**63 else value

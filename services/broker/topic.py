@@ -12,7 +12,7 @@ from magnetar.broker.deduplication import Deduplication
 from magnetar.broker.managed_ledger import ManagedLedger, Position
 from magnetar.broker.policies import Policies
 from magnetar.broker.producers import ProducerSet
-from magnetar.broker.subscription import Subscription
+from magnetar.broker.subscription import Subscription, signed_position
 from magnetar.broker.topic_name import TopicName
 from magnetar.common.proto import pulsar_api_pb2 as pb
 
@@ -101,7 +101,7 @@ class PersistentTopic:
         async with self._subscribe_lock:
             subscription = self.subscriptions.get(name)
             if subscription is None and start_message_id is not None:
-                cursor = NonDurableCursor(self.ml, name, self._start_position(start_message_id))
+                cursor = NonDurableCursor(self.ml, name, self.position_for(start_message_id))
                 subscription = Subscription(self, name, cursor, sub_type, self.dispatch_batch)
                 subscription.durable = False
                 self.subscriptions[name] = subscription
@@ -115,14 +115,16 @@ class PersistentTopic:
             subscription.add_consumer(consumer, sub_type)
             return subscription
 
-    def _start_position(self, message_id: pb.MessageIdData) -> Position:
+    def position_for(self, message_id: pb.MessageIdData) -> Position:
+        """Where a message id points: Pulsar's earliest/latest ids mean the first entry and the
+        end of the log; any other id at most as early as the first entry still stored."""
         # The ids are uint64 on the wire: MessageId.earliest (-1) arrives as 2**64 - 1.
-        ledger_id = _signed(message_id.ledgerId)
-        if ledger_id < 0:  # MessageId.earliest
+        position = signed_position(message_id)
+        if position.ledger_id < 0:  # MessageId.earliest
             return self.ml.first_position
-        if ledger_id >= LATEST_LEDGER_ID:  # MessageId.latest
+        if position.ledger_id >= LATEST_LEDGER_ID:  # MessageId.latest
             return self.ml.next_position(self.ml.last_confirmed_position)
-        return max(Position(ledger_id, _signed(message_id.entryId)), self.ml.first_position)
+        return max(position, self.ml.first_position)
 
     def last_message_id(self) -> pb.MessageIdData:
         """The last stored message (for GET_LAST_MESSAGE_ID); entry -1 when there is none."""
@@ -249,7 +251,3 @@ def publish_counters(
         "msgThroughputIn": bytes_in / elapsed,
         "publishers": publishers,
     }
-
-
-def _signed(value: int) -> int:
-    return value - 2**64 if value >= 2**63 else value

@@ -741,3 +741,12 @@ def test_a_bookie_refuses_to_serve_its_data_under_another_address(
     bookie.port = int(old_address.rsplit(":", 1)[1])
     bookie.start()  # back under its own address it serves again
     assert bookie.running
+
+
+def test_a_bookie_with_a_wiped_directory_refuses_to_start(bookies: BookieFactory) -> None:
+    bookie = bookies.start()
+    bookie.stop()
+    (bookie.journal_dir / "bookie-cookie.json").unlink()  # as if the journal disk was replaced
+    with pytest.raises(BookieStartError) as refused:
+        bookie.start()
+    assert "has no cookie" in str(refused.value)

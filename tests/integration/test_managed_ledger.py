@@ -473,3 +473,20 @@ async def test_delete_removes_ledgers_and_metadata(env: Env) -> None:
 
 def test_cursor_type_is_exported() -> None:
     assert ManagedCursor.__name__ == "ManagedCursor"
+
+
+async def test_a_read_in_flight_across_a_rewind_is_dropped(env: Env) -> None:
+    ml = await env.open()
+    positions = await add_many(ml, 0, 20)
+    cursor = await ml.open_cursor("sub", "earliest")
+    first = await cursor.read_entries(5)
+    assert [p for p, _ in first] == positions[:5]
+    ml._cache.entries.clear()
+    ml._cache.size = 0
+    reading = asyncio.create_task(cursor.read_entries(10))  # waits on the bookies
+    await asyncio.sleep(0)
+    cursor.rewind()  # e.g. the consumer holding 0..4 left: dispatch again from 0
+    assert await reading == []
+    assert cursor.read_position == positions[0]
+    again = await cursor.read_entries(20)
+    assert [p for p, _ in again] == positions

@@ -108,3 +108,15 @@ def test_sticky_and_auto_split_do_not_mix() -> None:
     b.add("sticky", "sticky", [(0, 10)])
     with pytest.raises(AssignmentConflict, match="sticky"):
         b.add("auto", "auto")
+
+
+def test_members_with_the_same_name_each_get_a_share() -> None:
+    assignment: HashAssignment[int] = HashAssignment()
+    for member in (1, 2, 3):
+        assignment.add(member, "worker")  # replicas of one service, one consumer name
+    owners = Counter(assignment.select(h) for h in range(0, 65536, 7))
+    assert set(owners) == {1, 2, 3}
+    assert min(owners.values()) > len(range(0, 65536, 7)) / 10
+    assignment.remove(2)
+    assignment.add(4, "worker")  # takes the free twin slot: still three distinct shares
+    assert set(assignment.select(h) for h in range(0, 65536, 7)) == {1, 3, 4}

@@ -9,6 +9,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from magnetar.broker.consumer import Consumer
+from magnetar.broker.entry import message_count
 from magnetar.broker.managed_ledger import ManagedLedgerError, Position
 
 if TYPE_CHECKING:
@@ -66,6 +67,9 @@ class Dispatcher(abc.ABC):
 
     def send(self, consumer: Consumer, position: Position, stored: bytes) -> None:
         """Dispatch one entry, with its redelivery count and the batch indexes already acked."""
+        count = message_count(stored)
+        if count > 1:
+            self.subscription.batch_sizes[position] = count
         consumer.send(
             position,
             stored,

@@ -36,6 +36,8 @@ class HashAssignment(Generic[M]):
         #: Sticky ranges, sorted by start: (start, end, member).
         self._ranges: list[tuple[int, int, M]] = []
         self._members: dict[M, str] = {}
+        #: Among the members of one name, which one this is (0 for the first).
+        self._twin: dict[M, int] = {}
 
     def __len__(self) -> int:
         return len(self._members)
@@ -55,9 +57,15 @@ class HashAssignment(Generic[M]):
                     "consumers use sticky hash ranges"
                 )
             seq = next(self._seq)
+            # Consumers may share a name (replicas of one service): each one of them gets its
+            # own points, or they would all land on the same arcs and only one would get keys.
+            taken = {self._twin[m] for m, n in self._members.items() if n == name}
+            twin = next(i for i in itertools.count() if i not in taken)
+            label = name if twin == 0 else f"{name}#{twin}"
             for i in range(POINTS_PER_MEMBER):
-                bisect.insort(self._ring, (key_hash(f"{name}{i}".encode()), seq, member))
+                bisect.insort(self._ring, (key_hash(f"{label}{i}".encode()), seq, member))
             self._members[member] = name
+            self._twin[member] = twin
             return
         wanted = sorted((int(s), int(e)) for s, e in ranges)
         if not wanted:
@@ -88,10 +96,12 @@ class HashAssignment(Generic[M]):
         for start, end in wanted:
             bisect.insort(self._ranges, (start, end, member), key=lambda r: (r[0], r[1]))
         self._members[member] = name
+        self._twin[member] = 0
 
     def remove(self, member: M) -> None:
         if self._members.pop(member, None) is None:
             return
+        self._twin.pop(member, None)
         self._ring = [p for p in self._ring if p[2] != member]
         self._ranges = [r for r in self._ranges if r[2] != member]
 
