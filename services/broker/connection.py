@@ -287,6 +287,15 @@ class ServerConnection(asyncio.Protocol):
                 pb.CommandPartitionedTopicMetadataResponse,
             )
             return
+        except Exception as e:  # the metadata store failed: an answer, not a client timeout
+            log.warning("partitioned metadata of %s: %s", name, e)
+            self._error(
+                body.request_id,
+                pb.MetadataError,
+                f"partitioned metadata of {name}: {e}",
+                pb.CommandPartitionedTopicMetadataResponse,
+            )
+            return
         self.send(
             pb.CommandPartitionedTopicMetadataResponse(
                 request_id=body.request_id,
@@ -464,7 +473,12 @@ class ServerConnection(asyncio.Protocol):
                 f"namespace {body.namespace!r}: expected tenant/namespace",
             )
             return
-        topics = await self.broker.list_topics(body.namespace, domains)
+        try:
+            topics = await self.broker.list_topics(body.namespace, domains)
+        except Exception as e:  # the metadata store failed: an answer, not a client timeout
+            log.warning("topics of namespace %s: %s", body.namespace, e)
+            self._error(body.request_id, pb.MetadataError, f"topics of {body.namespace}: {e}")
+            return
         # Not filtered by topics_pattern here: the client applies its pattern itself.
         self.send(pb.CommandGetTopicsOfNamespaceResponse(request_id=body.request_id, topics=topics))
 

@@ -745,6 +745,17 @@ class ManagedLedger:
         log.info("managed ledger %s: trimmed ledgers %s", self.name, doomed)
         return doomed
 
+    def last_position_closed_before(self, cutoff_ms: float) -> Position | None:
+        """The last entry of the oldest run of ledgers closed before ``cutoff_ms`` (their every
+        entry is older than that), or None."""
+        last = None
+        for info in self._ledgers:
+            if not info.closed or not info.closed_ms or info.closed_ms >= cutoff_ms:
+                break
+            if info.entries > 0:
+                last = Position(info.ledger_id, info.entries - 1)
+        return last
+
     def slowest_mark_delete(self) -> Position | None:
         if not self.cursors:
             return None

@@ -213,6 +213,7 @@ class NonPersistentTopic:
             raise TopicBusyError(
                 f"topic {self.name} has {busy} producer(s)/consumer(s); use force=true"
             )
+        self.producers.close_all()
         for subscription in self.subscriptions.values():
             for consumer in list(subscription.consumers):
                 consumer.connection.close()

@@ -65,3 +65,11 @@ class ProducerSet:
                 self._exclusive = None
             if not self._producers:
                 self._released.set()
+
+    def close_all(self) -> None:
+        """Close every producer (the topic is going away): each is told with CLOSE_PRODUCER."""
+        producers, self._producers = self._producers, {}
+        self._exclusive = None
+        for fence in producers.values():
+            fence()
+        self._released.set()

@@ -114,11 +114,15 @@ class Subscription:
 
     async def expire_before(self, cutoff_ms: int, limit: int = 10_000) -> int:
         """Message TTL: acknowledge the unacknowledged messages published before ``cutoff_ms``
-        (from the oldest on, stopping at the first younger one; at most ``limit`` entries
-        looked at per call). Returns how many entries expired."""
+        (from the oldest on, stopping at the first younger one). Ledgers closed before the
+        cutoff expire whole; in the rest at most ``limit`` entries are read per call. Returns
+        how many entries expired."""
         ml = self.cursor.ml
-        position = ml.next_position(self.cursor.mark_delete_position)
-        last: Position | None = None
+        # Whole ledgers closed before the cutoff hold only older messages: no need to read them.
+        last = ml.last_position_closed_before(cutoff_ms)
+        if last is not None and last <= self.cursor.mark_delete_position:
+            last = None
+        position = ml.next_position(last or self.cursor.mark_delete_position)
         looked = 0
         while looked < limit:
             entries = await ml.read_entries(position, min(100, limit - looked))
@@ -135,10 +139,9 @@ class Subscription:
         if last is None:
             return 0
         expired = ml.entries_after(self.cursor.mark_delete_position) - ml.entries_after(last)
+        # Consumers keep what they hold as pending: their acks of it are harmless, and
+        # key_shared must not hand its keys to another consumer while they hold them.
         self.cursor.mark_delete(last)
-        for consumer in self.dispatcher.consumers:
-            for p in [p for p in consumer.pending if p <= last]:
-                consumer.acked(p)
         for p in [p for p in self.redelivery_counts if p <= last]:
             del self.redelivery_counts[p]
         self.dispatcher.wake()

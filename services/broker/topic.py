@@ -194,6 +194,7 @@ class PersistentTopic:
             raise TopicBusyError(
                 f"topic {self.name} has {busy} producer(s)/consumer(s); use force=true"
             )
+        self.producers.close_all()
         for subscription in self.subscriptions.values():
             for consumer in list(subscription.dispatcher.consumers):
                 consumer.connection.close()

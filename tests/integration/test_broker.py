@@ -501,3 +501,30 @@ def test_cumulative_ack_inside_a_batch(
             assert rest[-7:-1] == expected
     finally:
         c.close()
+
+
+def test_force_delete_closes_producers_and_they_come_back_to_a_new_topic(
+    standalone: StandaloneProcess,
+) -> None:
+    c = client(standalone)
+    try:
+        producer = c.create_producer("doomed", batching_enabled=False)
+        producer.send(b"old")
+        assert (
+            _admin(standalone, "DELETE", "/persistent/public/default/doomed?force=true")[0] == 204
+        )
+        # The producer was closed by the broker; the client reconnects and the topic is
+        # auto-created afresh: the send succeeds and only the new message is stored.
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                producer.send(b"new")
+                break
+            except pulsar.PulsarException:
+                assert time.monotonic() < deadline, "the producer never came back"
+                time.sleep(0.2)
+        reader = c.create_reader("doomed", pulsar.MessageId.earliest)
+        assert reader.read_next(10_000).data() == b"new"
+        assert not reader.has_message_available()
+    finally:
+        c.close()

@@ -201,3 +201,25 @@ def test_deduplication_switched_on_and_off_per_namespace(
             time.sleep(0.3)
     finally:
         c.close()
+
+
+def test_message_ttl_expires_whole_ledgers_and_the_open_one(
+    start: Callable[..., StandaloneProcess],
+) -> None:
+    node = start("--max-entries-per-ledger", "5", "--policy-check-interval-seconds", "1")
+    c = client(node)
+    try:
+        c.subscribe("old-ledgers", "slow").close()
+        producer = c.create_producer("old-ledgers", batching_enabled=False)
+        for i in range(23):  # four closed ledgers of five, three entries in the open one
+            producer.send(f"old-{i}".encode())
+        time.sleep(1.2)
+        assert admin(node, "POST", "/namespaces/public/default/messageTTL", 1)[0] == 204
+
+        def drained() -> bool:
+            stats = admin(node, "GET", "/persistent/public/default/old-ledgers/stats")[1]
+            return stats["subscriptions"]["slow"]["msgBacklog"] == 0  # type: ignore[index]
+
+        eventually(drained)
+    finally:
+        c.close()
