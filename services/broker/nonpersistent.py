@@ -20,6 +20,7 @@ from magnetar.broker.dispatchers.base import ConsumerBusyError
 from magnetar.broker.dispatchers.hash_assignment import AssignmentConflict, HashAssignment
 from magnetar.broker.dispatchers.key_hash import key_hash
 from magnetar.broker.dispatchers.key_shared import sticky_key
+from magnetar.broker.dispatchers.shared import next_by_priority
 from magnetar.broker.entry import message_count
 from magnetar.broker.managed_ledger import Position
 from magnetar.broker.producers import ProducerSet
@@ -105,8 +106,7 @@ class NonPersistentSubscription:
         elif self.sub_type == Sub.Key_Shared:
             chosen = self.assignment.select(key_hash(sticky_key(stored)))
         else:
-            ready = [c for c in self.consumers if c.permits > 0 and not c.closed]
-            chosen = ready[next(self._turn) % len(ready)] if ready else None
+            chosen = next_by_priority(self.consumers, self._turn)
         if chosen is None or chosen.closed or chosen.permits <= 0:
             return None
         return chosen

@@ -18,14 +18,7 @@ class SharedDispatcher(ReplayingDispatcher):
         self._turn = itertools.count()
 
     def _next_consumer(self) -> Consumer | None:
-        """Round robin among the ready consumers of the best priority level (0 is the best):
-        a lower level gets messages only while every consumer above it has no permits."""
-        ready = [c for c in self.consumers if c.permits > 0 and not c.closed]
-        if not ready:
-            return None
-        best = min(c.priority for c in ready)
-        level = [c for c in ready if c.priority == best]
-        return level[next(self._turn) % len(level)]
+        return next_by_priority(self.consumers, self._turn)
 
     async def dispatch_round(self) -> bool:
         budget = sum(max(c.permits, 0) for c in self.consumers if not c.closed)
@@ -54,3 +47,14 @@ class SharedDispatcher(ReplayingDispatcher):
             if found and found[0][0] == position:
                 entries.append(found[0])
         return entries
+
+
+def next_by_priority(consumers: list[Consumer], turn: itertools.count[int]) -> Consumer | None:
+    """Round robin among the ready consumers of the best priority level (0 is the best): a
+    lower level gets messages only while every consumer above it has no permits."""
+    ready = [c for c in consumers if c.permits > 0 and not c.closed]
+    if not ready:
+        return None
+    best = min(c.priority for c in ready)
+    level = [c for c in ready if c.priority == best]
+    return level[next(turn) % len(level)]
