@@ -73,12 +73,6 @@ def _cmd_bk(args: argparse.Namespace) -> int:
     return uvloop.run(bkshell.run(args))
 
 
-def _cmd_perf(args: argparse.Namespace) -> int:
-    from magnetar import perf
-
-    return perf.run(args)
-
-
 def build_parser() -> argparse.ArgumentParser:
     from magnetar import bkshell, perf
     from magnetar.bookie.config import BookieConfig
@@ -110,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("perf", help="load generators (produce, consume) on the official client")
     perf.add_arguments(p)
-    p.set_defaults(func=_cmd_perf)
+    p.set_defaults(func=perf.run)
 
     p = sub.add_parser(
         "bk", help="BookKeeper-style tools (bookiesanity, listledgers, recover, ...)"

@@ -22,7 +22,12 @@ from magnetar.broker.nonpersistent import (
 )
 from magnetar.broker.producers import ProducerBusyError
 from magnetar.broker.subscription import Subscription, SubscriptionTypeError
-from magnetar.broker.topic import NamespaceNotFoundError, PersistentTopic, TopicNotFoundError
+from magnetar.broker.topic import (
+    LATEST_LEDGER_ID,
+    NamespaceNotFoundError,
+    PersistentTopic,
+    TopicNotFoundError,
+)
 from magnetar.broker.topic_name import InvalidTopicNameError, TopicName
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
@@ -250,23 +255,10 @@ class ServerConnection(asyncio.Protocol):
         return topic
 
     def _error(self, request_id: int, error: int, message: str, reply: type | None = None) -> None:
-        if reply is pb.CommandLookupTopicResponse:
+        if reply in (pb.CommandLookupTopicResponse, pb.CommandPartitionedTopicMetadataResponse):
+            # These requests are answered by their own response type, with a Failed status.
             self.send(
-                pb.CommandLookupTopicResponse(
-                    request_id=request_id,
-                    response=pb.CommandLookupTopicResponse.Failed,
-                    error=error,
-                    message=message,
-                )
-            )
-        elif reply is pb.CommandPartitionedTopicMetadataResponse:
-            self.send(
-                pb.CommandPartitionedTopicMetadataResponse(
-                    request_id=request_id,
-                    response=pb.CommandPartitionedTopicMetadataResponse.Failed,
-                    error=error,
-                    message=message,
-                )
+                reply(request_id=request_id, response=reply.Failed, error=error, message=message)  # type: ignore[misc,union-attr]
             )
         else:
             self.send(pb.CommandError(request_id=request_id, error=error, message=message))
@@ -435,7 +427,7 @@ class ServerConnection(asyncio.Protocol):
                 start = (
                     body.start_message_id
                     if body.HasField("start_message_id")
-                    else pb.MessageIdData(ledgerId=2**63 - 1, entryId=2**63 - 1)
+                    else pb.MessageIdData(ledgerId=LATEST_LEDGER_ID, entryId=LATEST_LEDGER_ID)
                 )
             subscription = await topic.subscribe(
                 consumer, body.subscription, body.subType, body.initialPosition, start

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from magnetar.broker.entry import message_count
 from magnetar.broker.managed_ledger import Position
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
@@ -31,10 +30,11 @@ class Consumer:
         self,
         position: Position,
         stored: bytes,
+        count: int,
         redelivery_count: int = 0,
         acked_indexes: frozenset[int] = frozenset(),
     ) -> None:
-        count = message_count(stored)
+        """Send the entry at ``position`` (``count`` messages: a batch's size, else 1)."""
         message = pb.CommandMessage(
             consumer_id=self.consumer_id,
             message_id=pb.MessageIdData(ledgerId=position.ledger_id, entryId=position.entry_id),

@@ -135,7 +135,7 @@ class ManagedCursor:
         self._acked = AckRanges()
         self._batch_acks: dict[Position, set[int]] = {}
         self.read_position = ml.next_position(mark_delete)
-        #: Bumped whenever the read position jumps (rewind, reset, seek): a read in flight
+        #: Bumped whenever the read position jumps (rewind, reset): a read in flight
         #: across a jump is dropped.
         self.moves = 0
         self._version = version
@@ -361,7 +361,7 @@ class ManagedCursor:
         while len(result) < max_entries:
             batch = await self.ml.read_entries(self.read_position, max_entries - len(result))
             if self.moves != moves:
-                # Rewound, reset or sought while the read waited on storage: what was read is
+                # Rewound or reset while the read waited on storage: what was read is
                 # from before that, and the read position is the new one. Nothing to give.
                 return []
             if not batch:
@@ -373,11 +373,6 @@ class ManagedCursor:
     @property
     def has_more_entries(self) -> bool:
         return self.ml.first_at_or_after(self.read_position) is not None
-
-    def seek(self, position: Position) -> None:
-        """Dispatch from ``position`` next (not before the first unacknowledged entry)."""
-        self.moves += 1
-        self.read_position = max(position, self.ml.next_position(self._mark_delete))
 
     def reset(self, position: Position) -> None:
         """Seek: everything before ``position`` counts as acknowledged, everything from it on

@@ -66,14 +66,13 @@ class Deduplication:
         self.pushed[producer_name] = max(sequence_id, highest)
         return False
 
-    def persisted_up_to(self, producer_name: str, sequence_id: int, position: Position) -> bool:
+    def persisted_up_to(self, producer_name: str, sequence_id: int) -> bool:
         """Record a durable message; True when a snapshot is due."""
         if sequence_id > self.persisted.get(producer_name, -1):
             self.persisted[producer_name] = sequence_id
         self._since_snapshot += 1
         if self._since_snapshot >= SNAPSHOT_EVERY:
             self._since_snapshot = 0
-            self._snapshot_position = position
             return True
         return False
 

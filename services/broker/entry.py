@@ -10,31 +10,33 @@ from __future__ import annotations
 import struct
 
 from magnetar.common.proto import pulsar_api_pb2 as pb
+from magnetar.common.protocol import codec
 from magnetar.common.protocol.codec import MAGIC_CRC32C
 
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 
 
+def _metadata_span(stored: bytes) -> tuple[int, int]:
+    """Where the MessageMetadata of a stored entry starts and ends."""
+    offset = 6 if len(stored) >= 2 and _U16.unpack_from(stored, 0)[0] == MAGIC_CRC32C else 0
+    (size,) = _U32.unpack_from(stored, offset)
+    return offset + 4, offset + 4 + size
+
+
 def entry_metadata(stored: bytes) -> pb.MessageMetadata:
     """The MessageMetadata of a stored entry (already validated when it was published)."""
-    offset = 0
-    if len(stored) >= 2 and _U16.unpack_from(stored, 0)[0] == MAGIC_CRC32C:
-        offset = 6
-    (size,) = _U32.unpack_from(stored, offset)
-    return pb.MessageMetadata.FromString(stored[offset + 4 : offset + 4 + size])
+    start, end = _metadata_span(stored)
+    return pb.MessageMetadata.FromString(stored[start:end])
 
 
 def entry_payload(stored: bytes) -> bytes:
     """The payload after the metadata (a batch's messages, or the one message)."""
-    offset = 0
-    if len(stored) >= 2 and _U16.unpack_from(stored, 0)[0] == MAGIC_CRC32C:
-        offset = 6
-    (size,) = _U32.unpack_from(stored, offset)
-    return stored[offset + 4 + size :]
+    return stored[_metadata_span(stored)[1] :]
 
 
-def message_count(stored: bytes) -> int:
-    """Messages in the entry: a batch counts each of its messages (each needs a permit)."""
-    metadata = entry_metadata(stored)
-    return metadata.num_messages_in_batch if metadata.HasField("num_messages_in_batch") else 1
+def message_count(stored: bytes | pb.MessageMetadata) -> int:
+    """Messages in the entry (or of its metadata): a batch counts each of its messages (each
+    needs a permit)."""
+    metadata = entry_metadata(stored) if isinstance(stored, bytes) else stored
+    return metadata.num_messages_in_batch if codec.is_batch(metadata) else 1

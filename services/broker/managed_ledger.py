@@ -504,28 +504,25 @@ class ManagedLedger:
     def ledger_ids(self) -> list[int]:
         return [i.ledger_id for i in self._ledgers]
 
+    def _readable(self, info: LedgerInfo) -> int:
+        """Entries of the ledger that can be read: the current ledger's LAC + 1."""
+        current = self._current
+        if current is not None and info.ledger_id == current.ledger_id:
+            return current.last_add_confirmed + 1
+        return info.entries
+
     def ledger_extents(self) -> list[tuple[int, int]]:
-        """(ledger id, readable entry count) of every ledger, in order; the current ledger's
-        count is its LAC + 1."""
-        current = self._current.ledger_id if self._current is not None else None
-        return [
-            (
-                i.ledger_id,
-                self._current.last_add_confirmed + 1
-                if i.ledger_id == current and self._current is not None
-                else i.entries,
-            )
-            for i in self._ledgers
-        ]
+        """(ledger id, readable entry count) of every ledger, in order."""
+        return [(i.ledger_id, self._readable(i)) for i in self._ledgers]
 
     def first_at_or_after(self, position: Position) -> Position | None:
         """The first existing entry at or after ``position``, or None."""
-        for ledger_id, count in self.ledger_extents():
-            if ledger_id < position.ledger_id:
+        for info in self._ledgers:
+            if info.ledger_id < position.ledger_id:
                 continue
-            start = max(position.entry_id, 0) if ledger_id == position.ledger_id else 0
-            if start < count:
-                return Position(ledger_id, start)
+            start = max(position.entry_id, 0) if info.ledger_id == position.ledger_id else 0
+            if start < self._readable(info):
+                return Position(info.ledger_id, start)
         return None
 
     def _end_position(self) -> Position:
@@ -589,7 +586,9 @@ class ManagedLedger:
         position = self.first_at_or_after(start)
         while position is not None and len(result) < max_entries:
             # Fresh each time: adds confirmed while a read awaited the bookies extend the ledger.
-            count = dict(self.ledger_extents()).get(position.ledger_id, 0)
+            count = next(
+                (self._readable(i) for i in self._ledgers if i.ledger_id == position.ledger_id), 0
+            )
             last = min(count - 1, position.entry_id + max_entries - len(result) - 1)
             result.extend(await self._read_range(position.ledger_id, position.entry_id, last))
             position = self.first_at_or_after(Position(position.ledger_id, last + 1))

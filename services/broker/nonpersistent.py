@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING
 
 from magnetar.broker.consumer import Consumer
 from magnetar.broker.dispatchers.base import ConsumerBusyError
+from magnetar.broker.dispatchers.failover import active_consumer
 from magnetar.broker.dispatchers.hash_assignment import AssignmentConflict, HashAssignment
 from magnetar.broker.dispatchers.key_hash import key_hash
-from magnetar.broker.dispatchers.key_shared import sticky_key
+from magnetar.broker.dispatchers.key_shared import sticky_key, sticky_ranges
 from magnetar.broker.dispatchers.shared import next_by_priority
-from magnetar.broker.entry import message_count
+from magnetar.broker.entry import entry_metadata, message_count
 from magnetar.broker.managed_ledger import Position
 from magnetar.broker.producers import ProducerSet
 from magnetar.broker.subscription import SubscriptionTypeError
@@ -65,12 +66,8 @@ class NonPersistentSubscription:
         if sub_type == Sub.Exclusive and self.consumers:
             raise ConsumerBusyError(f"exclusive subscription {self} already has a consumer")
         if sub_type == Sub.Key_Shared:
-            meta = consumer.key_shared_meta
-            ranges = None
-            if meta is not None and meta.keySharedMode == pb.KeySharedMode.STICKY:
-                ranges = [(r.start, r.end) for r in meta.hashRanges]
             try:
-                self.assignment.add(consumer, consumer.name, ranges)
+                self.assignment.add(consumer, consumer.name, sticky_ranges(consumer))
             except AssignmentConflict as e:
                 raise ConsumerBusyError(f"key_shared subscription {self}: {e}") from e
         self.consumers.append(consumer)
@@ -86,10 +83,7 @@ class NonPersistentSubscription:
                 self._announce_active()
 
     def _active(self) -> Consumer | None:
-        if not self.consumers:
-            return None
-        ordered = sorted(self.consumers, key=lambda c: (c.priority, c.name))
-        return ordered[max(self.topic.name.partition_index, 0) % len(ordered)]
+        return active_consumer(self.consumers, self.topic.name)
 
     def _announce_active(self) -> None:
         active = self._active()
@@ -100,23 +94,25 @@ class NonPersistentSubscription:
                 )
             )
 
-    def _choose(self, stored: bytes) -> Consumer | None:
+    def _choose(self, stored: bytes, metadata: pb.MessageMetadata) -> Consumer | None:
         if self.sub_type in (Sub.Exclusive, Sub.Failover):
             chosen = self._active()
         elif self.sub_type == Sub.Key_Shared:
-            chosen = self.assignment.select(key_hash(sticky_key(stored)))
+            chosen = self.assignment.select(key_hash(sticky_key(stored, metadata)))
         else:
             chosen = next_by_priority(self.consumers, self._turn)
         if chosen is None or chosen.closed or chosen.permits <= 0:
             return None
         return chosen
 
-    def deliver(self, position: Position, stored: bytes) -> None:
-        consumer = self._choose(stored)
+    def deliver(
+        self, position: Position, stored: bytes, metadata: pb.MessageMetadata, count: int
+    ) -> None:
+        consumer = self._choose(stored, metadata)
         if consumer is None:
-            self.dropped += message_count(stored)
+            self.dropped += count
             return
-        consumer.send(position, stored)
+        consumer.send(position, stored, count)
         consumer.pending.clear()  # nothing to acknowledge on a non-persistent topic
 
     def flow(self, consumer: Consumer, permits: int) -> None:
@@ -128,16 +124,9 @@ class NonPersistentSubscription:
     def redeliver(self, consumer: Consumer, message_ids: list[pb.MessageIdData] | None) -> None:
         pass  # nothing is kept to send again
 
-    async def seek(self, position: Position | None, publish_time_ms: int | None) -> list[Consumer]:
-        raise SeekNotSupportedError(f"{self.topic.name} is non-persistent: nothing to seek in")
-
     async def close(self) -> None:
         for consumer in list(self.consumers):
             self.remove_consumer(consumer)
-
-
-class SeekNotSupportedError(Exception):
-    """Seek (or a last message id) on a topic that stores nothing."""
 
 
 class NonPersistentTopic:
@@ -157,10 +146,12 @@ class NonPersistentTopic:
         self, stored: bytes, producer_name: str = "", sequence_id: int = -1, highest: int = -1
     ) -> asyncio.Future[Position | None]:
         position = Position(0, next(self._entry_ids))
+        metadata = entry_metadata(stored)  # once, for every subscription
+        count = message_count(metadata)
         self.msg_in += 1
         self.bytes_in += len(stored)
         for subscription in list(self.subscriptions.values()):
-            subscription.deliver(position, stored)
+            subscription.deliver(position, stored, metadata, count)
         done: asyncio.Future[Position | None] = asyncio.get_running_loop().create_future()
         done.set_result(position)
         return done

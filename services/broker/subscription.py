@@ -67,7 +67,11 @@ class Subscription:
             size = 0
             if mid.ack_set:
                 # Batch-index ack: ack_set holds the batch's still-unacknowledged indexes.
-                size = mid.batch_size if mid.HasField("batch_size") else self.batch_size(position)
+                size = (
+                    mid.batch_size
+                    if mid.HasField("batch_size")
+                    else self.batch_sizes.get(position, 0)
+                )
                 if size > 0:
                     acked = acked_from_bit_set(list(mid.ack_set), size)
             if ack_type == pb.CommandAck.Cumulative:
@@ -92,9 +96,8 @@ class Subscription:
         self.cursor.mark_delete(through)
         for c in self.dispatcher.consumers:
             for p in [p for p in c.pending if p <= through]:
-                self._forget(c, p)
-        for p in [p for p in self.batch_sizes if p <= through]:
-            del self.batch_sizes[p]
+                c.acked(p)
+        self._forget_through(through)
 
     def _batch_indexes(
         self, consumer: Consumer, position: Position, acked: list[int], size: int
@@ -108,9 +111,11 @@ class Subscription:
         self.redelivery_counts.pop(position, None)
         self.batch_sizes.pop(position, None)
 
-    def batch_size(self, position: Position) -> int:
-        """Messages in the batch entry at ``position``, as dispatched (0: not known)."""
-        return self.batch_sizes.get(position, 0)
+    def _forget_through(self, through: Position) -> None:
+        """Per-position state of everything up to ``through``, now acknowledged."""
+        for state in (self.redelivery_counts, self.batch_sizes):
+            for p in [p for p in state if p <= through]:
+                del state[p]
 
     async def expire_before(self, cutoff_ms: int, limit: int = 10_000) -> int:
         """Message TTL: acknowledge the unacknowledged messages published before ``cutoff_ms``
@@ -142,8 +147,7 @@ class Subscription:
         # Consumers keep what they hold as pending: their acks of it are harmless, and
         # key_shared must not hand its keys to another consumer while they hold them.
         self.cursor.mark_delete(last)
-        for p in [p for p in self.redelivery_counts if p <= last]:
-            del self.redelivery_counts[p]
+        self._forget_through(last)
         self.dispatcher.wake()
         return expired
 
@@ -165,6 +169,7 @@ class Subscription:
             consumer.pending.clear()
             self.dispatcher.remove_consumer(consumer)
         self.redelivery_counts.clear()
+        self.batch_sizes.clear()
         return consumers
 
     async def _first_published_at(self, publish_time_ms: int) -> Position:

@@ -71,7 +71,7 @@ class PersistentTopic:
     ) -> None:
         if future.cancelled() or future.exception() is not None or self.deduplication is None:
             return
-        if self.deduplication.persisted_up_to(producer_name, sequence_id, future.result()):
+        if self.deduplication.persisted_up_to(producer_name, sequence_id):
             task = asyncio.get_running_loop().create_task(self.deduplication.snapshot())
             task.add_done_callback(
                 lambda t: (

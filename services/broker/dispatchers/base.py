@@ -65,14 +65,19 @@ class Dispatcher(abc.ABC):
             if not progressed:
                 await self._wake.wait()
 
-    def send(self, consumer: Consumer, position: Position, stored: bytes) -> None:
-        """Dispatch one entry, with its redelivery count and the batch indexes already acked."""
-        count = message_count(stored)
+    def send(
+        self, consumer: Consumer, position: Position, stored: bytes, count: int | None = None
+    ) -> None:
+        """Dispatch one entry, with its redelivery count and the batch indexes already acked
+        (``count``: its messages, when the caller knows them already)."""
+        if count is None:
+            count = message_count(stored)
         if count > 1:
             self.subscription.batch_sizes[position] = count
         consumer.send(
             position,
             stored,
+            count,
             self.subscription.redelivery_counts.get(position, 0),
             self.cursor.acked_batch_indexes(position),
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 from magnetar.broker.consumer import Consumer
 from magnetar.broker.dispatchers.exclusive import ExclusiveDispatcher
 from magnetar.broker.managed_ledger import Position
+from magnetar.broker.topic_name import TopicName
 from magnetar.common.proto import pulsar_api_pb2 as pb
 
 
@@ -35,9 +36,7 @@ class FailoverDispatcher(ExclusiveDispatcher):
         if not self.consumers:
             self.active = None
             return
-        ordered = sorted(self.consumers, key=lambda c: (c.priority, c.name))
-        partition = max(self.subscription.topic.name.partition_index, 0)
-        chosen = ordered[partition % len(ordered)]
+        chosen = active_consumer(self.consumers, self.subscription.topic.name)
         if chosen is not self.active:
             if self.active is not None:
                 self._rewind(self.active)
@@ -67,3 +66,12 @@ class FailoverDispatcher(ExclusiveDispatcher):
     def redeliver(self, consumer: Consumer, positions: list[Position] | None) -> None:
         if consumer is self.active:
             super().redeliver(consumer, positions)
+
+
+def active_consumer(consumers: list[Consumer], topic: TopicName) -> Consumer | None:
+    """The active consumer: ordered by priority level then name, number ``p mod n`` for
+    partition ``p`` (0 for a topic that is not a partition)."""
+    if not consumers:
+        return None
+    ordered = sorted(consumers, key=lambda c: (c.priority, c.name))
+    return ordered[max(topic.partition_index, 0) % len(ordered)]

@@ -42,10 +42,6 @@ class HashAssignment(Generic[M]):
     def __len__(self) -> int:
         return len(self._members)
 
-    @property
-    def sticky(self) -> bool:
-        return bool(self._ranges)
-
     def add(self, member: M, name: str, ranges: Iterable[tuple[int, int]] | None = None) -> None:
         """Add ``member``; ``ranges`` given means sticky, None means auto-split."""
         if member in self._members:

@@ -24,7 +24,7 @@ from magnetar.broker.consumer import Consumer
 from magnetar.broker.dispatchers.base import ConsumerBusyError, ReplayingDispatcher
 from magnetar.broker.dispatchers.hash_assignment import AssignmentConflict, HashAssignment
 from magnetar.broker.dispatchers.key_hash import NONE_KEY, key_hash
-from magnetar.broker.entry import entry_metadata, entry_payload
+from magnetar.broker.entry import entry_metadata, entry_payload, message_count
 from magnetar.broker.managed_ledger import Position
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
@@ -46,12 +46,14 @@ def _key_of(metadata: pb.MessageMetadata | pb.SingleMessageMetadata) -> bytes | 
     return None
 
 
-def sticky_key(stored: bytes) -> bytes:
+def sticky_key(stored: bytes, metadata: pb.MessageMetadata | None = None) -> bytes:
     """The key an entry is routed by: ordering key, else partition key, else ``NONE_KEY``.
 
     A batch whose own metadata has no key is routed by its first message's key (key-based
-    batching puts one key per batch); a compressed one cannot be looked into and has none."""
-    metadata = entry_metadata(stored)
+    batching puts one key per batch); a compressed one cannot be looked into and has none.
+    ``metadata``: the entry's, when the caller decoded it already."""
+    if metadata is None:
+        metadata = entry_metadata(stored)
     key = _key_of(metadata)
     if key is None and codec.is_batch(metadata) and metadata.compression == pb.NONE:
         try:
@@ -63,7 +65,7 @@ def sticky_key(stored: bytes) -> bytes:
     return NONE_KEY if key is None else key
 
 
-def _sticky_ranges(consumer: Consumer) -> list[tuple[int, int]] | None:
+def sticky_ranges(consumer: Consumer) -> list[tuple[int, int]] | None:
     meta = consumer.key_shared_meta
     if meta is None or meta.keySharedMode != pb.KeySharedMode.STICKY:
         return None
@@ -89,7 +91,7 @@ class KeySharedDispatcher(ReplayingDispatcher):
 
     def add_consumer(self, consumer: Consumer) -> None:
         try:
-            self.assignment.add(consumer, consumer.name, _sticky_ranges(consumer))
+            self.assignment.add(consumer, consumer.name, sticky_ranges(consumer))
         except AssignmentConflict as e:
             raise ConsumerBusyError(f"key_shared subscription {self.subscription}: {e}") from e
         super().add_consumer(consumer)
@@ -169,13 +171,14 @@ class KeySharedDispatcher(ReplayingDispatcher):
             return sent
         entries = await self.cursor.read_entries(min(budget, self.subscription.dispatch_batch))
         for position, stored in entries:
-            h = self._hash_of[position] = key_hash(sticky_key(stored))
+            metadata = entry_metadata(stored)
+            h = self._hash_of[position] = key_hash(sticky_key(stored, metadata))
             consumer = self._target(h, owners, blocked)
             if consumer is None:
                 blocked.add(h)
                 self.replay.add(position)
                 continue
-            self.send(consumer, position, stored)
+            self.send(consumer, position, stored, message_count(metadata))
             owners[h] = consumer
         return sent or bool(entries)
 
