@@ -132,4 +132,7 @@ def grpc_server_options() -> list[tuple[str, int]]:
     return [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        # gRPC turns SO_REUSEPORT on by default: a second bookie would then bind a port already
+        # in use without error and the kernel would split connections between the two.
+        ("grpc.so_reuseport", 0),
     ]

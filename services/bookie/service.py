@@ -27,6 +27,32 @@ from magnetar.common.proto import bookie_pb2_grpc
 log = logging.getLogger(__name__)
 
 
+class AddressInUseError(OSError):
+    """A server socket of the bookie could not be bound (in use, or not an address of ours)."""
+
+
+def listen_error(setting: str, host: str, port: int, cause: object) -> str:
+    return (
+        f"cannot listen on {host}:{port} ({setting}): address already in use or not available "
+        f"({cause}); another process (another bookie?) holds it: stop it or choose another "
+        f"{setting}"
+    )
+
+
+def bind_grpc_port(server: grpc.aio.Server, host: str, port: int) -> int:
+    """Bind the bookie protocol's port; the bound port, or AddressInUseError naming it.
+
+    ``add_insecure_port`` reports a failed bind by returning 0 in some gRPC versions and by
+    raising RuntimeError in others."""
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:
+        raise AddressInUseError(listen_error("port", host, port, "bind failed")) from None
+    if bound == 0:
+        raise AddressInUseError(listen_error("port", host, port, "bind failed"))
+    return bound
+
+
 class Bookie:
     """One bookie. ``store`` may be shared (standalone mode); otherwise the bookie opens its own
     from ``config.metadata_url`` and reopens it if the session is lost."""
@@ -57,11 +83,7 @@ class Bookie:
         bookie_pb2_grpc.add_BookieServicer_to_server(
             BookieService(self.storage, self.info), self._grpc
         )
-        bound = self._grpc.add_insecure_port(f"{self.config.bind_address}:{self.config.port}")
-        if bound == 0:
-            raise OSError(
-                f"cannot listen on {self.config.bind_address}:{self.config.port} (port in use?)"
-            )
+        bound = bind_grpc_port(self._grpc, self.config.bind_address, self.config.port)
         if self.config.port == 0:
             self.port = bound
             self.address = f"{self.address.rsplit(':', 1)[0]}:{bound}"
@@ -217,8 +239,16 @@ class Bookie:
         app.router.add_post("/api/v1/bookie/disk_check", self._disk_check_http)
         self._http = web.AppRunner(app, access_log=None)
         await self._http.setup()
-        site = web.TCPSite(self._http, self.config.bind_address, self.config.http_port)
-        await site.start()
+        # reuse_port off: a port another process listens on must fail the bind, not be shared.
+        site = web.TCPSite(
+            self._http, self.config.bind_address, self.config.http_port, reuse_port=False
+        )
+        try:
+            await site.start()
+        except OSError as e:
+            raise AddressInUseError(
+                listen_error("http_port", self.config.bind_address, self.config.http_port, e)
+            ) from None
         if self.config.http_port == 0:
             self.http_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
