@@ -3,11 +3,26 @@
 Mapping of the contract onto etcd:
 
 - version = the key's ``mod_revision``; ``NOT_EXISTS`` = ``create_revision == 0``; CAS is one
-  etcd transaction (compare, then put/delete, then read back the new revision).
+  etcd transaction (compare, then put/delete, then read back the new revision). A multi-key
+  transaction is one etcd Txn too: compares on ``mod_revision``/``create_revision``, then the
+  puts and deletes, all at one revision; on failure the compared keys are read back in the
+  same Txn to say which condition failed.
 - session = one lease of ``session_ttl`` seconds kept alive every ttl/3. The session is lost
   when etcd says the lease is gone (TTL 0 on keepalive, "lease not found" on a put) or when
-  etcd stayed unreachable for a whole TTL: from then on nobody can promise our ephemeral keys
-  exist, so we say so loudly (log + listeners) instead of carrying on.
+  no etcd member answered keepalives for a whole TTL: from then on nobody can promise our
+  ephemeral keys exist, so we say so loudly (log + listeners) instead of carrying on.
+- endpoints: aetcd talks to one host:port, so the store keeps the URL's list itself and talks
+  to one member at a time. When that member fails (connection refused or reset, timeout), the
+  store moves to the next member that answers a linearizable read, the way etcd's own client
+  balances. The lease belongs to the cluster, not the member, so the session survives the
+  move as long as some keepalive lands within the TTL. After a move:
+  - reads, watch registrations and keepalives are retried on the new member;
+  - writes are retried only if the failed attempt never reached a member (the connection was
+    refused), the rule of etcd's clientv3 ``isSafeRetryMutableRPC``. A write whose answer was
+    lost in flight raises OutcomeUnknownError: it may or may not have been applied, and
+    retrying a compare-and-set blindly could report a conflict with itself;
+  - watches re-register on the new member from the revision after the last event delivered
+    (every watch starts at a known revision), so no event is lost or repeated.
 """
 
 from __future__ import annotations
@@ -29,14 +44,20 @@ from magnetar.common.metadata.store import (
     NOT_EXISTS,
     BadVersionError,
     EventType,
+    Expect,
     LeaderElection,
     MetadataError,
     MetadataStore,
     NoSuchKeyError,
+    Operation,
+    OutcomeUnknownError,
+    Put,
     SessionLostError,
     StoreClosedError,
     Versioned,
     WatchEvent,
+    check_transaction,
+    condition_failure,
 )
 from magnetar.common.metadata.watch import WatchStream
 
@@ -48,6 +69,18 @@ T = TypeVar("T")
 # outage does not eat the whole TTL).
 _KEEPALIVE_RETRY_SECONDS = 0.5
 
+# gRPC channel options of every member connection.
+_CHANNEL_OPTIONS = {
+    # gRPC shares one subchannel per address across channels by default, with its reconnect
+    # backoff: a fresh client to a restarted member would inherit "failed, retry in 20 s".
+    "grpc.use_local_subchannel_pool": 1,
+    "grpc.initial_reconnect_backoff_ms": 200,
+    "grpc.max_reconnect_backoff_ms": 2000,
+}
+
+# Error texts of gRPC/etcd meaning the request never reached a member (safe to resend).
+_NOT_SENT = ("failed to connect to all addresses", "Connection refused", "DNS resolution failed")
+
 
 @dataclass(slots=True, frozen=True)
 class Endpoint:
@@ -58,28 +91,55 @@ class Endpoint:
         return f"{self.host}:{self.port}"
 
 
+def _new_client(endpoint: Endpoint, request_timeout: float) -> aetcd.Client:
+    return aetcd.Client(
+        endpoint.host, endpoint.port, timeout=request_timeout, options=dict(_CHANNEL_OPTIONS)
+    )
+
+
+async def _revision(client: aetcd.Client) -> int:
+    """The cluster's current revision, by a linearizable read of an (empty) key range: it
+    also proves the member is part of a quorum, not just alive."""
+    result = await client.get_range(b"\0", b"\0\0")
+    return result.header.revision
+
+
 class EtcdMetadataStore(MetadataStore):
     """Metadata store on an etcd cluster; open it with :meth:`connect`."""
 
     def __init__(
         self,
         client: aetcd.Client,
-        endpoint: Endpoint,
+        endpoints: Sequence[Endpoint],
+        index: int,
         lease_id: int,
         session_ttl: int,
         request_timeout: float,
     ) -> None:
         self._client = client
-        self.endpoint = endpoint
+        self._endpoints = list(endpoints)
+        self._index = index  # of the member self._client talks to
+        self._failover_lock = asyncio.Lock()
         self._lease_id = lease_id
         self._ttl = session_ttl
         self._request_timeout = request_timeout
+        # A failover probe must leave time for a keepalive on the next member within the TTL.
+        self._probe_timeout = min(request_timeout, max(session_ttl / 3, 0.5))
         self._listeners: list[Callable[[], None]] = []
         self._lost = False
         self._closed = False
         self._keepalive_task = asyncio.create_task(
             self._keepalive(), name=f"etcd-lease-keepalive-{lease_id:x}"
         )
+
+    @property
+    def endpoint(self) -> Endpoint:
+        """The member this store talks to now."""
+        return self._endpoints[self._index]
+
+    @property
+    def endpoints(self) -> list[Endpoint]:
+        return list(self._endpoints)
 
     @classmethod
     async def connect(
@@ -92,10 +152,10 @@ class EtcdMetadataStore(MetadataStore):
         """Connect to the first endpoint that answers and open a session (lease) there."""
         if not endpoints:
             raise ValueError("at least one etcd endpoint is needed")
+        members = [Endpoint(host, port) for host, port in endpoints]
         errors: list[str] = []
-        for host, port in endpoints:
-            endpoint = Endpoint(host, port)
-            client = aetcd.Client(endpoint.host, endpoint.port, timeout=request_timeout)
+        for index, endpoint in enumerate(members):
+            client = _new_client(endpoint, request_timeout)
             try:
                 # Granting the lease is the first RPC: it proves the endpoint answers.
                 lease = await asyncio.wait_for(client.lease(session_ttl), request_timeout)
@@ -104,12 +164,13 @@ class EtcdMetadataStore(MetadataStore):
                 await client.close()
                 continue
             log.info(
-                "metadata session opened on etcd %s (lease %x, ttl %ss)",
+                "metadata session opened on etcd %s (lease %x, ttl %ss, members %s)",
                 endpoint,
                 lease.id,
                 lease.ttl,
+                ",".join(map(str, members)),
             )
-            return cls(client, endpoint, lease.id, session_ttl, request_timeout)
+            return cls(client, members, index, lease.id, session_ttl, request_timeout)
         raise MetadataError(
             "cannot reach any etcd endpoint (" + "; ".join(errors) + "); check that etcd is "
             "running and the metadata URL lists the right host:port pairs"
@@ -118,27 +179,26 @@ class EtcdMetadataStore(MetadataStore):
     # -- reads ---------------------------------------------------------------------------
 
     async def get(self, key: str) -> Versioned | None:
-        result = await self._call(key, self._client.get(_bytes(key)))
+        k = _bytes(key)
+        result = await self._call(key, lambda c: c.get(k), idempotent=True)
         if result is None:
             return None
         return Versioned(result.value, result.mod_revision)
 
     async def scan(self, prefix: str) -> dict[str, Versioned]:
-        result = await self._call(prefix, self._range(prefix, keys_only=False))
+        result = await self._call(
+            prefix, lambda c: _range(c, prefix, keys_only=False), idempotent=True
+        )
         return {kv.key.decode(): Versioned(kv.value, kv.mod_revision) for kv in result}
 
     async def children(self, path: str) -> list[str]:
         parent = path.rstrip("/") + "/"
-        result = await self._call(path, self._range(parent, keys_only=True))
+        result = await self._call(
+            path, lambda c: _range(c, parent, keys_only=True), idempotent=True
+        )
         names = {kv.key.decode()[len(parent) :].split("/", 1)[0] for kv in result}
         names.discard("")
         return sorted(names)
-
-    def _range(self, prefix: str, *, keys_only: bool) -> Awaitable[aetcd.rtypes.GetRange]:
-        if prefix:
-            return self._client.get_prefix(_bytes(prefix), keys_only=keys_only)
-        # An empty prefix has no range end; b"\0"..b"\0" is etcd's "every key".
-        return self._client.get_all(keys_only=keys_only)
 
     # -- writes --------------------------------------------------------------------------
 
@@ -151,24 +211,25 @@ class EtcdMetadataStore(MetadataStore):
         ephemeral: bool = False,
     ) -> int:
         self._check_open()
-        if ephemeral and self._lost:
-            raise SessionLostError(
-                f"cannot put ephemeral key {key}: the etcd session (lease {self._lease_id:x}) "
-                "was lost"
-            )
+        if ephemeral:
+            self._check_session(key)
         k = _bytes(key)
-        tx = self._client.transactions
         lease = self._lease_id if ephemeral else None
-        ok, responses = await self._call(
-            key,
-            self._client.transaction(
-                compare=_compare(tx, k, expected_version),
+        compare = _compare(key, expected_version)
+
+        def request(client: aetcd.Client) -> Awaitable[Any]:
+            tx = client.transactions
+            return client.transaction(
+                compare=[c(tx) for c in compare],
                 success=[tx.put(k, value, lease=lease), tx.get(k)],
                 failure=[tx.get(k)],
-            ),
-        )
+            )
+
+        ok, responses = await self._call(key, request, idempotent=False)
         if not ok:
-            raise BadVersionError(_mismatch(key, expected_version, _read_back(responses[0])))
+            raise BadVersionError(
+                _mismatch(key, expected_version, _read_back(responses[0])), key=key
+            )
         written = _read_back(responses[1])
         assert written is not None  # read in the same transaction as the put
         return written.mod_revision
@@ -177,25 +238,73 @@ class EtcdMetadataStore(MetadataStore):
         self._check_open()
         k = _bytes(key)
         if expected_version is None:
-            await self._call(key, self._client.delete(k))
+            await self._call(key, lambda c: c.delete(k), idempotent=False)
             return
         if expected_version <= 0:
             raise ValueError(f"delete of {key}: expected_version must be positive or None")
-        tx = self._client.transactions
-        ok, responses = await self._call(
-            key,
-            self._client.transaction(
+
+        def request(client: aetcd.Client) -> Awaitable[Any]:
+            tx = client.transactions
+            return client.transaction(
                 compare=[tx.mod(k) == expected_version],
                 success=[tx.delete(k)],
                 failure=[tx.get(k)],
-            ),
-        )
+            )
+
+        ok, responses = await self._call(key, request, idempotent=False)
         if ok:
             return
         current = _read_back(responses[0])
         if current is None:
             raise NoSuchKeyError(f"cannot delete {key} at version {expected_version}: no such key")
-        raise BadVersionError(_mismatch(key, expected_version, current))
+        raise BadVersionError(_mismatch(key, expected_version, current), key=key)
+
+    async def transaction(
+        self, conditions: Sequence[Expect], operations: Sequence[Operation]
+    ) -> int:
+        self._check_open()
+        check_transaction(conditions, operations)
+        what = "transaction on " + ", ".join(
+            dict.fromkeys([c.key for c in conditions] + [o.key for o in operations])
+        )
+        if any(isinstance(o, Put) and o.ephemeral for o in operations):
+            self._check_session(what)
+        conditions, operations = list(conditions), list(operations)
+
+        def request(client: aetcd.Client) -> Awaitable[Any]:
+            tx = client.transactions
+            compare = [
+                tx.create(_bytes(c.key)) == 0
+                if c.version == NOT_EXISTS
+                else tx.mod(_bytes(c.key)) == c.version
+                for c in conditions
+            ]
+            success = [
+                tx.put(_bytes(o.key), o.value, lease=self._lease_id if o.ephemeral else None)
+                if isinstance(o, Put)
+                else tx.delete(_bytes(o.key))
+                for o in operations
+            ]
+            failure = [tx.get(_bytes(c.key)) for c in conditions]
+            return client.transaction(compare=compare, success=success, failure=failure)
+
+        ok, responses = await self._call(what, request, idempotent=False)
+        if not ok:
+            for condition, response in zip(conditions, responses, strict=True):
+                current = _read_back(response)
+                failure = condition_failure(
+                    condition,
+                    None if current is None else Versioned(current.value, current.mod_revision),
+                )
+                if failure is not None:
+                    raise failure
+            # Every condition holds on the read-back: a concurrent write changed a key between
+            # the compare and the read; still nothing was applied.
+            raise BadVersionError(f"{what}: not applied, a condition failed (keys changed since)")
+        if not responses:
+            return await self._call(what, _revision, idempotent=True)
+        first = responses[0]
+        return getattr(first, first.WhichOneof("response")).header.revision
 
     # -- watches, sessions, elections ----------------------------------------------------
 
@@ -222,6 +331,8 @@ class EtcdMetadataStore(MetadataStore):
             return
         self._closed = True
         await cancel_and_wait(self._keepalive_task)
+        async with self._failover_lock:  # no member switch half-done under our feet
+            pass
         if not self._lost:
             try:
                 # Revoking makes our ephemeral keys vanish now instead of after the TTL.
@@ -245,20 +356,89 @@ class EtcdMetadataStore(MetadataStore):
         if self._closed:
             raise StoreClosedError("the etcd metadata store is closed")
 
-    async def _call(self, what: str, request: Awaitable[T]) -> T:
-        """Run one etcd request, translating aetcd errors into MetadataError subclasses."""
-        if self._closed:
-            _close_unawaited(request)
-            raise StoreClosedError("the etcd metadata store is closed")
-        try:
-            return await request
-        except aetcd.exceptions.ClientError as e:
-            if "lease not found" in str(e):
-                self._lose_session(f"etcd no longer knows lease {self._lease_id:x}")
-                raise SessionLostError(
-                    f"{what}: the etcd session (lease {self._lease_id:x}) was lost"
-                ) from e
-            raise MetadataError(f"{what}: etcd {self.endpoint} failed: {_describe(e)}") from e
+    def _check_session(self, what: str) -> None:
+        if self._lost:
+            raise SessionLostError(
+                f"cannot put ephemeral key(s) of {what}: the etcd session "
+                f"(lease {self._lease_id:x}) was lost"
+            )
+
+    async def _call(
+        self,
+        what: str,
+        request: Callable[[aetcd.Client], Awaitable[T]],
+        *,
+        idempotent: bool,
+        timeout: float | None = None,
+    ) -> T:
+        """Run one etcd request on the current member, moving to another member when it
+        fails (see the module docstring for which requests are resent), and translate aetcd
+        errors into MetadataError subclasses."""
+        self._check_open()
+        failures: list[str] = []
+        while True:
+            client, endpoint = self._client, self.endpoint
+            try:
+                return await asyncio.wait_for(request(client), timeout or self._request_timeout)
+            except (aetcd.exceptions.ClientError, TimeoutError) as e:
+                if self._closed:
+                    raise StoreClosedError("the etcd metadata store is closed") from e
+                if "lease not found" in str(e):
+                    self._lose_session(f"etcd no longer knows lease {self._lease_id:x}")
+                    raise SessionLostError(
+                        f"{what}: the etcd session (lease {self._lease_id:x}) was lost"
+                    ) from e
+                if not _member_failed(e) and client is self._client:
+                    raise MetadataError(f"{what}: etcd {endpoint} failed: {_describe(e)}") from e
+                if not idempotent and not _never_sent(e):
+                    raise OutcomeUnknownError(
+                        f"{what}: etcd {endpoint} failed while the write was in flight "
+                        f"({_describe(e)}); it may or may not have been applied: read the "
+                        "key(s) back before retrying"
+                    ) from e
+                failures.append(f"{endpoint}: {_describe(e)}")
+                if len(failures) > len(self._endpoints):
+                    raise MetadataError(
+                        f"{what}: no etcd member answers ({'; '.join(failures)}); check that "
+                        "a quorum of the cluster is up"
+                    ) from e
+                await self._failover(client, _describe(e))
+
+    async def _failover(self, failed: aetcd.Client, reason: str) -> None:
+        """Move from the member of ``failed`` to the next one that answers (a no-op if another
+        task already moved). Raises MetadataError when no member answers."""
+        async with self._failover_lock:
+            if self._client is not failed or self._closed:
+                return
+            old = self.endpoint
+            errors: list[str] = []
+            # The others in URL order after the failed one, then the failed one itself last
+            # (it may be back, or be the only one).
+            for step in range(1, len(self._endpoints) + 1):
+                index = (self._index + step) % len(self._endpoints)
+                endpoint = self._endpoints[index]
+                client = _new_client(endpoint, self._request_timeout)
+                try:
+                    await asyncio.wait_for(_revision(client), self._probe_timeout)
+                except (aetcd.exceptions.ClientError, TimeoutError) as e:
+                    errors.append(f"{endpoint}: {_describe(e)}")
+                    await _close_client(client)
+                    continue
+                self._client, self._index = client, index
+                log.warning(
+                    "etcd %s failed (%s); metadata session (lease %x) moved to etcd %s",
+                    old,
+                    reason,
+                    self._lease_id,
+                    endpoint,
+                )
+                # Ends the watches on it; they re-register on the new member.
+                await _close_client(failed)
+                return
+            raise MetadataError(
+                f"etcd {old} failed ({reason}) and no other member answers "
+                f"({'; '.join(errors)}); check that a quorum of the cluster is up"
+            )
 
     async def _keepalive(self) -> None:
         """Refresh the lease every ttl/3 until it is gone or etcd was silent for a whole TTL."""
@@ -269,16 +449,21 @@ class EtcdMetadataStore(MetadataStore):
             if self._closed:
                 return
             try:
-                reply = await asyncio.wait_for(
-                    self._client.refresh_lease(self._lease_id), self._ttl / 3
+                reply = await self._call(
+                    "lease keepalive",
+                    lambda c: c.refresh_lease(self._lease_id),
+                    idempotent=True,
+                    timeout=self._probe_timeout,
                 )
-            except (aetcd.exceptions.ClientError, TimeoutError) as e:
+            except SessionLostError:
+                return
+            except MetadataError as e:
                 if self._closed:
                     return
                 silent = time.monotonic() - last_ok
                 if silent >= self._ttl:
                     self._lose_session(
-                        f"etcd {self.endpoint} did not answer keepalives for {silent:.1f}s "
+                        f"no etcd member answered keepalives for {silent:.1f}s "
                         f"(ttl {self._ttl}s, last error: {_describe(e)})"
                     )
                     return
@@ -323,54 +508,124 @@ class EtcdMetadataStore(MetadataStore):
 
 
 class _EtcdWatch(WatchStream):
+    """A watch that survives member failover: it starts at a known revision and, when its
+    member's stream breaks, re-registers on the store's current member from the revision
+    after the last event it delivered."""
+
     def __init__(self, store: EtcdMetadataStore, key: str, prefix: bool) -> None:
         super().__init__(key, prefix)
         self._store = store
+        self._client: aetcd.Client | None = None  # the member connection the watch lives on
         self._watch: aetcd.rtypes.Watch | None = None
         self._events: Any = None
+        self._next_revision: int | None = None
 
     async def _register(self) -> None:
-        client = self._store._client
+        store = self._store
+        if self._next_revision is None:
+            # "From now on" made explicit, so a re-registration can resume at the same point.
+            self._next_revision = await store._call(self.key, _revision, idempotent=True) + 1
         k = _bytes(self.key)
-        request = client.watch_prefix(k) if self.prefix else client.watch(k)
-        registration = asyncio.ensure_future(self._store._call(self.key, request))
+        start = self._next_revision
+
+        async def request(client: aetcd.Client) -> tuple[aetcd.Client, aetcd.rtypes.Watch]:
+            if self.prefix:
+                return client, await client.watch_prefix(k, start_revision=start)
+            return client, await client.watch(k, start_revision=start)
+
+        registration = asyncio.ensure_future(store._call(self.key, request, idempotent=True))
         try:
             # Shielded: aetcd hands the server's answer to a create whose caller was
             # cancelled half-way to the *next* watch created on the client (wrong key), and
             # its wait_for can swallow our cancellation. Let it finish, then cancel it.
-            self._watch = await asyncio.shield(registration)
+            self._client, self._watch = await asyncio.shield(registration)
         except asyncio.CancelledError:
             registration.add_done_callback(_cancel_orphan_watch)
             raise
         self._events = aiter(self._watch)
 
     async def _receive(self) -> WatchEvent | None:
-        try:
-            event = await anext(self._events, None)
-        except aetcd.exceptions.ClientError as e:
-            raise MetadataError(f"watch on {self.key} broke: {_describe(e)}") from e
-        if event is None:
-            return None
-        kv = event.kv
-        if event.kind == aetcd.rtypes.EventKind.PUT:
-            return WatchEvent(EventType.PUT, kv.key.decode(), kv.value, kv.mod_revision)
-        # A DELETE's mod_revision is the revision of the deletion.
-        return WatchEvent(EventType.DELETE, kv.key.decode(), None, kv.mod_revision)
+        while True:
+            try:
+                event = await anext(self._events, None)
+            except aetcd.exceptions.ClientError as e:
+                if self._store._closed:
+                    return None
+                if not _member_failed(e) and self._client is self._store._client:
+                    raise MetadataError(f"watch on {self.key} broke: {_describe(e)}") from e
+                await self._resume(_describe(e))
+                continue
+            if event is None:
+                if self._store._closed:
+                    return None
+                # Our member connection was closed by a failover: continue on the new one.
+                await self._resume("member connection closed")
+                continue
+            kv = event.kv
+            self._next_revision = kv.mod_revision + 1
+            if event.kind == aetcd.rtypes.EventKind.PUT:
+                return WatchEvent(EventType.PUT, kv.key.decode(), kv.value, kv.mod_revision)
+            # A DELETE's mod_revision is the revision of the deletion.
+            return WatchEvent(EventType.DELETE, kv.key.decode(), None, kv.mod_revision)
+
+    async def _resume(self, reason: str) -> None:
+        assert self._client is not None
+        if self._client is self._store._client:
+            await self._store._failover(self._client, f"watch on {self.key}: {reason}")
+        log.info(
+            "watch on %s resumes on etcd %s from revision %s",
+            self.key,
+            self._store.endpoint,
+            self._next_revision,
+        )
+        await self._register()
 
     async def _unregister(self) -> None:
-        if self._watch is None or self._store._closed:
+        if self._watch is None or self._store._closed or self._client is not self._store._client:
             return  # closing the client already ended every watch
         await _cancel_quietly(self._watch)
+
+
+async def _close_client(client: aetcd.Client) -> None:
+    try:
+        await asyncio.wait_for(client.close(), 5)
+    except Exception as e:  # a dead member's channel: nothing left to release cleanly
+        log.debug("closing an etcd member connection: %s", e)
+
+
+def _range(client: aetcd.Client, prefix: str, *, keys_only: bool) -> Awaitable[Any]:
+    if prefix:
+        return client.get_prefix(_bytes(prefix), keys_only=keys_only)
+    # An empty prefix has no range end; b"\0"..b"\0" is etcd's "every key".
+    return client.get_all(keys_only=keys_only)
+
+
+def _member_failed(e: BaseException) -> bool:
+    """Did the member (or our connection to it) fail, rather than the request?"""
+    return isinstance(
+        e,
+        TimeoutError
+        | aetcd.exceptions.ConnectionFailedError
+        | aetcd.exceptions.ConnectionTimeoutError,
+    )
+
+
+def _never_sent(e: BaseException) -> bool:
+    return isinstance(e, aetcd.exceptions.ConnectionFailedError) and any(
+        text in str(e) for text in _NOT_SENT
+    )
 
 
 # Strong references to cleanup tasks, so they are not garbage-collected mid-flight.
 _cleanups: set[asyncio.Task[None]] = set()
 
 
-def _cancel_orphan_watch(registration: asyncio.Future[aetcd.rtypes.Watch]) -> None:
+def _cancel_orphan_watch(
+    registration: asyncio.Future[tuple[aetcd.Client, aetcd.rtypes.Watch]],
+) -> None:
     if registration.cancelled() or registration.exception() is not None:
         return
-    task = asyncio.ensure_future(_cancel_quietly(registration.result()))
+    task = asyncio.ensure_future(_cancel_quietly(registration.result()[1]))
     _cleanups.add(task)
     task.add_done_callback(_cleanups.discard)
 
@@ -388,16 +643,18 @@ def _bytes(key: str) -> bytes:
     return key.encode()
 
 
-def _compare(tx: Any, key: bytes, expected_version: int | None) -> list[Any]:
+def _compare(key: str, expected_version: int | None) -> list[Callable[[Any], Any]]:
+    """The compare of a CAS as builders (each attempt builds it on its member's client)."""
+    k = _bytes(key)
     if expected_version is None:
         return []
     if expected_version == NOT_EXISTS:
-        return [tx.create(key) == 0]
+        return [lambda tx: tx.create(k) == 0]
     if expected_version <= 0:
         raise ValueError(
             f"expected_version must be positive, NOT_EXISTS or None, not {expected_version}"
         )
-    return [tx.mod(key) == expected_version]
+    return [lambda tx: tx.mod(k) == expected_version]
 
 
 def _read_back(range_response: list[tuple[bytes, aetcd.rtypes.Get]]) -> aetcd.rtypes.Get | None:
@@ -413,10 +670,3 @@ def _mismatch(key: str, expected: int | None, current: aetcd.rtypes.Get | None) 
 
 def _describe(e: BaseException) -> str:
     return str(e) or type(e).__name__
-
-
-def _close_unawaited(request: Awaitable[Any]) -> None:
-    # Avoid "coroutine was never awaited" warnings for requests refused before sending.
-    close = getattr(request, "close", None)
-    if close is not None:
-        close()

@@ -12,6 +12,11 @@
 - Group commit: writes that arrive while the worker is busy wait in a queue and then go to
   SQLite together, in one transaction (each in its own savepoint, so a failed compare-and-set
   fails only itself) and one fsync. Each write still returns only after that commit.
+- Multi-key transactions are one savepoint like any other write: every condition is checked
+  and every operation applied inside it, all at one revision (as etcd does), or none.
+- Damage: a file SQLite cannot read (not a database, malformed pages found by ``quick_check``
+  at open or by any later statement) raises MetadataDamagedError naming the file, never a bare
+  ``sqlite3.DatabaseError``. The file is left as it was, for the operator to restore.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import os
 import sqlite3
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
@@ -34,14 +39,21 @@ from magnetar.common.metadata.election import StoreLeaderElection
 from magnetar.common.metadata.store import (
     NOT_EXISTS,
     BadVersionError,
+    Delete,
     EventType,
+    Expect,
     LeaderElection,
+    MetadataDamagedError,
     MetadataError,
     MetadataStore,
     NoSuchKeyError,
+    Operation,
+    Put,
     StoreClosedError,
     Versioned,
     WatchEvent,
+    check_transaction,
+    condition_failure,
 )
 from magnetar.common.metadata.watch import WatchStream
 
@@ -134,6 +146,12 @@ class LocalMetadataStore(MetadataStore):
         _check_expected_version(expected_version, allow_not_exists=False)
         await self._write(self._db.delete, key, expected_version)
 
+    async def transaction(
+        self, conditions: Sequence[Expect], operations: Sequence[Operation]
+    ) -> int:
+        check_transaction(conditions, operations)
+        return await self._write(self._db.transaction, list(conditions), list(operations))  # type: ignore[return-value]
+
     # -- watches, sessions, elections ----------------------------------------------------
 
     def watch(self, key: str, *, prefix: bool = False) -> WatchStream:
@@ -172,7 +190,10 @@ class LocalMetadataStore(MetadataStore):
 
     async def _run(self, fn: Callable[..., T], *args: object) -> T:
         self._check_open()
-        return await self._loop.run_in_executor(self._executor, functools.partial(fn, *args))
+        try:
+            return await self._loop.run_in_executor(self._executor, functools.partial(fn, *args))
+        except sqlite3.DatabaseError as e:
+            raise _damage_error(self.path, e) from e
 
     async def _write(self, fn: Callable[..., object], *args: object) -> object:
         self._check_open()
@@ -190,7 +211,10 @@ class LocalMetadataStore(MetadataStore):
         with self._writes_lock:
             writes, self._writes = self._writes, []
             self._group_queued = False
-        results = self._db.run_group([(fn, args) for fn, args, _ in writes])
+        results = [
+            (value, _damage_error(self.path, error) if _is_damage(error) else error)
+            for value, error in self._db.run_group([(fn, args) for fn, args, _ in writes])
+        ]
         self._loop.call_soon_threadsafe(self._settle, [f for _, _, f in writes], results)
 
     @staticmethod
@@ -254,15 +278,24 @@ class _Database:
     def open(cls, path: Path) -> _Database:
         path.parent.mkdir(parents=True, exist_ok=True)
         lock_fd = _lock(path)
+        conn: sqlite3.Connection | None = None
         try:
             # isolation_level=None: we issue BEGIN IMMEDIATE/COMMIT ourselves.
             conn = sqlite3.connect(path, isolation_level=None)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
+            _check_integrity(path, conn)
             conn.executescript(_SCHEMA)
             db = cls(path, conn, lock_fd)
             stale = db._delete_ephemeral()
+        except sqlite3.DatabaseError as e:
+            if conn is not None:
+                conn.close()
+            os.close(lock_fd)
+            raise _damage_error(path, e) from e
         except BaseException:
+            if conn is not None:
+                conn.close()
             os.close(lock_fd)
             raise
         if stale:
@@ -317,6 +350,34 @@ class _Database:
             revision = self._next_revision()
             self._conn.execute("DELETE FROM kv WHERE key = ?", (k,))
             events.append(WatchEvent(EventType.DELETE, key, None, revision))
+
+    def transaction(self, conditions: list[Expect], operations: list[Operation]) -> int:
+        with self._transaction() as events:
+            for condition in conditions:
+                failure = condition_failure(condition, self.get(_bytes(condition.key)))
+                if failure is not None:
+                    raise failure
+            # One revision for the whole transaction, as etcd gives one to each of its txns.
+            revision: int | None = None
+            for operation in operations:
+                k = _bytes(operation.key)
+                if isinstance(operation, Put):
+                    revision = revision or self._next_revision()
+                    self._conn.execute(
+                        "INSERT INTO kv (key, value, version, ephemeral) VALUES (?, ?, ?, ?) "
+                        "ON CONFLICT (key) DO UPDATE SET value = excluded.value, "
+                        "version = excluded.version, ephemeral = excluded.ephemeral",
+                        (k, bytes(operation.value), revision, int(operation.ephemeral)),
+                    )
+                    events.append(
+                        WatchEvent(EventType.PUT, operation.key, bytes(operation.value), revision)
+                    )
+                elif isinstance(operation, Delete):
+                    if self._conn.execute("DELETE FROM kv WHERE key = ?", (k,)).rowcount == 0:
+                        continue  # deleting a missing key changes nothing (etcd: no event)
+                    revision = revision or self._next_revision()
+                    events.append(WatchEvent(EventType.DELETE, operation.key, None, revision))
+        return revision if revision is not None else self.revision
 
     def close(self) -> None:
         try:
@@ -389,6 +450,34 @@ class _Database:
         self._conn.execute("COMMIT")
         if events:
             self.on_commit(events)
+
+
+def _check_integrity(path: Path, conn: sqlite3.Connection) -> None:
+    """Refuse a file whose pages SQLite finds malformed (cheap: the metadata file is small)."""
+    problems = [row[0] for row in conn.execute("PRAGMA quick_check(5)")]
+    if problems != ["ok"]:
+        raise MetadataDamagedError(_damage_message(path, "; ".join(problems)))
+
+
+def _is_damage(error: BaseException | None) -> bool:
+    return isinstance(error, sqlite3.DatabaseError) and getattr(
+        error, "sqlite_errorname", ""
+    ).startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB"))
+
+
+def _damage_error(path: Path, error: sqlite3.DatabaseError) -> MetadataError:
+    if not _is_damage(error):
+        return MetadataError(f"local metadata store {path}: SQLite failed: {error}")
+    return MetadataDamagedError(_damage_message(path, str(error)))
+
+
+def _damage_message(path: Path, detail: str) -> str:
+    return (
+        f"the local metadata store {path} is damaged ({detail}); it was left untouched. "
+        f"Stop this node and restore {path.name} from a backup (delete any stale "
+        f"{path.name}-wal and {path.name}-shm next to it first); starting on an empty file "
+        "instead would lose every topic, ledger and cursor it recorded"
+    )
 
 
 def _lock(path: Path) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 #: ``expected_version`` value meaning "the key must not exist" (create only).
@@ -26,7 +26,14 @@ class MetadataError(Exception):
 
 
 class BadVersionError(MetadataError):
-    """A compare-and-set failed: the key's version is not the expected one (or it exists/doesn't)."""
+    """A compare-and-set failed: the key's version is not the expected one (or it exists/doesn't).
+
+    ``key`` names the key whose condition failed when the store knows it (None otherwise).
+    """
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 class NoSuchKeyError(MetadataError):
@@ -39,6 +46,16 @@ class SessionLostError(MetadataError):
 
 class StoreClosedError(MetadataError):
     """The store was closed."""
+
+
+class MetadataDamagedError(MetadataError):
+    """The store's files are damaged (not a format the store can read); the message names the
+    file and the way forward."""
+
+
+class OutcomeUnknownError(MetadataError):
+    """A write was sent but its answer was lost (the etcd member failed mid-request): it may or
+    may not have been applied. Read the keys back before deciding to retry."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -58,6 +75,73 @@ class WatchEvent:
     key: str
     value: bytes | None
     version: int
+
+
+@dataclass(slots=True, frozen=True)
+class Expect:
+    """Transaction condition: ``key`` is at ``version`` (positive), or absent (``NOT_EXISTS``)."""
+
+    key: str
+    version: int
+
+
+@dataclass(slots=True, frozen=True)
+class Put:
+    """Transaction operation: write ``value`` to ``key`` (bound to the session if ephemeral)."""
+
+    key: str
+    value: bytes
+    ephemeral: bool = False
+
+
+@dataclass(slots=True, frozen=True)
+class Delete:
+    """Transaction operation: delete ``key`` (a no-op when it does not exist)."""
+
+    key: str
+
+
+Operation = Put | Delete
+
+
+def check_transaction(conditions: Sequence[Expect], operations: Sequence[Operation]) -> None:
+    """Refuse malformed transactions the same way in every store (ValueError)."""
+    for condition in conditions:
+        if not condition.key:
+            raise ValueError("metadata keys must be non-empty")
+        if condition.version != NOT_EXISTS and condition.version <= 0:
+            raise ValueError(
+                f"transaction condition on {condition.key}: version must be positive or "
+                f"NOT_EXISTS, not {condition.version}"
+            )
+    seen: set[str] = set()
+    for operation in operations:
+        if not isinstance(operation, Put | Delete):
+            raise TypeError(f"transaction operations are Put or Delete, not {operation!r}")
+        if not operation.key:
+            raise ValueError("metadata keys must be non-empty")
+        if operation.key in seen:
+            # etcd refuses it too: the outcome of two writes of one key in one step is undefined.
+            raise ValueError(f"transaction writes {operation.key} more than once")
+        seen.add(operation.key)
+
+
+def condition_failure(condition: Expect, current: Versioned | None) -> BadVersionError | None:
+    """The error for ``condition`` given the key's ``current`` state (None: it holds)."""
+    if condition.version == NOT_EXISTS:
+        if current is None:
+            return None
+        actual = f"it is at version {current.version}"
+        wanted = "to not exist"
+    else:
+        if current is not None and current.version == condition.version:
+            return None
+        actual = "it does not exist" if current is None else f"it is at version {current.version}"
+        wanted = f"at version {condition.version}"
+    return BadVersionError(
+        f"transaction not applied: {condition.key}: expected {wanted} but {actual}",
+        key=condition.key,
+    )
 
 
 class MetadataStore(abc.ABC):
@@ -86,6 +170,21 @@ class MetadataStore(abc.ABC):
     async def delete(self, key: str, expected_version: int | None = None) -> None:
         """Delete ``key``. Unconditional delete of a missing key is a no-op; a conditional one
         raises NoSuchKeyError (missing) or BadVersionError (version differs)."""
+
+    @abc.abstractmethod
+    async def transaction(
+        self, conditions: Sequence[Expect], operations: Sequence[Operation]
+    ) -> int:
+        """Apply every operation if every condition holds, atomically; return the revision.
+
+        All or nothing: if one condition fails, nothing is applied and BadVersionError is
+        raised, its ``key`` naming the (first) failing condition's key. Every key the
+        transaction puts gets the returned revision as its version; watchers see the changes
+        in the order of ``operations``, all at that revision. An operation key may appear
+        once. ``Put(..., ephemeral=True)`` binds the key to this store's session, as ``put``
+        does. Example (bundle split): ``transaction([Expect(a, v), Expect(b, NOT_EXISTS)],
+        [Delete(a), Put(b, ...)])``.
+        """
 
     @abc.abstractmethod
     async def children(self, path: str) -> list[str]:

@@ -24,10 +24,13 @@ from hypothesis import strategies as st
 from magnetar.common.metadata import (
     NOT_EXISTS,
     BadVersionError,
+    Delete,
     EventType,
+    Expect,
     MetadataError,
     MetadataStore,
     NoSuchKeyError,
+    Put,
     SessionLostError,
     StoreClosedError,
     Versioned,
@@ -164,6 +167,146 @@ async def test_concurrent_writes_each_get_their_own_answer(
     assert [e.version for e in seen] == sorted(e.version for e in seen)
     assert sorted(e.key for e in seen) == [f"{root}{i:03}" for i in range(100)]
     assert (await store.get(contested)).version == won[0]  # type: ignore[union-attr]
+
+
+# -- multi-key transactions -------------------------------------------------------------
+
+
+async def test_transaction_applies_every_operation_at_one_revision(
+    store: MetadataStore, backend: Backend
+) -> None:
+    # The bundle split shape: replace A by B and C only if A is unchanged and B, C are new.
+    a, b, c = (f"{backend.prefix}/bundles/{n}" for n in "abc")
+    va = await store.put(a, b"whole")
+    revision = await store.transaction(
+        [Expect(a, va), Expect(b, NOT_EXISTS), Expect(c, NOT_EXISTS)],
+        [Delete(a), Put(b, b"lower"), Put(c, b"upper")],
+    )
+    assert revision > va
+    assert await store.get(a) is None
+    assert await store.get(b) == Versioned(b"lower", revision)
+    assert await store.get(c) == Versioned(b"upper", revision)
+
+    # Conditions on keys the operations do not touch, and an update of an existing key.
+    later = await store.transaction([Expect(b, revision)], [Put(c, b"upper-2")])
+    assert later > revision
+    assert await store.get(c) == Versioned(b"upper-2", later)
+    assert await store.get(b) == Versioned(b"lower", revision)
+    # No conditions: unconditional, still atomic; deleting a missing key is a no-op.
+    missing = f"{backend.prefix}/bundles/never"
+    last = await store.transaction([], [Delete(b), Delete(missing), Put(a, b"again")])
+    assert await store.get(a) == Versioned(b"again", last)
+    assert await store.get(b) is None
+
+
+@pytest.mark.parametrize("failing", ["stale version", "exists", "missing"])
+async def test_transaction_applies_nothing_when_one_condition_fails(
+    store: MetadataStore, backend: Backend, failing: str
+) -> None:
+    p = backend.prefix
+    a, b, c, untouched = f"{p}/a", f"{p}/b", f"{p}/c", f"{p}/untouched"
+    va = await store.put(a, b"a")
+    vu = await store.put(untouched, b"u")
+    conditions = [Expect(a, va), Expect(b, NOT_EXISTS), Expect(untouched, vu)]
+    if failing == "stale version":
+        va = await store.put(a, b"a2")  # someone else moved A on
+        bad = a
+    elif failing == "exists":
+        await store.put(b, b"already there")
+        bad = b
+    else:
+        await store.delete(untouched)  # expected at a version, but gone
+        bad = untouched
+    before = await store.scan(p + "/")
+
+    async with store.watch(p + "/", prefix=True) as events:
+        with pytest.raises(BadVersionError) as refused:
+            await store.transaction(conditions, [Delete(a), Put(b, b"new"), Put(c, b"new")])
+        sentinel = await store.put(f"{p}/sentinel", b"s")
+        # The first event after the refused transaction is the sentinel: it changed nothing.
+        first = await next_event(events)
+    assert (first.key, first.version) == (f"{p}/sentinel", sentinel)
+    assert refused.value.key == bad
+    assert bad in str(refused.value)
+    after = await store.scan(p + "/")
+    del after[f"{p}/sentinel"]
+    assert after == before
+    assert await store.get(a) is not None and (await store.get(a)).version == va  # type: ignore[union-attr]
+
+
+async def test_transaction_watchers_see_each_change_in_order(
+    store: MetadataStore, backend: Backend
+) -> None:
+    root = f"{backend.prefix}/owned/"
+    a, b, c = root + "a", root + "b", root + "c"
+    va = await store.put(a, b"a")
+    async with store.watch(root, prefix=True) as events, store.watch(c) as c_events:
+        revision = await store.transaction(
+            [Expect(a, va), Expect(b, NOT_EXISTS)],
+            [Delete(a), Put(b, b"b"), Put(c, b"c")],
+        )
+        got = [await next_event(events) for _ in range(3)]
+        only_c = await next_event(c_events)
+    assert [(e.type, e.key, e.value, e.version) for e in got] == [
+        (EventType.DELETE, a, None, revision),
+        (EventType.PUT, b, b"b", revision),
+        (EventType.PUT, c, b"c", revision),
+    ]
+    assert (only_c.type, only_c.key, only_c.version) == (EventType.PUT, c, revision)
+
+
+async def test_transaction_ephemeral_keys_vanish_with_the_session(backend: Backend) -> None:
+    ephemeral, durable = f"{backend.prefix}/owner", f"{backend.prefix}/record"
+    owner = await backend.open()
+    revision = await owner.transaction(
+        [Expect(ephemeral, NOT_EXISTS)],
+        [Put(ephemeral, b"broker-1", ephemeral=True), Put(durable, b"d")],
+    )
+    observer = await backend.open() if backend.concurrent_sessions else owner
+    async with observer.watch(ephemeral) as events:
+        assert await observer.get(ephemeral) == Versioned(b"broker-1", revision)
+        await owner.close()
+        event = await next_event(events)
+    assert (event.type, event.key) == (EventType.DELETE, ephemeral)
+    if not backend.concurrent_sessions:
+        observer = await backend.open()
+    try:
+        assert await observer.get(ephemeral) is None
+        assert await observer.get(durable) == Versioned(b"d", revision)
+    finally:
+        await observer.close()
+
+
+async def test_concurrent_transactions_on_one_key_exactly_one_wins(
+    store: MetadataStore, backend: Backend
+) -> None:
+    # Ownership transfer shape: many contenders move the same bundle; one wins, whole.
+    bundle = f"{backend.prefix}/bundle"
+    version = await store.put(bundle, b"old-owner")
+    attempts = [
+        store.transaction(
+            [Expect(bundle, version)],
+            [Put(bundle, f"owner-{i}".encode()), Put(f"{backend.prefix}/moved-by-{i}", b"")],
+        )
+        for i in range(10)
+    ]
+    results = await asyncio.gather(*attempts, return_exceptions=True)
+    won = [i for i, r in enumerate(results) if not isinstance(r, BaseException)]
+    assert len(won) == 1, results
+    assert all(isinstance(r, BadVersionError) for i, r in enumerate(results) if i != won[0])
+    assert await store.get(bundle) == Versioned(f"owner-{won[0]}".encode(), results[won[0]])
+    assert await store.children(backend.prefix) == ["bundle", f"moved-by-{won[0]}"]
+
+
+async def test_malformed_transactions_are_refused(store: MetadataStore, backend: Backend) -> None:
+    key = f"{backend.prefix}/k"
+    with pytest.raises(ValueError, match="more than once"):
+        await store.transaction([], [Put(key, b"1"), Delete(key)])
+    with pytest.raises(ValueError, match="positive or NOT_EXISTS"):
+        await store.transaction([Expect(key, 0)], [Put(key, b"1")])
+    with pytest.raises(ValueError, match="non-empty"):
+        await store.transaction([], [Put("", b"1")])
+    assert await store.get(key) is None
 
 
 # -- children and scan -------------------------------------------------------------------

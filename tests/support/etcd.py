@@ -1,7 +1,9 @@
-"""A real single-node etcd for tests, on free loopback ports with a throwaway data dir.
+"""A real etcd for tests, on free loopback ports with throwaway data dirs.
 
-``stop()``/``kill()`` keep the data dir and ports, so ``start()`` afterwards is a restart of
-the same member (what fault tests want); ``close()`` stops it and deletes the data dir.
+``EtcdServer`` is a single-node cluster; ``EtcdCluster`` starts several members (three by
+default) that form one cluster, for failover tests. ``stop()``/``kill()`` keep a member's data
+dir and ports, so ``start()`` afterwards is a restart of the same member (what fault tests
+want); ``close()`` stops it and deletes the data dir.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 from types import TracebackType
 
@@ -48,39 +51,68 @@ def free_port() -> int:
 
 
 class EtcdServer:
-    """One etcd process. ``url`` is the Magnetar metadata URL (``etcd://127.0.0.1:PORT``)."""
+    """One etcd process. ``url`` is the Magnetar metadata URL (``etcd://127.0.0.1:PORT``).
 
-    def __init__(self) -> None:
+    Alone it is a one-member cluster; ``EtcdCluster`` sets ``initial_cluster`` and
+    ``cluster_token`` on each of its members before starting them.
+    """
+
+    def __init__(self, *, name: str = "test") -> None:
         self.binary = find_etcd()
+        self.name = name
         # tmpfs when available: etcd fsyncs every write and 3.4 has no --unsafe-no-fsync.
         base = "/dev/shm" if os.path.isdir("/dev/shm") else None
         self.data_dir = Path(tempfile.mkdtemp(prefix="magnetar-etcd-", dir=base))
         self.client_port = free_port()
         self.peer_port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
+        #: ``name=peer-url,...`` of every member; None: a one-member cluster of this one.
+        self.initial_cluster: str | None = None
+        self.cluster_token: str | None = None
 
     @property
     def url(self) -> str:
         return f"etcd://127.0.0.1:{self.client_port}"
 
     @property
+    def peer_url(self) -> str:
+        return f"http://127.0.0.1:{self.peer_port}"
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    @property
     def log_path(self) -> Path:
         return self.data_dir / "etcd.log"
 
     def start(self) -> EtcdServer:
-        if self.process is not None and self.process.poll() is None:
+        if self.running:
             return self
+        self.spawn()
+        self._wait_healthy()
+        return self
+
+    def spawn(self) -> None:
+        """Start the process without waiting for it to be healthy (a cluster member is only
+        healthy once a quorum of its peers runs)."""
+        if self.running:
+            return
         client = f"http://127.0.0.1:{self.client_port}"
-        peer = f"http://127.0.0.1:{self.peer_port}"
+        peer = self.peer_url
+        cluster = ["--initial-cluster=" + (self.initial_cluster or f"{self.name}={peer}")]
+        if self.cluster_token is not None:
+            cluster.append(f"--initial-cluster-token={self.cluster_token}")
         command = [
             self.binary,
-            "--name=test",
+            f"--name={self.name}",
             f"--data-dir={self.data_dir / 'member-data'}",
             f"--listen-client-urls={client}",
             f"--advertise-client-urls={client}",
             f"--listen-peer-urls={peer}",
             f"--initial-advertise-peer-urls={peer}",
-            f"--initial-cluster=test={peer}",
+            *cluster,
+            # Ignored on a restart: the member's data dir already knows its cluster.
             "--initial-cluster-state=new",
             "--logger=zap",
             "--log-level=warn",
@@ -92,8 +124,6 @@ class EtcdServer:
             self.process = subprocess.Popen(
                 command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
             )
-        self._wait_healthy()
-        return self
 
     def stop(self) -> None:
         """Graceful stop (SIGTERM); the data dir stays for a later start()."""
@@ -157,3 +187,55 @@ class EtcdServer:
             return self.log_path.read_text(errors="replace")[-4000:]
         except OSError:
             return "(no etcd log)"
+
+
+class EtcdCluster:
+    """``size`` etcd members forming one cluster; ``url`` lists every member's client port.
+
+    Members are ``EtcdServer``s: kill, stop and start them one by one to test failover.
+    """
+
+    def __init__(self, size: int = 3) -> None:
+        self.members = [EtcdServer(name=f"member{i}") for i in range(size)]
+        initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
+        token = f"magnetar-test-{uuid.uuid4().hex[:12]}"
+        for member in self.members:
+            member.initial_cluster = initial
+            member.cluster_token = token
+
+    @property
+    def url(self) -> str:
+        return "etcd://" + ",".join(f"127.0.0.1:{m.client_port}" for m in self.members)
+
+    def member_on(self, port: int) -> EtcdServer:
+        """The member whose client port is ``port``."""
+        for member in self.members:
+            if member.client_port == port:
+                return member
+        raise KeyError(f"no member listens for clients on port {port}")
+
+    def start(self) -> EtcdCluster:
+        for member in self.members:
+            member.spawn()
+        for member in self.members:
+            member.start()  # waits until healthy (the cluster has a leader)
+        return self
+
+    def close(self) -> None:
+        for member in self.members:
+            member.close()
+
+    def __enter__(self) -> EtcdCluster:
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
