@@ -28,6 +28,7 @@ Mapping of the contract onto etcd:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -391,6 +392,9 @@ class EtcdMetadataStore(MetadataStore):
                 if not _member_failed(e) and client is self._client:
                     raise MetadataError(f"{what}: etcd {endpoint} failed: {_describe(e)}") from e
                 if not idempotent and not _never_sent(e):
+                    # Move on now, so the caller's read-back goes to a member that answers.
+                    with contextlib.suppress(MetadataError):
+                        await self._failover(client, _describe(e))
                     raise OutcomeUnknownError(
                         f"{what}: etcd {endpoint} failed while the write was in flight "
                         f"({_describe(e)}); it may or may not have been applied: read the "

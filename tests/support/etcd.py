@@ -90,7 +90,7 @@ class EtcdServer:
         if self.running:
             return self
         self.spawn()
-        self._wait_healthy()
+        self.wait_healthy()
         return self
 
     def spawn(self) -> None:
@@ -160,7 +160,8 @@ class EtcdServer:
             process.kill()
             process.wait()
 
-    def _wait_healthy(self) -> None:
+    def wait_healthy(self) -> None:
+        """Wait until the member answers /health with true (its cluster has a leader)."""
         assert self.process is not None
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
         health = f"http://127.0.0.1:{self.client_port}/health"
@@ -218,7 +219,7 @@ class EtcdCluster:
         for member in self.members:
             member.spawn()
         for member in self.members:
-            member.start()  # waits until healthy (the cluster has a leader)
+            member.wait_healthy()  # the cluster has a leader
         return self
 
     def close(self) -> None:

@@ -1,0 +1,172 @@
+"""etcd member failures under a live metadata session (a real three-member etcd cluster).
+
+The store is opened on all three members (``etcd://h:p1,h:p2,h:p3``). The member it talks to is
+killed (SIGKILL) while a writer creates keys and a watch follows them; then that member comes
+back and the next one the store moved to is killed. Throughout: the session (lease) and its
+ephemeral key survive, new writes succeed, the watch delivers every write exactly once in order,
+and no write that returned success is lost. A write whose answer was lost in the crash may
+raise OutcomeUnknownError (never a false success); whether it landed is checked, not assumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+
+from magnetar.common.metadata import (
+    NOT_EXISTS,
+    EventType,
+    MetadataStore,
+    OutcomeUnknownError,
+    Versioned,
+    WatchEvent,
+    open_store,
+)
+from magnetar.common.metadata.etcd import EtcdMetadataStore
+from tests.support.etcd import EtcdCluster
+
+# Short enough that a session that missed its keepalives would visibly expire during the test.
+SESSION_TTL = 4
+REQUEST_TIMEOUT = 2.0
+SOON = 20.0
+DATA = "/failover/data/"
+EPHEMERAL = "/failover/owner"
+
+
+@pytest.fixture
+def cluster() -> AsyncIterator[EtcdCluster]:
+    with EtcdCluster(3) as started:
+        yield started
+
+
+class Writer:
+    """Creates DATA keys one after another; remembers which ones returned success."""
+
+    def __init__(self, store: MetadataStore) -> None:
+        self.store = store
+        self.acked: dict[str, Versioned] = {}
+        self.unknown: set[str] = set()
+        self.count = 0
+        self.progress = asyncio.Event()
+
+    async def run(self) -> None:
+        while True:
+            key, value = f"{DATA}{self.count:06}", f"value-{self.count}".encode()
+            self.count += 1
+            try:
+                version = await self.store.put(key, value, NOT_EXISTS)
+            except OutcomeUnknownError:
+                self.unknown.add(key)
+                continue
+            self.acked[key] = Versioned(value, version)
+            self.progress.set()
+            await asyncio.sleep(0.01)
+
+    async def wait_for_writes(self, n: int) -> None:
+        """Wait until ``n`` more writes succeeded."""
+        target = len(self.acked) + n
+        async with asyncio.timeout(SOON):
+            while len(self.acked) < target:
+                self.progress.clear()
+                await self.progress.wait()
+
+
+class Follower:
+    """Watches DATA on the store under test and keeps every event."""
+
+    def __init__(self, store: MetadataStore) -> None:
+        self.store = store
+        self.seen: list[WatchEvent] = []
+        self.ready = asyncio.Event()
+        self.arrived = asyncio.Event()
+
+    async def run(self) -> None:
+        async with self.store.watch(DATA, prefix=True) as events:
+            self.ready.set()
+            async for event in events:
+                self.seen.append(event)
+                self.arrived.set()
+
+    async def wait_for_keys(self, keys: set[str]) -> None:
+        async with asyncio.timeout(SOON):
+            while not keys <= {e.key for e in self.seen}:
+                self.arrived.clear()
+                await self.arrived.wait()
+
+
+async def test_session_writes_and_watches_survive_member_kills(cluster: EtcdCluster) -> None:
+    store = await open_store(cluster.url, session_ttl=SESSION_TTL, request_timeout=REQUEST_TIMEOUT)
+    assert isinstance(store, EtcdMetadataStore)
+    assert len(store.endpoints) == 3
+    owner_version = await store.put(EPHEMERAL, b"me", ephemeral=True)
+    writer = Writer(store)
+    follower = Follower(store)
+    async with asyncio.TaskGroup() as tasks:
+        following = tasks.create_task(follower.run())
+        await asyncio.wait_for(follower.ready.wait(), SOON)
+        writing = tasks.create_task(writer.run())
+        try:
+            await writer.wait_for_writes(20)
+            killed: list[int] = []
+            for _ in range(2):
+                victim = cluster.member_on(store.endpoint.port)
+                victim.kill()
+                killed.append(victim.client_port)
+                await writer.wait_for_writes(20)  # new writes succeed on another member
+                assert store.endpoint.port != victim.client_port
+                # Longer than the TTL: only keepalives that reached the cluster through the
+                # other members can have kept the session.
+                await asyncio.sleep(SESSION_TTL + 1)
+                assert not store.session_lost
+                await _assert_owner_key_alive(cluster, victim.client_port, owner_version)
+                victim.start()  # back; the next round kills the member the store moved to
+            assert killed[0] != killed[1]
+            await writer.wait_for_writes(20)
+        finally:
+            writing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await writing
+        await follower.wait_for_keys(set(writer.acked))
+        following.cancel()
+
+    # No write that returned success is lost, and each kept the version it was given.
+    stored = await store.scan(DATA)
+    for key, versioned in writer.acked.items():
+        assert stored.get(key) == versioned, f"acknowledged write {key} lost or changed"
+    assert set(stored) <= set(writer.acked) | writer.unknown
+    # The watch delivered every write once, in revision order, across both failovers.
+    puts = [e for e in follower.seen if e.type is EventType.PUT]
+    assert [e.version for e in puts] == sorted({e.version for e in puts})
+    assert {e.key: Versioned(e.value or b"", e.version) for e in puts} == stored
+    assert await store.get(EPHEMERAL) == Versioned(b"me", owner_version)
+    await store.close()
+    async with await open_store(cluster.url) as after:
+        assert await after.get(EPHEMERAL) is None  # closing ended the session
+
+
+async def test_open_skips_a_dead_member_and_a_lone_member_url_still_works(
+    cluster: EtcdCluster,
+) -> None:
+    first, second, _ = cluster.members
+    first.kill()
+    async with await open_store(cluster.url, request_timeout=REQUEST_TIMEOUT) as store:
+        assert isinstance(store, EtcdMetadataStore)
+        assert store.endpoint.port != first.client_port
+        await store.put("/failover/open", b"x")
+    # A URL naming only a dead member is refused with the member named, not a hang.
+    with pytest.raises(Exception, match=str(first.client_port)):
+        await open_store(first.url, request_timeout=REQUEST_TIMEOUT)
+    async with await open_store(second.url) as store:
+        assert (await store.get("/failover/open")) is not None
+
+
+async def _assert_owner_key_alive(cluster: EtcdCluster, dead_port: int, version: int) -> None:
+    """Read the session's ephemeral key through a member that is up (a separate client)."""
+    alive = next(m for m in cluster.members if m.client_port != dead_port and m.running)
+    async with await open_store(alive.url) as observer:
+        assert await observer.get(EPHEMERAL) == Versioned(b"me", version), (
+            "the session's ephemeral key vanished: the lease expired during the failover"
+        )
