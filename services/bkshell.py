@@ -1,4 +1,5 @@
-"""``magnetar bk ...``: BookKeeper-style shell commands against a running cluster."""
+"""``magnetar bk ...``: BookKeeper-style shell commands against a running cluster, and offline
+tools that work on a stopped bookie's directories (``journalrepair``)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import crc32c
 
+from magnetar.bookie import journal as jnl
+from magnetar.common.filelock import LockedError, acquire_lock
 from magnetar.common.ledger.bookie_client import BookieClient, BookieError
 from magnetar.common.ledger.bookies import list_bookies
 from magnetar.common.ledger.client import LedgerClient
@@ -103,12 +107,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--json", action="store_true", help="one final JSON line")
 
+    p = sub.add_parser(
+        "journalrepair",
+        help="offline: drop the damaged bytes of a stopped bookie's journal, keep every valid record",
+    )
+    p.add_argument(
+        "--journal-dir",
+        required=True,
+        help="the bookie's journal_dir (the bookie must be stopped)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="only report what would be dropped")
+    p.add_argument("--json", action="store_true", help="one JSON object per dropped range")
+
 
 def metadata_url(args: argparse.Namespace) -> str:
     return args.metadata_url or os.environ.get("MAGNETAR_METADATA_URL") or DEFAULT_METADATA_URL
 
 
 async def run(args: argparse.Namespace) -> int:
+    if args.bk_command in OFFLINE_TOOLS:
+        return OFFLINE_TOOLS[args.bk_command](args)
     url = metadata_url(args)
     try:
         store = await open_store(url)
@@ -316,3 +334,64 @@ LEDGER_TOOLS = {
     "deleteledger": deleteledger,
     "simpletest": simpletest,
 }
+
+
+# -- offline tools: a stopped bookie's directories, no metadata store --------------------------
+
+
+def journalrepair(args: argparse.Namespace) -> int:
+    """Drop every damaged range of the journal (see ``journal.repair_journal``) and say what
+    went: file, offset, bytes and records, so the operator knows which adds this bookie lost."""
+    journal_dir = Path(args.journal_dir)
+    current = journal_dir / "current"
+    if not current.is_dir():
+        print(
+            f"journalrepair: {current} does not exist (is {journal_dir} a journal_dir?)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        lock = acquire_lock(journal_dir / "LOCK", f"bookie directory {journal_dir}")
+    except LockedError as e:
+        print(f"journalrepair: {e}; stop the bookie first", file=sys.stderr)
+        return 1
+    try:
+        dropped = jnl.repair_journal(current, dry_run=args.dry_run)
+    except OSError as e:
+        print(f"journalrepair: {e}", file=sys.stderr)
+        return 1
+    finally:
+        os.close(lock)
+    verb = "would drop" if args.dry_run else "dropped"
+    for d in dropped:
+        records = "an unknown number of records" if d.records is None else f"{d.records} records"
+        kind = "torn tail" if d.torn_tail else "damage inside the file"
+        _emit(
+            args,
+            {
+                "file": str(d.path),
+                "offset": d.offset,
+                "bytes": d.length,
+                "records": d.records,
+                "torn_tail": d.torn_tail,
+                "dry_run": args.dry_run,
+            },
+            f"{verb} {d.path} offset {d.offset}: {d.length} bytes, {records} ({kind})",
+        )
+    if not args.json:
+        if not dropped:
+            print(f"journal {current}: no damage found, nothing dropped")
+        else:
+            files = len({d.path for d in dropped})
+            total = sum(d.length for d in dropped)
+            skipped = sum(d.records or 0 for d in dropped)
+            unknown = any(d.records is None for d in dropped)
+            print(
+                f"journalrepair: {verb} {total} bytes in {len(dropped)} ranges of {files} files, "
+                f"{'at least ' if unknown else ''}{skipped} records skipped"
+                + ("" if args.dry_run else "; the old files are kept as *.jnl.damaged")
+            )
+    return 0
+
+
+OFFLINE_TOOLS = {"journalrepair": journalrepair}

@@ -6,8 +6,14 @@ closes when it holds ``max_group_bytes`` or its oldest record has waited ``max_g
 
 File layout: ``<id as 16 hex digits>.jnl`` starting with an 8-byte magic, then records of
 ``[u32 body length][u32 CRC32C of body][body]``. The body is a one-byte record type and its data.
-Replay stops at the first record that is short or fails its CRC (a torn write) and cuts the
-file there, so a crash mid-write loses only unacknowledged adds.
+
+Damage rule (replay): a bad record (short, or failing its CRC) after which no valid record
+follows, in the *newest* file, is a torn write of a group that was never acknowledged: it is cut
+off with a warning. A bad record followed by valid ones, or a bad record in any older file, is
+damage to acknowledged data: replay raises JournalDamageError naming the file and offset, and
+the bookie refuses to start until the directory is restored or ``magnetar bk journalrepair``
+drops the damaged bytes (:func:`repair_journal_file`). "Valid records follow" is decided by
+scanning forward, byte by byte, for a header whose length fits and whose CRC holds.
 """
 
 from __future__ import annotations
@@ -317,50 +323,242 @@ class ReplayedRecord:
     data: bytes
 
 
+# -- scanning a file's bytes (pure: no I/O) -----------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class ScannedRecord:
+    offset: int
+    kind: RecordType
+    data: bytes
+
+
+@dataclass(slots=True, frozen=True)
+class DamagedRange:
+    """Bytes ``[offset, end)`` that hold no valid record. ``resumed`` says whether a valid
+    record starts at ``end`` (damage inside the file) or ``end`` is the end of the file (a
+    torn tail, if the file is the newest). ``records`` is how many records the range held, when
+    the length fields inside it still chain exactly from ``offset`` to ``end``; else None."""
+
+    offset: int
+    end: int
+    resumed: bool
+    records: int | None
+
+    @property
+    def length(self) -> int:
+        return self.end - self.offset
+
+
+@dataclass(slots=True, frozen=True)
+class JournalScan:
+    """A journal file's bytes, parsed: its valid records and the ranges between them that
+    hold none. ``bad_magic`` says the 8-byte file header itself was damaged; ``torn_header``
+    that the file is a prefix of it (its creation was torn: it holds no record, wherever it is)."""
+
+    size: int
+    records: list[ScannedRecord]
+    damaged: list[DamagedRange]
+    bad_magic: bool = False
+    torn_header: bool = False
+
+    @property
+    def torn_tail(self) -> DamagedRange | None:
+        """The damaged range at the end of the file, if no valid record follows it."""
+        if self.damaged and not self.damaged[-1].resumed:
+            return self.damaged[-1]
+        return None
+
+    @property
+    def inner_damage(self) -> list[DamagedRange]:
+        """Damaged ranges that valid records follow (never a torn write)."""
+        return [d for d in self.damaged if d.resumed]
+
+
+def _record_at(data: bytes | memoryview, pos: int) -> tuple[RecordType, int] | None:
+    """(kind, end offset) of the valid record starting at ``pos``, or None."""
+    if pos + _RECORD.size > len(data):
+        return None
+    size, crc = _RECORD.unpack_from(data, pos)
+    body_start = pos + _RECORD.size
+    if size == 0 or size > _MAX_RECORD or body_start + size > len(data):
+        return None
+    try:
+        kind = RecordType(data[body_start])
+    except ValueError:
+        return None
+    if crc32c.crc32c(data[body_start : body_start + size]) != crc:
+        return None
+    return kind, body_start + size
+
+
+def _next_valid_record(data: bytes | memoryview, start: int) -> int | None:
+    """Offset of the first valid record at or after ``start``, or None."""
+    for pos in range(start, len(data) - _RECORD.size):
+        if _record_at(data, pos) is not None:
+            return pos
+    return None
+
+
+def _chained_records(data: bytes | memoryview, start: int, end: int) -> int | None:
+    """How many records lie in ``[start, end)`` if their length fields chain exactly to
+    ``end`` (the damage is inside bodies, the headers are intact); None if they do not."""
+    count, pos = 0, start
+    while pos < end:
+        if pos + _RECORD.size > end:
+            return None
+        (size,) = struct.unpack_from(">I", data, pos)
+        if size == 0:
+            return None
+        pos += _RECORD.size + size
+        count += 1
+    return count if pos == end else None
+
+
+def scan_journal_bytes(data: bytes) -> JournalScan:
+    """Parse a journal file's content: every valid record, and every damaged range with what
+    follows it. Never raises; deciding what the damage means is the caller's job."""
+    if len(data) < len(MAGIC) and MAGIC.startswith(data):
+        return JournalScan(len(data), [], [], torn_header=True)
+    view = memoryview(data)
+    records: list[ScannedRecord] = []
+    damaged: list[DamagedRange] = []
+    bad_magic = not data.startswith(MAGIC)
+    pos = len(MAGIC)
+    if bad_magic:
+        resume = _next_valid_record(view, 0)
+        end = len(data) if resume is None else resume
+        damaged.append(DamagedRange(0, end, resume is not None, None))
+        pos = end
+    while pos < len(data):
+        found = _record_at(view, pos)
+        if found is not None:
+            kind, end = found
+            records.append(ScannedRecord(pos, kind, bytes(view[pos + _RECORD.size + 1 : end])))
+            pos = end
+            continue
+        resume = _next_valid_record(view, pos + 1)
+        end = len(data) if resume is None else resume
+        damaged.append(DamagedRange(pos, end, resume is not None, _chained_records(view, pos, end)))
+        pos = end
+    return JournalScan(len(data), records, damaged, bad_magic)
+
+
+# -- replay -------------------------------------------------------------------------------------
+
+
+class JournalDamageError(OSError):
+    """A journal file is damaged where acknowledged adds live; the bookie must not start."""
+
+    def __init__(self, path: Path, damage: DamagedRange, reason: str, journal_dir: Path) -> None:
+        self.path = path
+        self.offset = damage.offset
+        self.length = damage.length
+        super().__init__(
+            f"journal file {path} is damaged at offset {damage.offset} ({damage.length} bytes "
+            f"hold no valid record): {reason}. This is not a torn write, so cutting it would "
+            "silently lose acknowledged adds; the bookie will not start. Way forward: restore "
+            f"the journal directory {journal_dir} from a backup, or run "
+            f"`magnetar bk journalrepair --journal-dir {journal_dir}` to drop the damaged bytes "
+            "and keep every valid record (entries in the dropped bytes are lost on this bookie; "
+            "ledgers written with write quorum > 1 still hold them on other bookies)"
+        )
+
+
+def damage_reason(scan: JournalScan, damage: DamagedRange, newest: bool) -> str | None:
+    """Why this damaged range must not be cut (None: it is a torn tail that may be)."""
+    if damage.offset == 0 and scan.bad_magic:
+        return "the file header (magic) is damaged"
+    if damage.resumed:
+        return f"valid records follow it from offset {damage.end}"
+    if not newest:
+        return "a bad record in a journal file that is not the newest one"
+    return None
+
+
 def replay(directory: Path, from_file_id: int) -> Iterator[ReplayedRecord]:
     """Yield every complete record of the files with id >= ``from_file_id``, in order.
 
-    A short or corrupt record ends its file: the file is truncated there (it was never
-    acknowledged, because acknowledgements follow the fsync of whole groups).
+    A torn tail of the newest file is cut off (it was never acknowledged, because
+    acknowledgements follow the fsync of whole groups); any other damage raises
+    JournalDamageError before a record of that file is yielded. ``directory`` is the journal's
+    ``current`` folder; the message names its parent, the configured journal directory.
     """
-    for fid in list_journal_files(directory):
-        if fid < from_file_id:
-            continue
+    ids = [fid for fid in list_journal_files(directory) if fid >= from_file_id]
+    for fid in ids:
         path = directory / file_name(fid)
         with open(path, "rb") as f:
             data = f.read()
-        if not data.startswith(MAGIC):
-            if len(data) < len(MAGIC) and MAGIC.startswith(data):
-                log.warning("journal file %s: header torn, ignoring the empty file", path)
-                continue
-            log.error("journal file %s: bad magic, skipping it", path)
+        scan = scan_journal_bytes(data)
+        newest = fid == ids[-1]
+        for damage in scan.damaged:
+            reason = damage_reason(scan, damage, newest)
+            if reason is not None:
+                raise JournalDamageError(path, damage, reason, directory.parent)
+        if scan.torn_header:
+            log.warning("journal file %s: header torn, ignoring the empty file", path)
             continue
-        pos = len(MAGIC)
-        good = pos
-        while pos < len(data):
-            if pos + _RECORD.size > len(data):
-                break
-            size, crc = _RECORD.unpack_from(data, pos)
-            body_start = pos + _RECORD.size
-            if size == 0 or size > _MAX_RECORD or body_start + size > len(data):
-                break
-            body = data[body_start : body_start + size]
-            if crc32c.crc32c(body) != crc:
-                break
-            try:
-                kind = RecordType(body[0])
-            except ValueError:
-                break
-            yield ReplayedRecord(fid, kind, body[1:])
-            pos = body_start + size
-            good = pos
-        if good < len(data):
+        for record in scan.records:
+            yield ReplayedRecord(fid, record.kind, record.data)
+        tail = scan.torn_tail
+        if tail is not None:
             log.warning(
-                "journal file %s: torn or corrupt record at offset %d; cutting %d trailing bytes",
+                "journal file %s: torn record at offset %d (no valid record follows); cutting "
+                "%d trailing bytes of an unacknowledged write",
                 path,
-                good,
-                len(data) - good,
+                tail.offset,
+                tail.length,
             )
             with open(path, "r+b") as f:
-                f.truncate(good)
+                f.truncate(tail.offset)
                 os.fsync(f.fileno())
+
+
+# -- repair (offline: ``magnetar bk journalrepair``) ---------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class DroppedRange:
+    path: Path
+    offset: int
+    length: int
+    records: int | None  # records the range held, when its length fields tell; else None
+    torn_tail: bool
+
+
+def repair_journal_file(path: Path, *, dry_run: bool = False) -> list[DroppedRange]:
+    """Drop every damaged range of one journal file, keeping every valid record in order.
+
+    The repaired file is written beside the old one and renamed over it (the old content is
+    kept as ``<name>.damaged`` for inspection). Returns what was (or, dry, would be) dropped.
+    """
+    data = path.read_bytes()
+    scan = scan_journal_bytes(data)
+    if not scan.damaged:
+        return []  # intact, or a file whose creation was torn (replay ignores it)
+    dropped = [
+        DroppedRange(path, d.offset, d.length, d.records, not d.resumed) for d in scan.damaged
+    ]
+    if dry_run:
+        return dropped
+    kept = [MAGIC]
+    for record in scan.records:
+        kept.append(data[record.offset : record.offset + _RECORD.size + 1 + len(record.data)])
+    backup = path.with_name(path.name + ".damaged")
+    tmp = path.with_name(path.name + ".repair")
+    with open(tmp, "wb") as f:
+        f.write(b"".join(kept))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path, backup)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+    return dropped
+
+
+def repair_journal(directory: Path, *, dry_run: bool = False) -> list[DroppedRange]:
+    """Repair every journal file in ``directory`` (the journal's ``current`` folder)."""
+    dropped: list[DroppedRange] = []
+    for fid in list_journal_files(directory):
+        dropped += repair_journal_file(directory / file_name(fid), dry_run=dry_run)
+    return dropped

@@ -100,7 +100,7 @@ def test_garbage_after_the_last_record_is_cut(
     data=st.data(),
 )
 @settings(max_examples=60)
-def test_corrupt_record_ends_replay_of_its_file(
+def test_corrupt_record_is_cut_only_as_the_newest_files_tail(
     records: list[tuple[RecordType, bytes]], data: st.DataObject
 ) -> None:
     bad = data.draw(st.integers(min_value=0, max_value=len(records) - 1), label="bad record")
@@ -110,9 +110,16 @@ def test_corrupt_record_ends_replay_of_its_file(
     target[flip] ^= data.draw(st.integers(min_value=1, max_value=255), label="xor")
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
-        write_file(directory, 0, before + bytes(target) + encoded(records[bad + 1 :]))
-        got = replayed(directory)
-        assert got == [(0, kind, d) for kind, d in records[:bad]]
+        path = write_file(directory, 0, before + bytes(target) + encoded(records[bad + 1 :]))
+        if bad == len(records) - 1:  # nothing valid follows: a torn tail, cut
+            assert replayed(directory) == [(0, kind, d) for kind, d in records[:bad]]
+            assert path.read_bytes() == before
+        else:  # valid records follow: damage, refused, file left as it was
+            content = path.read_bytes()
+            with pytest.raises(jnl.JournalDamageError) as err:
+                replayed(directory)
+            assert err.value.offset == len(before)
+            assert path.read_bytes() == content
 
 
 def test_unknown_record_type_ends_replay(tmp_path: Path) -> None:
@@ -126,19 +133,24 @@ def test_unknown_record_type_ends_replay(tmp_path: Path) -> None:
     assert path.read_bytes() == MAGIC + good
 
 
-def test_replay_spans_files_from_the_mark_and_skips_bad_ones(tmp_path: Path) -> None:
-    write_file(tmp_path, 1, MAGIC + jnl.encode_record(RecordType.ADD, b"old"))
+def test_replay_spans_files_from_the_mark(tmp_path: Path) -> None:
+    write_file(tmp_path, 1, b"NOTMAGIC")  # before the mark: not read
     write_file(tmp_path, 2, MAGIC + jnl.encode_record(RecordType.ADD, b"two"))
-    write_file(tmp_path, 3, b"NOTMAGIC" + jnl.encode_record(RecordType.ADD, b"bad magic"))
-    write_file(tmp_path, 4, MAGIC[:3])  # torn header of a file being created
     write_file(tmp_path, 0x10, MAGIC + jnl.encode_record(RecordType.FENCE, b"sixteen"))
+    write_file(tmp_path, 0x11, MAGIC[:3])  # torn header of the newest file, being created
     (tmp_path / "notes.txt").write_text("not a journal file")
     (tmp_path / "zz.jnl").write_text("name is not hex")
     assert replayed(tmp_path, from_file_id=2) == [
         (2, RecordType.ADD, b"two"),
         (0x10, RecordType.FENCE, b"sixteen"),
     ]
-    assert jnl.list_journal_files(tmp_path) == [1, 2, 3, 4, 0x10]
+    assert jnl.list_journal_files(tmp_path) == [1, 2, 0x10, 0x11]
+
+
+def test_bad_magic_is_damage(tmp_path: Path) -> None:
+    write_file(tmp_path, 3, b"NOTMAGIC" + jnl.encode_record(RecordType.ADD, b"bad magic"))
+    with pytest.raises(jnl.JournalDamageError, match="magic"):
+        replayed(tmp_path)
 
 
 def test_empty_directory_replays_nothing(tmp_path: Path) -> None:

@@ -1,0 +1,191 @@
+"""Damage the files of a stopped bookie and check it either keeps every acknowledged entry or
+refuses to start with a message that names the file and the way forward; never a silent loss.
+
+Real bookie processes, real files: the journal (64 random bytes in the middle, a torn tail) and
+the index (``index.db`` overwritten with garbage).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from magnetar.bookie import journal as jnl
+from magnetar.common.ledger.bookie_client import (
+    BookieClient,
+    BookieError,
+    BookieUnavailableError,
+)
+from magnetar.common.ledger.entry import encode_entry
+from tests.support.bookie import (
+    BookieFactory,
+    BookieProcess,
+    BookieStartError,
+    bookie_factory_fixture,
+)
+
+LEDGER = 5
+ENTRIES = 2000
+GROUP = 25  # adds awaited together: the journal holds many records, not one big batch
+
+
+@pytest.fixture
+def bookies(tmp_path: Path) -> Iterator[BookieFactory]:
+    yield from bookie_factory_fixture(tmp_path)
+
+
+def make_entries(seed: int) -> dict[int, bytes]:
+    rng = random.Random(seed)
+    return {
+        i: encode_entry(LEDGER, i, i - 1, i, rng.randbytes(rng.randint(200, 1200)))
+        for i in range(ENTRIES)
+    }
+
+
+async def write_all(bookie: BookieProcess, entries: dict[int, bytes]) -> None:
+    async with BookieClient(bookie.address, timeout=30) as client:
+        ids = list(entries)
+        for start in range(0, len(ids), GROUP):
+            await asyncio.gather(
+                *(client.add(LEDGER, i, entries[i]) for i in ids[start : start + GROUP])
+            )
+
+
+async def read_all(bookie: BookieProcess, ids: list[int]) -> dict[int, bytes | str]:
+    """Each entry's bytes, or the status name the bookie answered with."""
+    gate = asyncio.Semaphore(64)
+    async with BookieClient(bookie.address, timeout=30) as client:
+
+        async def one(entry_id: int) -> bytes:
+            async with gate:
+                return await client.read(LEDGER, entry_id)
+
+        results = await asyncio.gather(*map(one, ids), return_exceptions=True)
+    out: dict[int, bytes | str] = {}
+    for i, result in zip(ids, results, strict=True):
+        if isinstance(result, BookieUnavailableError):
+            raise result
+        if isinstance(result, BookieError):
+            out[i] = result.status_name
+        elif isinstance(result, BaseException):
+            raise result
+        else:
+            out[i] = result
+    return out
+
+
+def bk(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "magnetar.cli", "bk", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def overwrite(path: Path, offset: int, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+def the_journal_file(bookie: BookieProcess) -> Path:
+    """The journal file holding the adds (no checkpoint ran, so they are all in one file)."""
+    files = [p for p in bookie.journal_files if p.stat().st_size > len(jnl.MAGIC)]
+    assert len(files) == 1, f"expected the adds in one journal file: {bookie.journal_files}"
+    return files[0]
+
+
+async def test_overwrite_inside_the_journal_refuses_start_until_repaired(
+    bookies: BookieFactory,
+) -> None:
+    bookie = bookies.start(journal_sync=True, checkpoint_interval_s=3600)
+    sent = make_entries(seed=11)
+    await write_all(bookie, sent)
+    bookie.kill()
+    path = the_journal_file(bookie)
+    size = path.stat().st_size
+    assert size > 1_000_000
+    at = size // 2
+    overwrite(path, at, random.Random(12).randbytes(64))
+    damaged_content = path.read_bytes()
+
+    # Refused, with the file, the offset and the way forward; nothing cut or changed.
+    with pytest.raises(BookieStartError) as refused:
+        bookie.start()
+    message = str(refused.value)
+    assert "exited with code 1" in message, message
+    assert f"journal file {path} is damaged at offset " in message, message
+    offset = int(message.split(" is damaged at offset ")[1].split()[0])
+    length = int(message.split(f"offset {offset} (")[1].split()[0])
+    assert offset <= at < offset + length, message
+    assert "restore the journal directory" in message, message
+    assert f"magnetar bk journalrepair --journal-dir {bookie.journal_dir}" in message, message
+    assert "Traceback" not in message, message
+    assert path.read_bytes() == damaged_content, "a refused start must not touch the journal"
+    with pytest.raises(BookieStartError):  # and again: the refusal is not a one-off
+        bookie.start()
+
+    # The repair tool refuses to run beside a live bookie, says what it would drop, drops it.
+    dry = bk("journalrepair", "--journal-dir", str(bookie.journal_dir), "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert f"would drop {path} offset {offset}: " in dry.stdout, dry.stdout
+    assert path.read_bytes() == damaged_content
+    repaired = bk("journalrepair", "--journal-dir", str(bookie.journal_dir))
+    assert repaired.returncode == 0, repaired.stderr
+    line = next(x for x in repaired.stdout.splitlines() if x.startswith(f"dropped {path}"))
+    assert f"offset {offset}: " in line and "damage inside the file" in line, repaired.stdout
+    dropped_bytes = int(line.split(": ")[1].split(" bytes")[0])
+    assert 64 <= dropped_bytes < 200_000, line
+    assert "records skipped" in repaired.stdout, repaired.stdout
+
+    # The bookie starts; every entry outside the dropped bytes is there, byte for byte.
+    bookie.start()
+    got = await read_all(bookie, list(sent))
+    kept = [i for i in sent if got[i] == sent[i]]
+    lost = [i for i in sent if got[i] != sent[i]]
+    assert all(got[i] == "NO_SUCH_ENTRY" for i in lost), {i: got[i] for i in lost[:5]}
+    assert 1 <= len(lost) <= 200, f"{len(lost)} entries lost to 64 damaged bytes"
+    assert lost == list(range(lost[0], lost[-1] + 1)), "only one contiguous run is dropped"
+    assert kept[-1] == ENTRIES - 1, "the records after the damage must survive"
+    # Still whole after another crash and restart.
+    bookie.restart(kill=True)
+    again = await read_all(bookie, kept)
+    assert all(again[i] == sent[i] for i in kept)
+
+
+async def test_repair_refuses_while_the_bookie_runs(bookies: BookieFactory) -> None:
+    bookie = bookies.start(journal_sync=False)
+    result = bk("journalrepair", "--journal-dir", str(bookie.journal_dir))
+    assert result.returncode == 1
+    assert "stop the bookie first" in result.stderr, result.stderr
+
+
+async def test_torn_tail_of_the_newest_journal_file_keeps_every_complete_record(
+    bookies: BookieFactory,
+) -> None:
+    bookie = bookies.start(journal_sync=True, checkpoint_interval_s=3600)
+    sent = make_entries(seed=21)
+    await write_all(bookie, sent)
+    # The last entry alone in the last record, so the cut below tears exactly that record.
+    last = encode_entry(LEDGER, ENTRIES, ENTRIES - 1, ENTRIES, b"the torn one" * 40)
+    async with BookieClient(bookie.address) as client:
+        await client.add(LEDGER, ENTRIES, last)
+    bookie.kill()
+    path = the_journal_file(bookie)
+    os.truncate(path, path.stat().st_size - 100)
+
+    bookie.start()
+    assert "torn record at offset" in bookie.log_text()
+    got = await read_all(bookie, [*sent, ENTRIES])
+    lost = {i: got[i] for i in sent if got[i] != sent[i]}
+    assert not lost, f"{len(lost)} complete entries lost: {dict(list(lost.items())[:5])}"
+    assert got[ENTRIES] == "NO_SUCH_ENTRY"
