@@ -1,5 +1,5 @@
 """``magnetar bk ...``: BookKeeper-style shell commands against a running cluster, and offline
-tools that work on a stopped bookie's directories (``journalrepair``)."""
+tools that work on a stopped bookie's directories (``journalrepair``, ``indexrebuild``)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import crc32c
 
 from magnetar.bookie import journal as jnl
+from magnetar.bookie.index import rebuild_index
 from magnetar.common.filelock import LockedError, acquire_lock
 from magnetar.common.ledger.bookie_client import BookieClient, BookieError
 from magnetar.common.ledger.bookies import list_bookies
@@ -118,6 +119,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--dry-run", action="store_true", help="only report what would be dropped")
     p.add_argument("--json", action="store_true", help="one JSON object per dropped range")
+
+    p = sub.add_parser(
+        "indexrebuild",
+        help="offline: rebuild a stopped bookie's index.db from its entry logs",
+    )
+    p.add_argument("--ledger-dir", required=True, help="the bookie's ledger_dir")
+    p.add_argument(
+        "--journal-dir",
+        required=True,
+        help="the bookie's journal_dir (ledgers found there are marked fenced too)",
+    )
+    p.add_argument("--json", action="store_true", help="one final JSON line")
 
 
 def metadata_url(args: argparse.Namespace) -> str:
@@ -394,4 +407,53 @@ def journalrepair(args: argparse.Namespace) -> int:
     return 0
 
 
-OFFLINE_TOOLS = {"journalrepair": journalrepair}
+def indexrebuild(args: argparse.Namespace) -> int:
+    """Rebuild ``index.db`` from the entry logs (``index.rebuild_index``), with the bookie
+    stopped; the journal is read only to learn which ledgers to mark fenced."""
+    ledger_dir, journal_dir = Path(args.ledger_dir), Path(args.journal_dir)
+    for directory in (ledger_dir / "current", journal_dir / "current"):
+        if not directory.is_dir():
+            print(f"indexrebuild: {directory} does not exist", file=sys.stderr)
+            return 2
+    locks: list[int] = []
+    try:
+        for directory in dict.fromkeys((journal_dir, ledger_dir)):
+            locks.append(acquire_lock(directory / "LOCK", f"bookie directory {directory}"))
+        report = rebuild_index(
+            ledger_dir,
+            ledger_dir / "current",
+            fence=jnl.ledger_ids_in_journal(journal_dir / "current"),
+        )
+    except LockedError as e:
+        print(f"indexrebuild: {e}; stop the bookie first", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"indexrebuild: {e}", file=sys.stderr)
+        return 1
+    finally:
+        for fd in locks:
+            os.close(fd)
+    _emit(
+        args,
+        {
+            "index": str(ledger_dir / "index.db"),
+            "entries": report.entries,
+            "ledgers_fenced": report.ledgers,
+            "entry_logs": report.logs,
+            "unreadable_bytes": report.unreadable_bytes,
+            "old_index": str(report.kept_as) if report.kept_as else None,
+        },
+        f"indexrebuild: {ledger_dir / 'index.db'} rebuilt from {report.logs} entry logs: "
+        f"{report.entries} entries, {report.ledgers} ledgers (all marked fenced)"
+        + (f"; old index kept as {report.kept_as}" if report.kept_as else ""),
+    )
+    for log_id, size in sorted(report.unreadable_bytes.items()):
+        print(
+            f"indexrebuild: entry log {log_id:08x}.log: {size} bytes at its end could not be "
+            "scanned (damaged record); entries there are not indexed",
+            file=sys.stderr,
+        )
+    return 0
+
+
+OFFLINE_TOOLS = {"journalrepair": journalrepair, "indexrebuild": indexrebuild}

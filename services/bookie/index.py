@@ -8,17 +8,24 @@
 - ``meta``: the checkpoint mark (first journal file that replay must read).
 
 Writes happen on one thread (the storage's flush thread); readers use their own connections.
+
+A damaged file (not a database, or failing SQLite's ``quick_check`` when opened) raises
+IndexDamagedError; :func:`rebuild_index` makes a new index from the entry logs, which hold each
+entry's ledger id and entry id (BookKeeper's index rebuild).
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from magnetar.bookie.entry_logger import Location
+from magnetar.bookie.entry_logger import MAGIC as ENTRY_LOG_MAGIC
+from magnetar.bookie.entry_logger import EntryLogger, Location
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -35,11 +42,29 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
 
 
+class IndexDamagedError(OSError):
+    """The index file cannot be used: not a database, or its pages fail SQLite's check."""
+
+    def __init__(self, path: Path, cause: object) -> None:
+        self.path = path
+        text = str(cause)
+        super().__init__(
+            text if text.startswith(f"index {path}") else f"index {path} is damaged ({text})"
+        )
+
+
 class LedgerIndex:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._writer = self._connect()
-        self._writer.executescript(_SCHEMA)
+        try:
+            self._writer = self._connect()
+            problems = [row[0] for row in self._writer.execute("PRAGMA quick_check(5)")]
+            if problems != ["ok"]:
+                self._writer.close()
+                raise IndexDamagedError(path, "; ".join(map(str, problems)))
+            self._writer.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as e:
+            raise IndexDamagedError(path, e) from None
         # Fence and delete flags are written on their own connection: they must not join (or
         # wait for the thread of) a flush transaction, only for SQLite's write lock.
         self._flags = self._connect()
@@ -181,3 +206,58 @@ class LedgerIndex:
                 )
             )
         return rows
+
+
+@dataclass(slots=True)
+class RebuildReport:
+    entries: int = 0
+    ledgers: int = 0
+    logs: int = 0
+    unreadable_bytes: dict[int, int] = field(default_factory=dict)  # log id -> bytes not scanned
+    kept_as: Path | None = None
+
+
+def rebuild_index(
+    ledger_dir: Path, entry_log_dir: Path, fence: Iterable[int] = ()
+) -> RebuildReport:
+    """Replace ``ledger_dir/index.db`` by one rebuilt from the entry logs; the old file (and its
+    WAL) is kept as ``index.db.damaged``.
+
+    What the entry logs cannot tell is set on the safe side: every ledger found (and every id
+    in ``fence``, e.g. ledgers seen in the journal) is marked fenced, so no old writer can add
+    to a ledger a recovery may have fenced; the journal mark is 0, so the next start replays
+    every journal file still present. Logs are read oldest first, so the copy a compaction
+    moved to a newer log wins.
+    """
+    path = ledger_dir / "index.db"
+    report = RebuildReport()
+    if path.exists():
+        report.kept_as = path.with_name("index.db.damaged")
+        for suffix in ("", "-wal", "-shm"):
+            old = path.with_name(path.name + suffix)
+            if old.exists():
+                os.replace(old, report.kept_as.with_name(report.kept_as.name + suffix))
+    logger = EntryLogger(entry_log_dir, max_bytes=1 << 62)
+    index = LedgerIndex(path)
+    ledgers: set[int] = set(fence)
+    try:
+        for log_id in logger.log_ids():
+            rows: list[Location] = []
+            end = len(ENTRY_LOG_MAGIC)
+            for ledger_id, entry_id, offset, entry in logger.scan(log_id):
+                rows.append((ledger_id, entry_id, log_id, offset, len(entry)))
+                ledgers.add(ledger_id)
+                end = offset + len(entry)
+            size = (entry_log_dir / f"{log_id:08x}.log").stat().st_size
+            if size > end:  # a length field or header is damaged: scanning stopped there
+                report.unreadable_bytes[log_id] = size - end
+            index.commit_flush(rows, None)
+            report.entries += len(rows)
+            report.logs += 1
+        for ledger_id in sorted(ledgers):
+            index.set_fenced(ledger_id)
+        report.ledgers = len(ledgers)
+    finally:
+        index.close()
+        logger.close()
+    return report

@@ -32,6 +32,7 @@ from pathlib import Path
 import crc32c
 
 from magnetar.bookie.fsutil import fsync_dir
+from magnetar.common.ledger.entry import EntryFormatError, decode_header
 
 log = logging.getLogger(__name__)
 
@@ -562,3 +563,23 @@ def repair_journal(directory: Path, *, dry_run: bool = False) -> list[DroppedRan
     for fid in list_journal_files(directory):
         dropped += repair_journal_file(directory / file_name(fid), dry_run=dry_run)
     return dropped
+
+
+def ledger_ids_in_journal(directory: Path) -> set[int]:
+    """Ids of the ledgers that any valid record of any journal file names (read only)."""
+    ids: set[int] = set()
+    for fid in list_journal_files(directory):
+        for record in scan_journal_bytes((directory / file_name(fid)).read_bytes()).records:
+            if record.kind is RecordType.FENCE and len(record.data) >= 8:
+                ids.add(int.from_bytes(record.data[:8], "big", signed=True))
+                continue
+            try:
+                entries = (
+                    decode_add_batch(record.data)
+                    if record.kind is RecordType.ADD_BATCH
+                    else [record.data]
+                )
+                ids.update(decode_header(entry).ledger_id for entry in entries)
+            except (ValueError, EntryFormatError):
+                continue
+    return ids

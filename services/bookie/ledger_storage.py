@@ -14,6 +14,7 @@ import asyncio
 import errno
 import logging
 import os
+import sqlite3
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Iterable, Sequence
@@ -25,7 +26,7 @@ from typing import Protocol
 from magnetar.bookie import journal as jnl
 from magnetar.bookie.config import BookieConfig
 from magnetar.bookie.entry_logger import EntryLogger, EntryLogMissingError
-from magnetar.bookie.index import LedgerIndex
+from magnetar.bookie.index import IndexDamagedError, LedgerIndex
 from magnetar.bookie.memtable import Memtable
 from magnetar.bookie.metrics import BookieMetrics
 from magnetar.common.filelock import acquire_lock
@@ -170,10 +171,23 @@ class LedgerStorage:
         # One bookie per directory: a second one would interleave journal and entry-log files.
         for directory in dict.fromkeys((self.journal_dir, self.ledger_dir)):
             self._locks.append(acquire_lock(directory / "LOCK", f"bookie directory {directory}"))
-        self._index = await loop.run_in_executor(
-            self._flush_executor, LedgerIndex, self.ledger_dir / "index.db"
-        )
-        fenced, deleted = await loop.run_in_executor(self._flush_executor, self._index.ledger_flags)
+        try:
+            self._index = await loop.run_in_executor(
+                self._flush_executor, LedgerIndex, self.ledger_dir / "index.db"
+            )
+            fenced, deleted = await loop.run_in_executor(
+                self._flush_executor, self._index.ledger_flags
+            )
+        except (IndexDamagedError, sqlite3.DatabaseError) as e:
+            path = self.ledger_dir / "index.db"
+            raise IndexDamagedError(
+                path,
+                f"{e}; the bookie will not start. Way forward: restore the ledger directory "
+                f"{self.ledger_dir} from a backup, or rebuild the index from the entry logs with "
+                f"`magnetar bk indexrebuild --ledger-dir {self.ledger_dir} --journal-dir "
+                f"{self.journal_dir}` (the damaged file is kept as index.db.damaged; every "
+                "ledger it finds is marked fenced, so open ledgers move to new ones)",
+            ) from None
         self._deleted = deleted
         self._deleted_pending_gc = set(deleted)
         for ledger_id in fenced:

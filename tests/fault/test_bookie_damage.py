@@ -189,3 +189,53 @@ async def test_torn_tail_of_the_newest_journal_file_keeps_every_complete_record(
     lost = {i: got[i] for i in sent if got[i] != sent[i]}
     assert not lost, f"{len(lost)} complete entries lost: {dict(list(lost.items())[:5])}"
     assert got[ENTRIES] == "NO_SUCH_ENTRY"
+
+
+# -- index.db ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["whole-file", "middle-pages"])
+async def test_damaged_index_refuses_start_until_rebuilt_from_entry_logs(
+    bookies: BookieFactory, where: str
+) -> None:
+    bookie = bookies.start(journal_sync=False, checkpoint_interval_s=3600)
+    sent = make_entries(seed=31)
+    await write_all(bookie, sent)
+    bookie.checkpoint()  # the entries go to the entry logs and the index; the journal is trimmed
+    assert bookie.stop() == 0
+    index = bookie.ledger_dir / "index.db"
+    size = index.stat().st_size
+    assert size >= 32 * 1024, "the index should hold the 2000 entries"
+    rng = random.Random(32)
+    if where == "whole-file":
+        index.write_bytes(rng.randbytes(size))
+    else:
+        overwrite(index, (size // 2) & ~4095, rng.randbytes(8192))
+
+    with pytest.raises(BookieStartError) as refused:
+        bookie.start()
+    message = str(refused.value)
+    assert "exited with code 1" in message, message
+    assert f"index {index} is damaged" in message, message
+    assert f"restore the ledger directory {bookie.ledger_dir}" in message, message
+    assert f"magnetar bk indexrebuild --ledger-dir {bookie.ledger_dir}" in message, message
+    assert "Traceback" not in message and "sqlite3.DatabaseError" not in message, message
+
+    rebuilt = bk(
+        "indexrebuild",
+        "--ledger-dir",
+        str(bookie.ledger_dir),
+        "--journal-dir",
+        str(bookie.journal_dir),
+    )
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert f"{ENTRIES} entries, 1 ledgers (all marked fenced)" in rebuilt.stdout, rebuilt.stdout
+    assert (bookie.ledger_dir / "index.db.damaged").exists()
+
+    bookie.start()
+    got = await read_all(bookie, list(sent))
+    assert all(got[i] == sent[i] for i in sent), "an entry of the entry logs was not indexed"
+    async with BookieClient(bookie.address) as client:
+        with pytest.raises(BookieError) as err:  # fenced on the safe side
+            await client.add(LEDGER, ENTRIES, encode_entry(LEDGER, ENTRIES, -1, 0, b"late"))
+        assert err.value.status_name == "FENCED"
