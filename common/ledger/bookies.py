@@ -22,6 +22,7 @@ class BookieRegistration:
     read_only: bool
     free_bytes: int
     total_bytes: int
+    max_entry_size: int = 0  # largest entry it accepts, header included (0: not said)
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -35,6 +36,7 @@ class BookieRegistration:
             read_only=bool(data.get("read_only", False)),
             free_bytes=int(data.get("free_bytes", 0)),
             total_bytes=int(data.get("total_bytes", 0)),
+            max_entry_size=int(data.get("max_entry_size", 0)),
         )
 
 

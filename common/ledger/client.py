@@ -37,6 +37,7 @@ from magnetar.common.proto import bookie_pb2 as pb
 log = logging.getLogger(__name__)
 
 _ABSENT = (pb.NO_SUCH_ENTRY, pb.NO_SUCH_LEDGER)
+DEFAULT_MAX_ENTRY_SIZE = 5 * 1024 * 1024 + 10 * 1024
 
 
 @dataclass(slots=True)
@@ -46,6 +47,9 @@ class LedgerClientConfig:
     speculative_read_s: float = 0.5  # ask the next replica if the first has not answered by then
     max_pending_adds: int = 10_000  # per ledger handle: add_async waits beyond this
     max_pending_bytes: int = 64 * 1024 * 1024
+    #: Largest entry (header included) sent when the ensemble's bookies do not say theirs:
+    #: Pulsar's bookie frame limit, 5 MiB of message + 10 KiB of headers.
+    max_entry_size: int = DEFAULT_MAX_ENTRY_SIZE
 
 
 class LedgerClient:
@@ -93,6 +97,18 @@ class LedgerClient:
     async def registered_bookies(self) -> list[BookieRegistration]:
         return await list_bookies(self.store)
 
+    def entry_size_limit(
+        self, ensemble: Sequence[str], registrations: Sequence[BookieRegistration]
+    ) -> int:
+        """The largest entry every bookie of ``ensemble`` takes: the smallest limit their
+        registrations state, or the configured default if none states one."""
+        stated = [
+            r.max_entry_size
+            for r in registrations
+            if r.address in ensemble and r.max_entry_size > 0
+        ]
+        return min(stated, default=self.config.max_entry_size)
+
     # -- metadata ---------------------------------------------------------------------------
 
     async def read_metadata(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
@@ -135,7 +151,8 @@ class LedgerClient:
         custom_metadata: Mapping[str, bytes] | None = None,
     ) -> LedgerHandle:
         quorum = Quorum(ensemble_size, write_quorum, ack_quorum)  # raises on a bad combination
-        ensemble = self.placement.choose(quorum.ensemble_size, await self.registered_bookies())
+        registrations = await self.registered_bookies()
+        ensemble = self.placement.choose(quorum.ensemble_size, registrations)
         ledger_id = await self._allocate_ledger_id()
         metadata = LedgerMetadata(
             ensemble_size=ensemble_size,
@@ -154,7 +171,14 @@ class LedgerClient:
             write_quorum,
             ack_quorum,
         )
-        return LedgerHandle(self, ledger_id, metadata, version, writable=True)
+        return LedgerHandle(
+            self,
+            ledger_id,
+            metadata,
+            version,
+            writable=True,
+            max_entry_size=self.entry_size_limit(ensemble, registrations),
+        )
 
     async def open_ledger(self, ledger_id: int, *, recovery: bool = True) -> LedgerHandle:
         """Open for reading. With ``recovery`` (the default) an open ledger is fenced and closed

@@ -24,6 +24,20 @@ class LedgerFencedError(LedgerError):
     the recovered ledger's last entry says which are."""
 
 
+class EntryTooLargeError(LedgerError):
+    """One add was refused because its entry is over the bookies' max entry size. Only that
+    add failed: the ledger and its ensemble are fine, and later adds go on."""
+
+    def __init__(self, ledger_id: int, size: int, limit: int, detail: str = "") -> None:
+        self.ledger_id = ledger_id
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"ledger {ledger_id}: entry of {size} bytes (header included) is over the "
+            f"max entry size {limit}" + (f" ({detail})" if detail else "")
+        )
+
+
 class ReadError(LedgerError):
     """No replica returned the entry (bookies down, or every copy corrupt)."""
 

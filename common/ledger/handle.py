@@ -8,6 +8,12 @@ first unacknowledged entry is CAS-ed into the metadata and the pending entries a
 replacement. A FENCED answer, or finding the metadata IN_RECOVERY or CLOSED, means another owner
 took the ledger: every pending add fails with LedgerFencedError (those entries may or may not be
 in the ledger; recovery decides).
+
+Entry size: an entry over ``max_entry_size`` (the smallest limit the ensemble's bookies state)
+is refused before it gets an entry id, so only that add fails. A TOO_LARGE answer is the
+caller's error, never a bookie failure: no ensemble change. If it still comes (a bookie's limit
+is lower than the client knew), the refused entry and the later ones not yet acknowledged are
+taken back (their ids are reused by the next adds), so the handle goes on without a hole.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from magnetar.common.ledger.bookie_client import BookieError, BookieUnavailableE
 from magnetar.common.ledger.distribution import AckSet
 from magnetar.common.ledger.entry import HEADER_SIZE, decode_header, encode_entry
 from magnetar.common.ledger.errors import (
+    EntryTooLargeError,
     LedgerClosedError,
     LedgerError,
     LedgerFencedError,
@@ -87,8 +94,11 @@ class LedgerHandle:
         version: int,
         *,
         writable: bool,
+        max_entry_size: int | None = None,
     ) -> None:
         self.client = client
+        #: Largest entry (header included) this handle sends; larger adds fail alone, locally.
+        self.max_entry_size = max_entry_size or client.config.max_entry_size
         self.ledger_id = ledger_id
         self.metadata = metadata
         self._version = version
@@ -133,8 +143,13 @@ class LedgerHandle:
 
     async def add_async(self, payload: bytes) -> asyncio.Future[int]:
         """Append one entry; waits only for room in the in-flight window. The future gives the
-        entry id once the entry is acknowledged (futures complete in entry order)."""
+        entry id once the entry is acknowledged (futures complete in entry order).
+        Raises EntryTooLargeError, before anything is sent, for an entry over the limit."""
         self._check_writable()
+        if HEADER_SIZE + len(payload) > self.max_entry_size:
+            raise EntryTooLargeError(
+                self.ledger_id, HEADER_SIZE + len(payload), self.max_entry_size
+            )
         cfg = self.client.config
         while (
             len(self._pending) >= cfg.max_pending_adds
@@ -192,12 +207,60 @@ class LedgerHandle:
                 if op.acks.complete:
                     self._complete_in_order()
             return
-        if error.status in (pb.FENCED, pb.NO_SUCH_LEDGER) and not isinstance(
-            error, BookieUnavailableError
-        ):
+        if isinstance(error, BookieUnavailableError):
+            self._bookie_failed(position, address, error)
+        elif error.status in (pb.FENCED, pb.NO_SUCH_LEDGER):
             self._fail_handle(LedgerFencedError(f"ledger {self.ledger_id} was fenced ({error})"))
+        elif error.status == pb.TOO_LARGE:
+            self._refused_as_too_large(op, error)
+        else:
+            self._bookie_failed(position, address, error)
+
+    def _refused_as_too_large(self, op: _PendingAdd, error: BookieError) -> None:
+        """A bookie's limit is lower than this handle knew: the caller's error, not the
+        bookie's. Fail that add, take back the later unacknowledged ones (the ledger cannot
+        hold them past a hole), and go on with a lower limit."""
+        self.max_entry_size = min(self.max_entry_size, op.size - 1)
+        if op.done and op.acks.complete:
+            log.warning(
+                "ledger %d: entry %d was acknowledged by an ack quorum but refused by %s",
+                self.ledger_id,
+                op.entry_id,
+                error,
+            )
             return
-        self._bookie_failed(position, address, error)
+        if op.done:
+            return  # already taken back (another bookie of its write set refused it too)
+        retracted: list[_PendingAdd] = []
+        while self._pending and self._pending[-1].entry_id >= op.entry_id:
+            retracted.append(self._pending.pop())
+        for taken in retracted:
+            taken.done = True
+            self._pending_bytes -= taken.size
+        self._last_add_pushed = op.entry_id - 1
+        self._pushed_length = op.length - (op.size - HEADER_SIZE)
+        log.warning(
+            "ledger %d: entry %d refused as too large (%s); %d later adds taken back",
+            self.ledger_id,
+            op.entry_id,
+            error,
+            len(retracted) - 1,
+        )
+        for taken in reversed(retracted):
+            if taken.future.done():
+                continue
+            if taken is op:
+                taken.future.set_exception(
+                    EntryTooLargeError(self.ledger_id, op.size, self.max_entry_size, str(error))
+                )
+            else:
+                taken.future.set_exception(
+                    LedgerError(
+                        f"ledger {self.ledger_id}: add not stored: entry {op.entry_id} before "
+                        "it was refused as too large; send it again"
+                    )
+                )
+        self._wake_window()
 
     def _complete_in_order(self) -> None:
         released = False
@@ -283,6 +346,9 @@ class LedgerHandle:
                     replacements,
                 )
                 self._ensemble = ensemble
+                self.max_entry_size = min(
+                    self.max_entry_size, self.client.entry_size_limit(ensemble, bookies)
+                )
                 self._failed_positions.difference_update(failed)
                 self._resend_pending()
         except Exception as e:  # the metadata store failed: nothing more can be written safely

@@ -47,7 +47,10 @@ class BookieConfig:
         1024 * MiB, "entry log file size at which a new file is started"
     )
     read_cache_bytes: int = setting(32 * MiB, "cache of entries read from entry logs")
-    max_entry_size: int = setting(5 * MiB, "largest entry accepted, header included")
+    max_entry_size: int = setting(
+        5 * MiB + 10 * 1024,
+        "largest entry accepted, header included (Pulsar's 5 MiB message + 10 KiB of headers)",
+    )
     gc_interval_s: float = setting(
         300.0, "seconds between garbage-collection runs (0: only on request)"
     )

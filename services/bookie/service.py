@@ -147,6 +147,7 @@ class Bookie:
             read_only=self.storage.read_only,
             free_bytes=self._usage.free_bytes,
             total_bytes=self._usage.total_bytes,
+            max_entry_size=self.config.max_entry_size,
         )
 
     async def _register(self) -> None:

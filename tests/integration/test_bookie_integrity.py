@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from magnetar.common.ledger.bookie_client import BookieClient
-from magnetar.common.ledger.entry import encode_entry, verify_entry
+from magnetar.common.ledger.entry import HEADER_SIZE, encode_entry, verify_entry
+from magnetar.common.ledger.errors import EntryTooLargeError, LedgerError
 from tests.support.bookie import BookieFactory, bookie_factory_fixture
+from tests.support.ledger_cluster import LedgerCluster, ledger_cluster_fixture
 
 
 @pytest.fixture
@@ -59,3 +61,69 @@ def test_second_bookie_on_a_port_in_use_refuses_to_start(
     assert first.http("GET", "/ready")[0] == 200
     assert asyncio.run(_add_and_read(first.address, 7, 1)) == b"ledger 7 entry 1"
     assert "cannot listen" not in first.log_text()
+
+
+# -- entry size ------------------------------------------------------------------------------
+
+PULSAR_FRAME_LIMIT = 5 * 1024 * 1024 + 10 * 1024
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LedgerCluster]:
+    yield from ledger_cluster_fixture(tmp_path, 3)
+
+
+@pytest.fixture
+def small_entry_cluster(tmp_path: Path) -> Iterator[LedgerCluster]:
+    yield from ledger_cluster_fixture(tmp_path, 3, max_entry_size=4096)
+
+
+async def test_too_large_entry_fails_alone_before_it_is_sent(cluster: LedgerCluster) -> None:
+    async with cluster.client() as client:
+        handle = await client.create_ledger(3, 2, 2)
+        assert handle.max_entry_size == PULSAR_FRAME_LIMIT  # from the bookies' registrations
+        ensemble = handle.ensemble
+        assert await handle.add(b"first") == 0
+        with pytest.raises(EntryTooLargeError) as err:
+            await handle.add(b"x" * (PULSAR_FRAME_LIMIT - HEADER_SIZE + 1))
+        assert err.value.size == PULSAR_FRAME_LIMIT + 1
+        assert err.value.limit == PULSAR_FRAME_LIMIT
+        # A 5 MiB message with room for headers fits; the entry ids have no hole.
+        largest = b"y" * (PULSAR_FRAME_LIMIT - HEADER_SIZE)
+        assert await handle.add(largest) == 1
+        assert await handle.add(b"last") == 2
+        assert handle.ensemble == ensemble
+        assert len(handle.metadata.fragments) == 1, "a too-large add changed the ensemble"
+        await handle.close()
+        reader = await client.open_ledger(handle.ledger_id)
+        got = [e.payload for e in await reader.read(0, 2)]
+        assert got == [b"first", largest, b"last"]
+
+
+async def test_too_large_answer_from_a_bookie_is_not_a_bookie_failure(
+    small_entry_cluster: LedgerCluster,
+) -> None:
+    async with small_entry_cluster.client() as client:
+        handle = await client.create_ledger(3, 3, 2)
+        assert handle.max_entry_size == 4096
+        ensemble = handle.ensemble
+        assert await handle.add(b"zero") == 0
+        # The handle's limit is stale (as if the bookies were reconfigured meanwhile), so
+        # the bookies are the ones to refuse; an add queued behind the big one goes too.
+        handle.max_entry_size = 1 << 20
+        big = await handle.add_async(b"b" * 10_000)
+        behind = await handle.add_async(b"behind")
+        with pytest.raises(EntryTooLargeError, match="TOO_LARGE"):
+            await big
+        with pytest.raises(LedgerError, match="send it again"):
+            await behind
+        assert handle.max_entry_size < 10_000 + HEADER_SIZE
+        # The handle goes on, on the same ensemble, with the refused ids reused.
+        assert await handle.add(b"one") == 1
+        assert await handle.add(b"two") == 2
+        assert handle.ensemble == ensemble
+        assert len(handle.metadata.fragments) == 1, "TOO_LARGE was taken for a bookie failure"
+        await handle.close()
+        reader = await client.open_ledger(handle.ledger_id)
+        assert reader.metadata.last_entry_id == 2
+        assert [e.payload for e in await reader.read(0, 2)] == [b"zero", b"one", b"two"]
