@@ -24,13 +24,9 @@ from magnetar.broker.admin import (
 from magnetar.broker.config import BrokerConfig
 from magnetar.broker.connection import ServerConnection
 from magnetar.broker.deduplication import Deduplication
-from magnetar.broker.managed_ledger import (
-    MANAGED_LEDGERS_PATH,
-    ManagedLedger,
-    ManagedLedgerConfig,
-    decode_name,
-    managed_ledger_key,
-)
+from magnetar.broker.dispatch_limits import DispatchLimits
+from magnetar.broker.keys import MANAGED_LEDGERS_PATH, decode_name, managed_ledger_key
+from magnetar.broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from magnetar.broker.nonpersistent import NonPersistentTopic
 from magnetar.broker.policies import Policies, effective, parse_document
 from magnetar.broker.topic import NamespaceNotFoundError, PersistentTopic, TopicNotFoundError
@@ -57,6 +53,8 @@ class Broker:
         self.topics: dict[str, PersistentTopic | NonPersistentTopic] = {}
         self._loading: dict[str, asyncio.Task[PersistentTopic | NonPersistentTopic]] = {}
         self.connections: set[ServerConnection] = set()
+        #: Advertised listener names a client may ask for in a lookup (none are configured yet).
+        self.listener_names: frozenset[str] = frozenset()
         self._server: asyncio.AbstractServer | None = None
         self._http: web.AppRunner | None = None
         self.port = config.port
@@ -261,7 +259,15 @@ class Broker:
         ml = await ManagedLedger.open(
             name.managed_ledger_name, self.ledger_client, self.store, ml_config
         )
-        topic = PersistentTopic(name, ml, c.dispatch_batch)
+        topic = PersistentTopic(
+            name,
+            ml,
+            DispatchLimits(
+                c.dispatch_batch,
+                c.max_unacked_messages_per_consumer,
+                c.max_unacked_messages_per_subscription,
+            ),
+        )
         if policies.deduplication:
             topic.deduplication = await Deduplication.load(ml)
         self.topics[str(name)] = topic

@@ -41,6 +41,21 @@ class TopicSettings:
     max_entries_per_ledger: int = setting(
         50_000, "a topic starts a new ledger after this many entries"
     )
+    keep_alive_interval_seconds: float = setting(
+        30.0,
+        "send PING to a client silent this long, close it after as long again without an "
+        "answer (0: never)",
+    )
+    max_unacked_messages_per_consumer: int = setting(
+        50_000,
+        "shared/key_shared: stop sending to a consumer with this many unacknowledged messages "
+        "(0: no bound)",
+    )
+    max_unacked_messages_per_subscription: int = setting(
+        200_000,
+        "shared/key_shared: stop reading for a subscription with this many unacknowledged "
+        "messages (0: no bound)",
+    )
     policy_check_interval_seconds: float = setting(
         60.0, "how often retention and TTL are applied to loaded topics"
     )
@@ -64,6 +79,11 @@ class TopicSettings:
             raise ConfigError("ttl_duration_default_seconds must be 0 (off) or more")
         if self.max_entries_per_ledger < 1:
             raise ConfigError("max_entries_per_ledger must be at least 1")
+        for name in ("max_unacked_messages_per_consumer", "max_unacked_messages_per_subscription"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be 0 (no bound) or positive")
+        if self.keep_alive_interval_seconds < 0:
+            raise ConfigError("keep_alive_interval_seconds must be 0 (off) or positive")
         if self.policy_check_interval_seconds <= 0:
             raise ConfigError("policy_check_interval_seconds must be positive")
 

@@ -1,9 +1,17 @@
 """One client connection speaking the Pulsar binary protocol.
 
-Bytes go through the sans-I/O codec; each decoded command goes to a handler. Handlers that
-need storage (producer and consumer creation, sends) run as tasks, so one slow topic never
-blocks the connection's other work. A malformed frame ends this connection only, with one log
-line; a bad checksum on a SEND is answered with SEND_ERROR and the connection carries on.
+Bytes go through the sans-I/O codec; the connection's state (``common/protocol/state.py``) says
+whether a decoded command is legal now, and a table sends each legal command to a small handler.
+Handlers that need storage (producer and consumer creation, seeks, lookups) run as tracked
+tasks whose failures are logged and answered, so one slow topic never blocks the connection
+and no request goes unanswered. A malformed frame ends this connection only, with one log line;
+a bad checksum on a SEND is answered with SEND_ERROR and the connection carries on.
+
+Writes are coalesced: everything written during one turn of the event loop leaves in one
+``transport.write``. When the transport's buffer passes its high-water mark
+(``pause_writing``), dispatchers stop sending to this connection's consumers until it drains.
+Keep-alive follows Pulsar: PING after ``keep_alive_interval_seconds`` without a frame from the
+peer, close after another interval without one.
 """
 
 from __future__ import annotations
@@ -11,26 +19,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 from magnetar.broker.consumer import Consumer
 from magnetar.broker.dispatchers.base import ConsumerBusyError
-from magnetar.broker.managed_ledger import Position
-from magnetar.broker.nonpersistent import (
-    NonPersistentSubscription,
-    NonPersistentTopic,
-)
-from magnetar.broker.producers import ProducerBusyError
+from magnetar.broker.message_id import EARLIEST, LATEST, to_wire
+from magnetar.broker.nonpersistent import NonPersistentSubscription, NonPersistentTopic
+from magnetar.broker.position import Position
+from magnetar.broker.producers import ProducerBusyError, ProducerFencedError
 from magnetar.broker.subscription import Subscription, SubscriptionTypeError
-from magnetar.broker.topic import (
-    LATEST_LEDGER_ID,
-    NamespaceNotFoundError,
-    PersistentTopic,
-    TopicNotFoundError,
-)
+from magnetar.broker.topic import NamespaceNotFoundError, PersistentTopic, TopicNotFoundError
 from magnetar.broker.topic_name import InvalidTopicNameError, TopicName
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
+from magnetar.common.protocol.state import ConnectionState, IllegalCommand, next_state
 
 if TYPE_CHECKING:
     from magnetar.broker.broker import Broker
@@ -38,6 +41,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 Type = pb.BaseCommand.Type
 SERVER_VERSION = "magnetar-0.1"
+#: Frames handled per turn of the event loop before the connection lets other work run.
+FRAMES_PER_SLICE = 128
+
+AnyTopic = PersistentTopic | NonPersistentTopic
+AnySubscription = Subscription | NonPersistentSubscription
+#: Requests answered by their own response type (with a status), not by CommandError.
+_OWN_RESPONSE = (pb.CommandLookupTopicResponse, pb.CommandPartitionedTopicMetadataResponse)
 
 
 class ServerConnection(asyncio.Protocol):
@@ -46,21 +56,35 @@ class ServerConnection(asyncio.Protocol):
         self.decoder = codec.FrameDecoder(broker.config.max_message_size + codec.FRAME_PADDING)
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
-        self.connected = False
-        self.producers: dict[int, tuple[PersistentTopic | NonPersistentTopic, str]] = {}
-        self.consumers: dict[int, tuple[Subscription | NonPersistentSubscription, Consumer]] = {}
+        self.state = ConnectionState.AWAITING_CONNECT
+        self.protocol_version = 0
+        self.producers: dict[int, tuple[AnyTopic, str]] = {}
+        self.consumers: dict[int, tuple[AnySubscription, Consumer]] = {}
+        #: False while the transport's buffer is above its high-water mark.
+        self.writable = True
+        self._out: list[bytes] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        self._heard = False  # a frame arrived since the last keep-alive check
+        self._reading_paused = False
+        self._ping_outstanding = False
+        self._keepalive: asyncio.TimerHandle | None = None
 
     # -- transport ----------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport) or hasattr(transport, "write")
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.broker.connections.add(self)
+        self._schedule_keepalive()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.state = ConnectionState.CLOSED
         self.broker.connections.discard(self)
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        self._out.clear()
         for subscription, consumer in self.consumers.values():
             self._drop_consumer(subscription, consumer)
         self.consumers.clear()
@@ -70,29 +94,49 @@ class ServerConnection(asyncio.Protocol):
         for task in self._tasks:
             task.cancel()
 
-    def _drop_consumer(
-        self, subscription: Subscription | NonPersistentSubscription, consumer: Consumer
-    ) -> None:
-        subscription.remove_consumer(consumer)
-        if not subscription.durable:
-            asyncio.get_running_loop().create_task(
-                subscription.topic.remove_subscription_if_unused(subscription)
-            )
+    def pause_writing(self) -> None:
+        self.writable = False
+
+    def resume_writing(self) -> None:
+        self.writable = True
+        for subscription, _consumer in list(self.consumers.values()):
+            subscription.wake()
 
     def write(self, data: bytes) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(data)
+        if self.transport is None or self.transport.is_closing():
+            return
+        if not self._out:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._out.append(data)
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if out and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
 
     def send(self, body: object) -> None:
         self.write(codec.encode_command(body))  # type: ignore[arg-type]
 
     def close(self) -> None:
         if self.transport is not None:
+            self._flush()
             self.transport.close()
 
     def data_received(self, data: bytes) -> None:
+        self._heard = True
         self.decoder.receive_data(data)
-        while True:
+        self._process_frames()
+
+    def _process_frames(self) -> None:
+        """Handle the frames received so far, a slice at a time: after FRAMES_PER_SLICE the
+        rest waits for the next turn of the event loop (reading paused meanwhile), so journal
+        completions and receipts go out while a burst is still being read."""
+        if self._reading_paused and self.transport is not None:
+            self._reading_paused = False
+            self.transport.resume_reading()
+        for _ in range(FRAMES_PER_SLICE):
+            if self.state is ConnectionState.CLOSED:
+                return
             try:
                 frame = self.decoder.next_frame()
             except codec.ChecksumError as e:
@@ -105,16 +149,75 @@ class ServerConnection(asyncio.Protocol):
             if frame is None:
                 return
             try:
-                self._handle(frame)
-            except Exception:
-                log.exception("connection %s: error handling %s", self.peer, frame.name)
+                self.state = next_state(self.state, frame.type)
+            except IllegalCommand as e:
+                log.warning("connection %s: %s; closing", self.peer, e)
                 self.close()
                 return
+            try:
+                _HANDLERS.get(frame.type, ServerConnection._unsupported)(self, frame.body, frame)
+            except Exception:
+                log.exception("connection %s: error handling %s", self.peer, frame.name)
+                self._answer_failure(frame.body, "internal error")
+        if self.transport is not None and not self.transport.is_closing():
+            self._reading_paused = True
+            self.transport.pause_reading()
+            asyncio.get_running_loop().call_soon(self._process_frames)
 
-    def _spawn(self, coro: object) -> None:
-        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+    # -- tasks and replies ---------------------------------------------------------------------
+
+    def _spawn(
+        self,
+        coro: Coroutine[Any, Any, None],
+        request: object,
+        reply: type | None = None,
+    ) -> None:
+        """Run a handler as a task; if it fails unexpectedly, log it and answer ``request``."""
+        task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+
+        def done(task: asyncio.Task[None]) -> None:
+            self._tasks.discard(task)
+            if task.cancelled() or task.exception() is None:
+                return
+            error = task.exception()
+            log.error(
+                "connection %s: handling %s failed",
+                self.peer,
+                type(request).__name__,
+                exc_info=error,
+            )
+            self._answer_failure(request, f"internal error: {error}", reply)
+
+        task.add_done_callback(done)
+
+    def _answer_failure(self, request: object, message: str, reply: type | None = None) -> None:
+        request_id = getattr(request, "request_id", None)
+        if request_id is not None:
+            self._error(request_id, pb.UnknownError, message, reply)
+        elif isinstance(request, pb.CommandSend):
+            self._send_error(request, pb.UnknownError, message)
+
+    def _error(self, request_id: int, error: int, message: str, reply: type | None = None) -> None:
+        if reply in _OWN_RESPONSE:
+            assert reply is not None
+            self.send(
+                reply(request_id=request_id, response=reply.Failed, error=error, message=message)
+            )
+        elif reply is pb.CommandGetSchemaResponse:
+            self.send(reply(request_id=request_id, error_code=error, error_message=message))
+        else:
+            self.send(pb.CommandError(request_id=request_id, error=error, message=message))
+
+    def _send_error(self, body: pb.CommandSend, error: int, message: str) -> None:
+        self.send(
+            pb.CommandSendError(
+                producer_id=body.producer_id,
+                sequence_id=body.sequence_id,
+                error=error,
+                message=message,
+            )
+        )
 
     def _checksum_failed(self, error: codec.ChecksumError) -> None:
         send = error.command.send if error.command.HasField("send") else None
@@ -131,327 +234,121 @@ class ServerConnection(asyncio.Protocol):
             self.peer,
             send.producer_id,
         )
-        self.send(
-            pb.CommandSendError(
-                producer_id=send.producer_id,
-                sequence_id=send.sequence_id,
-                error=pb.ChecksumError,
-                message="message checksum does not match its content",
-            )
-        )
+        self._send_error(send, pb.ChecksumError, "message checksum does not match its content")
 
-    # -- dispatch -----------------------------------------------------------------------------
+    def _topic_name(self, name: str, request_id: int, reply: type) -> TopicName | None:
+        try:
+            return TopicName.parse(name)
+        except InvalidTopicNameError as e:
+            self._error(request_id, pb.InvalidTopicName, str(e), reply)
+            return None
 
-    def _handle(self, frame: codec.Frame) -> None:
-        body = frame.body
-        kind = frame.type
-        if not self.connected and kind != Type.CONNECT:
-            log.warning("connection %s: %s before CONNECT; closing", self.peer, frame.name)
+    # -- keep-alive ----------------------------------------------------------------------------
+
+    def _schedule_keepalive(self) -> None:
+        interval = self.broker.config.keep_alive_interval_seconds
+        if interval > 0:
+            loop = asyncio.get_running_loop()
+            self._keepalive = loop.call_later(interval, self._check_alive)
+
+    def _check_alive(self) -> None:
+        """Pulsar's rule: nothing heard for an interval -> PING; nothing for another -> close."""
+        if self.state is ConnectionState.CLOSED:
+            return
+        if self._heard:
+            self._heard = False
+            self._ping_outstanding = False
+        elif self._ping_outstanding:
+            log.warning("connection %s: no answer to PING; closing", self.peer)
             self.close()
             return
-        match kind:
-            case Type.CONNECT:
-                self._connect(body)
-            case Type.PING:
-                self.send(pb.CommandPong())
-            case Type.PONG:
-                pass
-            case Type.PARTITIONED_METADATA:
-                self._spawn(self._partitioned_metadata(body))
-            case Type.LOOKUP:
-                self._lookup(body)
-            case Type.PRODUCER:
-                self._spawn(self._producer(body))
-            case Type.SEND:
-                self._send_message(body, frame)
-            case Type.CLOSE_PRODUCER:
-                found_producer = self.producers.pop(body.producer_id, None)
-                if found_producer is not None:
-                    found_producer[0].producers.remove((id(self), body.producer_id))
-                self.send(pb.CommandSuccess(request_id=body.request_id))
-            case Type.SUBSCRIBE:
-                self._spawn(self._subscribe(body))
-            case Type.FLOW:
-                found = self.consumers.get(body.consumer_id)
-                if found is not None:
-                    found[0].flow(found[1], body.messagePermits)
-            case Type.ACK:
-                found = self.consumers.get(body.consumer_id)
-                if found is not None:
-                    found[0].ack(found[1], body.ack_type, list(body.message_id))
-                    if body.HasField("request_id"):
-                        self.send(
-                            pb.CommandAckResponse(
-                                consumer_id=body.consumer_id, request_id=body.request_id
-                            )
-                        )
-            case Type.REDELIVER_UNACKNOWLEDGED_MESSAGES:
-                found = self.consumers.get(body.consumer_id)
-                if found is not None:
-                    found[0].redeliver(found[1], list(body.message_ids) or None)
-            case Type.CLOSE_CONSUMER:
-                found = self.consumers.pop(body.consumer_id, None)
-                if found is not None:
-                    self._drop_consumer(*found)
-                self.send(pb.CommandSuccess(request_id=body.request_id))
-            case Type.UNSUBSCRIBE:
-                self._spawn(self._unsubscribe(body))
-            case Type.SEEK:
-                self._spawn(self._seek(body))
-            case Type.GET_TOPICS_OF_NAMESPACE:
-                self._spawn(self._topics_of_namespace(body))
-            case Type.GET_LAST_MESSAGE_ID:
-                found = self.consumers.get(body.consumer_id)
-                if found is None:
-                    self._error(body.request_id, pb.ConsumerNotFound, "unknown consumer id")
-                elif not found[0].topic.name.persistent:
-                    self._error(
-                        body.request_id,
-                        pb.NotAllowedError,
-                        "a non-persistent topic stores no messages: it has no last message id",
-                    )
-                else:
-                    subscription = found[0]
-                    mark_delete = subscription.cursor.mark_delete_position
-                    self.send(
-                        pb.CommandGetLastMessageIdResponse(
-                            request_id=body.request_id,
-                            last_message_id=subscription.topic.last_message_id(),
-                            consumer_mark_delete_position=pb.MessageIdData(
-                                ledgerId=mark_delete.ledger_id, entryId=mark_delete.entry_id
-                            ),
-                        )
-                    )
-            case _:
-                request_id = getattr(body, "request_id", None)
-                log.info("connection %s: %s is not served yet", self.peer, frame.name)
-                if request_id is not None:
-                    self.send(
-                        pb.CommandError(
-                            request_id=request_id,
-                            error=pb.NotAllowedError,
-                            message=f"{frame.name} is not supported by this broker yet",
-                        )
-                    )
+        elif self.state is ConnectionState.CONNECTED:
+            self._ping_outstanding = True
+            self.send(pb.CommandPing())
+        else:
+            log.warning("connection %s: no CONNECT in time; closing", self.peer)
+            self.close()
+            return
+        self._schedule_keepalive()
 
-    # -- handlers -----------------------------------------------------------------------------
+    # -- handlers: connection ------------------------------------------------------------------
 
-    def _connect(self, body: pb.CommandConnect) -> None:
-        self.connected = True
+    def _connect(self, body: pb.CommandConnect, frame: codec.Frame) -> None:
+        self.protocol_version = codec.negotiate_protocol_version(body.protocol_version)
         self.send(
             pb.CommandConnected(
                 server_version=SERVER_VERSION,
-                protocol_version=codec.negotiate_protocol_version(body.protocol_version),
+                protocol_version=self.protocol_version,
                 max_message_size=self.broker.config.max_message_size,
             )
         )
 
-    def _topic_name(self, name: str, request_id: int, reply: type) -> TopicName | None:
-        try:
-            topic = TopicName.parse(name)
-        except InvalidTopicNameError as e:
-            self._error(request_id, pb.InvalidTopicName, str(e), reply)
-            return None
-        return topic
+    def _ping(self, body: pb.CommandPing, frame: codec.Frame) -> None:
+        self.send(pb.CommandPong())
 
-    def _error(self, request_id: int, error: int, message: str, reply: type | None = None) -> None:
-        if reply in (pb.CommandLookupTopicResponse, pb.CommandPartitionedTopicMetadataResponse):
-            # These requests are answered by their own response type, with a Failed status.
-            self.send(
-                reply(request_id=request_id, response=reply.Failed, error=error, message=message)  # type: ignore[misc,union-attr]
+    def _pong(self, body: pb.CommandPong, frame: codec.Frame) -> None:
+        pass  # being heard is what counts
+
+    def _unsupported(self, body: Any, frame: codec.Frame) -> None:
+        request_id = getattr(body, "request_id", None)
+        log.info("connection %s: %s is not served", self.peer, frame.name)
+        if request_id is not None:
+            self._error(
+                request_id, pb.NotAllowedError, f"{frame.name} is not supported by this broker"
             )
-        else:
-            self.send(pb.CommandError(request_id=request_id, error=error, message=message))
 
-    async def _partitioned_metadata(self, body: pb.CommandPartitionedTopicMetadata) -> None:
-        name = self._topic_name(
-            body.topic, body.request_id, pb.CommandPartitionedTopicMetadataResponse
-        )
+    # -- handlers: lookup ----------------------------------------------------------------------
+
+    def _partitioned_metadata(
+        self, body: pb.CommandPartitionedTopicMetadata, frame: codec.Frame
+    ) -> None:
+        reply = pb.CommandPartitionedTopicMetadataResponse
+        self._spawn(self._answer_partitioned_metadata(body), body, reply)
+
+    async def _answer_partitioned_metadata(self, body: pb.CommandPartitionedTopicMetadata) -> None:
+        reply = pb.CommandPartitionedTopicMetadataResponse
+        name = self._topic_name(body.topic, body.request_id, reply)
         if name is None:
             return
         try:
             partitions = await self.broker.partitions_for_client(name)
         except (NamespaceNotFoundError, TopicNotFoundError) as e:
-            self._error(
-                body.request_id,
-                pb.TopicNotFound,
-                str(e),
-                pb.CommandPartitionedTopicMetadataResponse,
-            )
+            self._error(body.request_id, pb.TopicNotFound, str(e), reply)
             return
         except Exception as e:  # the metadata store failed: an answer, not a client timeout
             log.warning("partitioned metadata of %s: %s", name, e)
+            self._error(body.request_id, pb.MetadataError, f"partitioned metadata: {e}", reply)
+            return
+        self.send(reply(request_id=body.request_id, partitions=partitions, response=reply.Success))
+
+    def _lookup(self, body: pb.CommandLookupTopic, frame: codec.Frame) -> None:
+        reply = pb.CommandLookupTopicResponse
+        if self._topic_name(body.topic, body.request_id, reply) is None:
+            return
+        listener = body.advertised_listener_name
+        if listener and listener not in self.broker.listener_names:
             self._error(
                 body.request_id,
-                pb.MetadataError,
-                f"partitioned metadata of {name}: {e}",
-                pb.CommandPartitionedTopicMetadataResponse,
+                pb.ServiceNotReady,
+                f"the broker has no advertised listener named {listener!r}",
+                reply,
             )
             return
         self.send(
-            pb.CommandPartitionedTopicMetadataResponse(
+            reply(
                 request_id=body.request_id,
-                partitions=partitions,
-                response=pb.CommandPartitionedTopicMetadataResponse.Success,
-            )
-        )
-
-    def _lookup(self, body: pb.CommandLookupTopic) -> None:
-        if self._topic_name(body.topic, body.request_id, pb.CommandLookupTopicResponse) is None:
-            return
-        self.send(
-            pb.CommandLookupTopicResponse(
-                request_id=body.request_id,
-                response=pb.CommandLookupTopicResponse.Connect,
+                response=reply.Connect,
                 brokerServiceUrl=self.broker.service_url,
                 authoritative=True,
             )
         )
 
-    async def _producer(self, body: pb.CommandProducer) -> None:
-        name = self._topic_name(body.topic, body.request_id, pb.CommandError)
-        if name is None:
-            return
-        try:
-            topic = await self.broker.get_topic(name, auto=True)
-        except (NamespaceNotFoundError, TopicNotFoundError) as e:
-            self._error(body.request_id, pb.TopicNotFound, str(e))
-            return
-        except Exception as e:  # any storage failure: the client gets the reason, not a timeout
-            log.warning("topic %s cannot be loaded: %s", name, e)
-            self._error(body.request_id, pb.ServiceNotReady, f"topic {name} cannot be loaded: {e}")
-            return
-        producer_name = body.producer_name or f"magnetar-{uuid.uuid4().hex[:12]}"
-        key = (id(self), body.producer_id)
-        mode = body.producer_access_mode
-        if mode == pb.WaitForExclusive and len(topic.producers):
-            # Pulsar's protocol: "pending" now, the real success when the topic is ours.
-            self.send(
-                pb.CommandProducerSuccess(
-                    request_id=body.request_id, producer_name=producer_name, producer_ready=False
-                )
-            )
-        try:
-            epoch = await topic.producers.add(
-                key, mode, lambda: self._fence_producer(body.producer_id)
-            )
-        except ProducerBusyError as e:
-            self._error(body.request_id, pb.ProducerBusy, f"topic {name}: {e}")
-            return
-        self.producers[body.producer_id] = (topic, producer_name)
-        self.send(
-            pb.CommandProducerSuccess(
-                request_id=body.request_id,
-                producer_name=producer_name,
-                last_sequence_id=(
-                    topic.deduplication.last_sequence_id(producer_name)
-                    if topic.deduplication is not None
-                    else -1
-                ),
-                topic_epoch=epoch,
-            )
-        )
+    def _topics_of_namespace(
+        self, body: pb.CommandGetTopicsOfNamespace, frame: codec.Frame
+    ) -> None:
+        self._spawn(self._answer_topics_of_namespace(body), body)
 
-    def _fence_producer(self, producer_id: int) -> None:
-        """Another producer took the topic with ExclusiveWithFencing."""
-        if self.producers.pop(producer_id, None) is not None:
-            self.send(pb.CommandCloseProducer(producer_id=producer_id, request_id=0))
-
-    def _send_message(self, body: pb.CommandSend, frame: codec.Frame) -> None:
-        found = self.producers.get(body.producer_id)
-        if found is None:
-            self.send(
-                pb.CommandSendError(
-                    producer_id=body.producer_id,
-                    sequence_id=body.sequence_id,
-                    error=pb.NotConnected,
-                    message="unknown producer id",
-                )
-            )
-            return
-        topic, producer_name = found
-        future = topic.publish(
-            frame.headers_and_payload,
-            producer_name,
-            body.sequence_id,
-            body.highest_sequence_id if body.HasField("highest_sequence_id") else -1,
-        )
-        producer_id, sequence_id = body.producer_id, body.sequence_id
-        highest = body.highest_sequence_id if body.HasField("highest_sequence_id") else None
-
-        def receipt(done: asyncio.Future[Position]) -> None:
-            if done.cancelled():
-                return
-            error = done.exception()
-            if error is not None:
-                log.warning("topic %s: send failed: %s", topic.name, error)
-                self.send(
-                    pb.CommandSendError(
-                        producer_id=producer_id,
-                        sequence_id=sequence_id,
-                        error=pb.PersistenceError,
-                        message=str(error),
-                    )
-                )
-                return
-            position = done.result()
-            if position is None:  # a duplicate: acknowledged, not stored again
-                position = Position(2**64 - 1, 2**64 - 1)  # Pulsar's (-1, -1) on the wire
-            message = pb.CommandSendReceipt(
-                producer_id=producer_id,
-                sequence_id=sequence_id,
-                message_id=pb.MessageIdData(ledgerId=position.ledger_id, entryId=position.entry_id),
-            )
-            if highest is not None:
-                message.highest_sequence_id = highest
-            self.send(message)
-
-        future.add_done_callback(receipt)
-
-    async def _subscribe(self, body: pb.CommandSubscribe) -> None:
-        name = self._topic_name(body.topic, body.request_id, pb.CommandError)
-        if name is None:
-            return
-        log.debug("connection %s: SUBSCRIBE %s", self.peer, body)
-        try:
-            topic = await self.broker.get_topic(name, auto=True)
-            consumer = Consumer(
-                body.consumer_id,
-                body.consumer_name,
-                self,
-                priority=body.priority_level,
-                key_shared_meta=body.keySharedMeta if body.HasField("keySharedMeta") else None,
-            )
-            start = None
-            if not body.durable:  # a reader: start at the given message (or earliest/latest)
-                start = (
-                    body.start_message_id
-                    if body.HasField("start_message_id")
-                    else pb.MessageIdData(ledgerId=LATEST_LEDGER_ID, entryId=LATEST_LEDGER_ID)
-                )
-            subscription = await topic.subscribe(
-                consumer, body.subscription, body.subType, body.initialPosition, start
-            )
-        except ConsumerBusyError as e:
-            self._error(body.request_id, pb.ConsumerBusy, str(e))
-            return
-        except SubscriptionTypeError as e:
-            self._error(body.request_id, pb.SubscriptionNotFound, str(e))
-            return
-        except NotImplementedError as e:
-            self._error(body.request_id, pb.NotAllowedError, str(e))
-            return
-        except (NamespaceNotFoundError, TopicNotFoundError) as e:
-            self._error(body.request_id, pb.TopicNotFound, str(e))
-            return
-        except Exception as e:  # any storage failure: the client gets the reason, not a timeout
-            log.warning("topic %s cannot be loaded: %s", name, e)
-            self._error(body.request_id, pb.ServiceNotReady, f"topic {name} cannot be loaded: {e}")
-            return
-        self.consumers[body.consumer_id] = (subscription, consumer)
-        self.send(pb.CommandSuccess(request_id=body.request_id))
-
-    async def _topics_of_namespace(self, body: pb.CommandGetTopicsOfNamespace) -> None:
+    async def _answer_topics_of_namespace(self, body: pb.CommandGetTopicsOfNamespace) -> None:
         mode = pb.CommandGetTopicsOfNamespace
         domains = {
             mode.PERSISTENT: ("persistent",),
@@ -474,13 +371,284 @@ class ServerConnection(asyncio.Protocol):
         # Not filtered by topics_pattern here: the client applies its pattern itself.
         self.send(pb.CommandGetTopicsOfNamespaceResponse(request_id=body.request_id, topics=topics))
 
-    async def _seek(self, body: pb.CommandSeek) -> None:
+    def _get_schema(self, body: pb.CommandGetSchema, frame: codec.Frame) -> None:
+        # No schema registry yet: every topic has no schema, which is how Pulsar answers a
+        # topic without one (the client then reads bytes and does not wait).
+        self._error(
+            body.request_id,
+            pb.TopicNotFound,
+            "no schema is stored for this topic",
+            pb.CommandGetSchemaResponse,
+        )
+
+    # -- handlers: producers -------------------------------------------------------------------
+
+    def _producer(self, body: pb.CommandProducer, frame: codec.Frame) -> None:
+        self._spawn(self._create_producer(body), body)
+
+    async def _create_producer(self, body: pb.CommandProducer) -> None:
+        name = self._topic_name(body.topic, body.request_id, pb.CommandError)
+        if name is None:
+            return
+        existing = self.producers.get(body.producer_id)
+        if existing is not None:
+            if existing[0].name == name:  # the client asked again: same answer
+                self._producer_success(body, existing[0], existing[1], None)
+            else:
+                self._error(
+                    body.request_id,
+                    pb.ProducerBusy,
+                    f"producer id {body.producer_id} is already in use on this connection",
+                )
+            return
+        try:
+            topic = await self.broker.get_topic(name, auto=True)
+        except (NamespaceNotFoundError, TopicNotFoundError) as e:
+            self._error(body.request_id, pb.TopicNotFound, str(e))
+            return
+        except Exception as e:  # any storage failure: the client gets the reason, not a timeout
+            log.warning("topic %s cannot be loaded: %s", name, e)
+            self._error(body.request_id, pb.ServiceNotReady, f"topic {name} cannot be loaded: {e}")
+            return
+        producer_name = body.producer_name or f"magnetar-{uuid.uuid4().hex[:12]}"
+        mode = body.producer_access_mode
+        if mode == pb.WaitForExclusive and len(topic.producers):
+            # Pulsar's protocol: "pending" now, the real success when the topic is ours.
+            self.send(
+                pb.CommandProducerSuccess(
+                    request_id=body.request_id, producer_name=producer_name, producer_ready=False
+                )
+            )
+        epoch = body.topic_epoch if body.HasField("topic_epoch") else None
+        try:
+            epoch = await topic.producers.add(
+                (id(self), body.producer_id),
+                mode,
+                lambda: self._fence_producer(body.producer_id),
+                epoch,
+            )
+        except ProducerFencedError as e:
+            self._error(body.request_id, pb.ProducerFenced, f"topic {name}: {e}")
+            return
+        except ProducerBusyError as e:
+            self._error(body.request_id, pb.ProducerBusy, f"topic {name}: {e}")
+            return
+        if self.state is ConnectionState.CLOSED:
+            topic.producers.remove((id(self), body.producer_id))
+            return
+        self.producers[body.producer_id] = (topic, producer_name)
+        self._producer_success(body, topic, producer_name, epoch)
+
+    def _producer_success(
+        self, body: pb.CommandProducer, topic: AnyTopic, producer_name: str, epoch: int | None
+    ) -> None:
+        success = pb.CommandProducerSuccess(
+            request_id=body.request_id,
+            producer_name=producer_name,
+            last_sequence_id=(
+                topic.deduplication.last_sequence_id(producer_name)
+                if topic.deduplication is not None
+                else -1
+            ),
+        )
+        success.topic_epoch = topic.producers.topic_epoch if epoch is None else epoch
+        self.send(success)
+
+    def _fence_producer(self, producer_id: int) -> None:
+        """Another producer took the topic with ExclusiveWithFencing, or the topic went away."""
+        if self.producers.pop(producer_id, None) is not None:
+            self.send(pb.CommandCloseProducer(producer_id=producer_id, request_id=0))
+
+    def _close_producer(self, body: pb.CommandCloseProducer, frame: codec.Frame) -> None:
+        found = self.producers.pop(body.producer_id, None)
+        if found is not None:
+            found[0].producers.remove((id(self), body.producer_id))
+        self.send(pb.CommandSuccess(request_id=body.request_id))
+
+    def _send_message(self, body: pb.CommandSend, frame: codec.Frame) -> None:
+        found = self.producers.get(body.producer_id)
+        if found is None:
+            self._send_error(
+                body,
+                pb.NotAllowedError,
+                f"unknown producer id {body.producer_id} on this connection",
+            )
+            return
+        topic, producer_name = found
+        highest = body.highest_sequence_id if body.HasField("highest_sequence_id") else None
+        future = topic.publish(
+            frame.headers_and_payload,
+            producer_name,
+            body.sequence_id,
+            -1 if highest is None else highest,
+        )
+        producer_id, sequence_id = body.producer_id, body.sequence_id
+
+        def receipt(done: asyncio.Future[Position | None]) -> None:
+            if done.cancelled():
+                return
+            error = done.exception()
+            if error is not None:
+                log.warning("topic %s: send failed: %s", topic.name, error)
+                self._send_error(
+                    body, getattr(error, "server_error", pb.PersistenceError), str(error)
+                )
+                return
+            position = done.result()
+            message = pb.CommandSendReceipt(
+                producer_id=producer_id,
+                sequence_id=sequence_id,
+                # A duplicate is acknowledged with Pulsar's (-1, -1): it was not stored again.
+                message_id=to_wire(EARLIEST if position is None else position),
+            )
+            if highest is not None:
+                message.highest_sequence_id = highest
+            self.send(message)
+
+        future.add_done_callback(receipt)
+
+    # -- handlers: consumers -------------------------------------------------------------------
+
+    def _subscribe(self, body: pb.CommandSubscribe, frame: codec.Frame) -> None:
+        self._spawn(self._create_consumer(body), body)
+
+    async def _create_consumer(self, body: pb.CommandSubscribe) -> None:
+        name = self._topic_name(body.topic, body.request_id, pb.CommandError)
+        if name is None:
+            return
+        if not body.subscription:
+            self._error(body.request_id, pb.NotAllowedError, "the subscription name is empty")
+            return
+        existing = self.consumers.get(body.consumer_id)
+        if existing is not None:
+            subscription = existing[0]
+            if subscription.topic.name == name and subscription.name == body.subscription:
+                self.send(pb.CommandSuccess(request_id=body.request_id))  # asked again
+            else:
+                self._error(
+                    body.request_id,
+                    pb.ConsumerBusy,
+                    f"consumer id {body.consumer_id} is already in use on this connection",
+                )
+            return
+        log.debug("connection %s: SUBSCRIBE %s", self.peer, body)
+        try:
+            topic = await self.broker.get_topic(name, auto=True)
+            consumer = Consumer(
+                body.consumer_id,
+                body.consumer_name,
+                self,
+                priority=body.priority_level,
+                partition=name.partition_index,
+                key_shared_meta=body.keySharedMeta if body.HasField("keySharedMeta") else None,
+            )
+            start = None
+            if not body.durable:  # a reader: start at the given message (or earliest/latest)
+                start = (
+                    body.start_message_id if body.HasField("start_message_id") else to_wire(LATEST)
+                )
+            subscription = await topic.subscribe(
+                consumer, body.subscription, body.subType, body.initialPosition, start
+            )
+        except ConsumerBusyError as e:
+            self._error(body.request_id, pb.ConsumerBusy, str(e))
+            return
+        except SubscriptionTypeError as e:
+            # Pulsar answers a type mismatch as a busy subscription (the client does not retry).
+            self._error(body.request_id, pb.ConsumerBusy, str(e))
+            return
+        except NotImplementedError as e:
+            self._error(body.request_id, pb.NotAllowedError, str(e))
+            return
+        except (NamespaceNotFoundError, TopicNotFoundError) as e:
+            self._error(body.request_id, pb.TopicNotFound, str(e))
+            return
+        except Exception as e:  # any storage failure: the client gets the reason, not a timeout
+            log.warning("topic %s cannot be loaded: %s", name, e)
+            self._error(body.request_id, pb.ServiceNotReady, f"topic {name} cannot be loaded: {e}")
+            return
+        if self.state is ConnectionState.CLOSED:
+            self._drop_consumer(subscription, consumer)
+            return
+        self.consumers[body.consumer_id] = (subscription, consumer)
+        self.send(pb.CommandSuccess(request_id=body.request_id))
+
+    def _drop_consumer(self, subscription: AnySubscription, consumer: Consumer) -> None:
+        subscription.remove_consumer(consumer)
+        if not subscription.durable:
+            self._spawn(subscription.topic.remove_subscription_if_unused(subscription), None)
+
+    def _flow(self, body: pb.CommandFlow, frame: codec.Frame) -> None:
+        found = self.consumers.get(body.consumer_id)
+        if found is not None:
+            found[0].flow(found[1], body.messagePermits)
+
+    def _ack(self, body: pb.CommandAck, frame: codec.Frame) -> None:
+        found = self.consumers.get(body.consumer_id)
+        error: str | None = None
+        if found is None:
+            error = f"unknown consumer id {body.consumer_id}"
+        else:
+            try:
+                found[0].ack(found[1], body.ack_type, list(body.message_id))
+            except ValueError as e:  # an ack the subscription refuses (bad position, batch size)
+                log.warning("connection %s: ack refused: %s", self.peer, e)
+                error = str(e)
+        if body.HasField("request_id"):
+            response = pb.CommandAckResponse(
+                consumer_id=body.consumer_id, request_id=body.request_id
+            )
+            if error is not None:
+                response.error = pb.NotAllowedError
+                response.message = error
+            self.send(response)
+
+    def _redeliver(
+        self, body: pb.CommandRedeliverUnacknowledgedMessages, frame: codec.Frame
+    ) -> None:
+        found = self.consumers.get(body.consumer_id)
+        if found is not None:
+            found[0].redeliver(found[1], list(body.message_ids) or None)
+
+    def _close_consumer(self, body: pb.CommandCloseConsumer, frame: codec.Frame) -> None:
+        found = self.consumers.pop(body.consumer_id, None)
+        if found is not None:
+            self._drop_consumer(*found)
+        self.send(pb.CommandSuccess(request_id=body.request_id))
+
+    def _unsubscribe(self, body: pb.CommandUnsubscribe, frame: codec.Frame) -> None:
+        self._spawn(self._remove_subscription(body), body)
+
+    async def _remove_subscription(self, body: pb.CommandUnsubscribe) -> None:
+        found = self.consumers.get(body.consumer_id)
+        if found is None:
+            self._error(body.request_id, pb.SubscriptionNotFound, "unknown consumer id")
+            return
+        subscription, consumer = found
+        others = [c for c in subscription.consumers if c is not consumer]
+        if others:
+            # Pulsar: a subscription with other consumers stays, and so does this consumer.
+            self._error(
+                body.request_id,
+                pb.ConsumerBusy,
+                f"subscription {subscription} has {len(others)} other consumer(s)",
+            )
+            return
+        self.consumers.pop(body.consumer_id, None)
+        subscription.remove_consumer(consumer)
+        await subscription.topic.unsubscribe(subscription.name)
+        self.send(pb.CommandSuccess(request_id=body.request_id))
+
+    def _seek(self, body: pb.CommandSeek, frame: codec.Frame) -> None:
+        self._spawn(self._reset_subscription(body), body)
+
+    async def _reset_subscription(self, body: pb.CommandSeek) -> None:
         found = self.consumers.get(body.consumer_id)
         if found is None:
             self._error(body.request_id, pb.ConsumerNotFound, "unknown consumer id")
             return
         subscription = found[0]
-        if not subscription.topic.name.persistent:
+        if not isinstance(subscription, Subscription):
             self._error(
                 body.request_id,
                 pb.NotAllowedError,
@@ -498,26 +666,71 @@ class ServerConnection(asyncio.Protocol):
         consumers = await subscription.seek(
             position, body.message_publish_time if position is None else None
         )
-        self.send(pb.CommandSuccess(request_id=body.request_id))
-        # Like Pulsar: the subscription's consumers are disconnected and come back at the new position.
+        # Like Pulsar: the subscription's consumers are disconnected before the seek succeeds;
+        # they come back at the new position with nothing stale in their queues.
         for consumer in consumers:
             owner = consumer.connection
             owner.consumers.pop(consumer.consumer_id, None)
             owner.send(pb.CommandCloseConsumer(consumer_id=consumer.consumer_id, request_id=0))
+        self.send(pb.CommandSuccess(request_id=body.request_id))
         if not subscription.durable:
             await subscription.topic.remove_subscription_if_unused(subscription)
 
-    async def _unsubscribe(self, body: pb.CommandUnsubscribe) -> None:
-        found = self.consumers.pop(body.consumer_id, None)
+    def _get_last_message_id(self, body: pb.CommandGetLastMessageId, frame: codec.Frame) -> None:
+        found = self.consumers.get(body.consumer_id)
         if found is None:
-            self._error(body.request_id, pb.SubscriptionNotFound, "unknown consumer id")
-            return
-        subscription, consumer = found
-        subscription.remove_consumer(consumer)
-        if subscription.dispatcher.consumers:
+            self._error(body.request_id, pb.ConsumerNotFound, "unknown consumer id")
+        elif not isinstance(found[0], Subscription):
             self._error(
-                body.request_id, pb.UnsupportedVersionError, "subscription still has consumers"
+                body.request_id,
+                pb.NotAllowedError,
+                "a non-persistent topic stores no messages: it has no last message id",
             )
+        else:
+            self._spawn(self._answer_last_message_id(body, found[0]), body)
+
+    async def _answer_last_message_id(
+        self, body: pb.CommandGetLastMessageId, subscription: Subscription
+    ) -> None:
+        try:
+            last = await subscription.topic.last_message_id()
+        except Exception as e:  # storage failed: an answer, not a client timeout
+            log.warning("topic %s: last message id: %s", subscription.topic.name, e)
+            self._error(body.request_id, pb.PersistenceError, f"last message id: {e}")
             return
-        await subscription.topic.unsubscribe(subscription.name)
-        self.send(pb.CommandSuccess(request_id=body.request_id))
+        self.send(
+            pb.CommandGetLastMessageIdResponse(
+                request_id=body.request_id,
+                last_message_id=last,
+                consumer_mark_delete_position=to_wire(
+                    subscription.cursor.mark_delete_position,
+                    subscription.topic.name.partition_index,
+                ),
+            )
+        )
+
+
+Handler = Callable[[ServerConnection, Any, codec.Frame], None]
+
+#: Which handler serves which command. Commands legal in the state table but missing here get
+#: a NotAllowedError answer (``_unsupported``).
+_HANDLERS: dict[int, Handler] = {
+    Type.CONNECT: ServerConnection._connect,
+    Type.PING: ServerConnection._ping,
+    Type.PONG: ServerConnection._pong,
+    Type.PARTITIONED_METADATA: ServerConnection._partitioned_metadata,
+    Type.LOOKUP: ServerConnection._lookup,
+    Type.GET_TOPICS_OF_NAMESPACE: ServerConnection._topics_of_namespace,
+    Type.GET_SCHEMA: ServerConnection._get_schema,
+    Type.PRODUCER: ServerConnection._producer,
+    Type.SEND: ServerConnection._send_message,
+    Type.CLOSE_PRODUCER: ServerConnection._close_producer,
+    Type.SUBSCRIBE: ServerConnection._subscribe,
+    Type.FLOW: ServerConnection._flow,
+    Type.ACK: ServerConnection._ack,
+    Type.REDELIVER_UNACKNOWLEDGED_MESSAGES: ServerConnection._redeliver,
+    Type.CLOSE_CONSUMER: ServerConnection._close_consumer,
+    Type.UNSUBSCRIBE: ServerConnection._unsubscribe,
+    Type.SEEK: ServerConnection._seek,
+    Type.GET_LAST_MESSAGE_ID: ServerConnection._get_last_message_id,
+}

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from magnetar.broker.managed_ledger import Position
+from magnetar.broker.message_id import to_wire
+from magnetar.broker.position import Position
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
 
@@ -22,9 +23,25 @@ class Consumer:
     #: key_shared only: the consumer's KeySharedMeta from SUBSCRIBE (mode, sticky ranges), or None.
     key_shared_meta: pb.KeySharedMeta | None = None
     permits: int = 0
-    #: Dispatched and not yet acknowledged: position -> messages in that entry.
+    #: The partition index of the consumer's topic (-1: not a partition), put in message ids.
+    partition: int = -1
+    #: Dispatched and not yet acknowledged: position -> messages in that entry. Change it only
+    #: through send / acked / clear_pending, which keep ``unacked`` (their sum) right.
     pending: dict[Position, int] = field(default_factory=dict)
+    unacked: int = 0
+    #: Shared and key_shared: stop sending while ``unacked`` is at this bound (0: no bound).
+    max_unacked: int = 0
     closed: bool = False
+
+    @property
+    def ready(self) -> bool:
+        """May be sent a message now: permits left, its connection drains, under its bound."""
+        return (
+            self.permits > 0
+            and not self.closed
+            and self.connection.writable
+            and (self.max_unacked <= 0 or self.unacked < self.max_unacked)
+        )
 
     def send(
         self,
@@ -37,7 +54,7 @@ class Consumer:
         """Send the entry at ``position`` (``count`` messages: a batch's size, else 1)."""
         message = pb.CommandMessage(
             consumer_id=self.consumer_id,
-            message_id=pb.MessageIdData(ledgerId=position.ledger_id, entryId=position.entry_id),
+            message_id=to_wire(position, self.partition),
             redelivery_count=redelivery_count,
         )
         if acked_indexes:
@@ -45,10 +62,15 @@ class Consumer:
             message.ack_set.extend(unacked_bit_set(count, acked_indexes))
         self.connection.write(codec.encode_payload_command_raw(message, stored))
         self.permits -= count
+        self.unacked += count - self.pending.get(position, 0)
         self.pending[position] = count
 
     def acked(self, position: Position) -> None:
-        self.pending.pop(position, None)
+        self.unacked -= self.pending.pop(position, 0)
+
+    def clear_pending(self) -> None:
+        self.pending.clear()
+        self.unacked = 0
 
 
 def unacked_bit_set(batch_size: int, acked: frozenset[int]) -> list[int]:

@@ -20,16 +20,20 @@ import bisect
 import json
 import logging
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from magnetar.broker.managed_ledger import ManagedLedger, Position, encode_name
+from magnetar.broker import keys
+from magnetar.broker.position import Position
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError
+
+if TYPE_CHECKING:
+    from magnetar.broker.managed_ledger import ManagedLedger
 
 log = logging.getLogger(__name__)
 
 
 def cursor_key(ml: ManagedLedger, name: str) -> str:
-    return f"{ml.key}/cursors/{encode_name(name)}"
+    return keys.cursor_key(ml.key, name)
 
 
 class AckRanges:
@@ -355,11 +359,17 @@ class ManagedCursor:
 
     async def read_entries(self, max_entries: int) -> list[tuple[Position, bytes]]:
         """Up to ``max_entries`` unacknowledged entries from the read position, which moves
-        past them."""
+        past them. A read that fails leaves the read position where it was."""
         result: list[tuple[Position, bytes]] = []
         moves = self.moves
+        start = self.read_position
         while len(result) < max_entries:
-            batch = await self.ml.read_entries(self.read_position, max_entries - len(result))
+            try:
+                batch = await self.ml.read_entries(self.read_position, max_entries - len(result))
+            except BaseException:
+                if self.moves == moves:
+                    self.read_position = start
+                raise
             if self.moves != moves:
                 # Rewound or reset while the read waited on storage: what was read is
                 # from before that, and the read position is the new one. Nothing to give.
@@ -369,6 +379,11 @@ class ManagedCursor:
             result.extend((p, data) for p, data in batch if p not in self._acked)
             self.read_position = self.ml.next_position(batch[-1][0])
         return result
+
+    def unread(self, position: Position) -> None:
+        """Entries from ``position`` on were read but not sent: read them again next time."""
+        if position < self.read_position:
+            self.read_position = position
 
     @property
     def has_more_entries(self) -> bool:

@@ -12,7 +12,8 @@ import json
 import logging
 
 from magnetar.broker.entry import entry_metadata
-from magnetar.broker.managed_ledger import ManagedLedger, Position
+from magnetar.broker.managed_ledger import ManagedLedger
+from magnetar.broker.position import Position
 
 log = logging.getLogger(__name__)
 

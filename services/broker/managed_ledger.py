@@ -7,10 +7,7 @@ Metadata lives at ``/magnetar/managed-ledgers/<encoded name>`` as JSON::
                  {"ledger_id": 9, "entries": 0, "size": 0, "ctime_ms": ..., "closed": false}],
      "properties": {}}
 
-Key encoding: the whole topic name is percent-encoded (``urllib.parse.quote(name, safe="")``),
-so ``persistent://t/ns/topic`` becomes ``persistent%3A%2F%2Ft%2Fns%2Ftopic``. The result is one
-path segment, reversible, and never a prefix of another topic's key, which matters because the
-cursors live *under* it (``<key>/cursors/<encoded cursor name>``).
+Keys: see ``keys.py``; the cursors live under the managed ledger's key.
 
 Ownership rules (why this is safe to move between brokers):
 
@@ -32,46 +29,22 @@ import functools
 import json
 import logging
 import time
-import urllib.parse
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
+from magnetar.broker.cursor import ManagedCursor
+from magnetar.broker.keys import decode_name, managed_ledger_key
+from magnetar.broker.position import Position
 from magnetar.common.ledger.client import LedgerClient
 from magnetar.common.ledger.errors import LedgerError, LedgerFencedError, NoSuchLedgerError
 from magnetar.common.ledger.handle import LedgerHandle
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError, MetadataStore
 
-if TYPE_CHECKING:
-    from magnetar.broker.cursor import ManagedCursor
-
 log = logging.getLogger(__name__)
 
-MANAGED_LEDGERS_PATH = "/magnetar/managed-ledgers"
 MiB = 1024 * 1024
-
-
-def encode_name(name: str) -> str:
-    """One key-safe, reversible path segment for a topic or cursor name."""
-    return urllib.parse.quote(name, safe="")
-
-
-def decode_name(segment: str) -> str:
-    return urllib.parse.unquote(segment)
-
-
-def managed_ledger_key(name: str) -> str:
-    return f"{MANAGED_LEDGERS_PATH}/{encode_name(name)}"
-
-
-@dataclass(slots=True, frozen=True, order=True)
-class Position:
-    """An entry of the managed ledger; ordered by ledger id, then entry id."""
-
-    ledger_id: int
-    entry_id: int
-
-    def __str__(self) -> str:
-        return f"{self.ledger_id}:{self.entry_id}"
+#: The writer yields to the event loop after this many adds in a row.
+YIELD_EVERY = 64
 
 
 @dataclass(slots=True)
@@ -260,8 +233,6 @@ class ManagedLedger:
         # ones, which lets a cursor tell a stale owner's write from a newer owner's.
         self.epoch = self._version
         await self._delete_ledgers(empty)
-        from magnetar.broker.cursor import ManagedCursor
-
         for segment in await self.store.children(f"{self.key}/cursors"):
             cursor = await ManagedCursor.load(self, decode_name(segment))
             if cursor is not None:
@@ -395,6 +366,10 @@ class ManagedLedger:
                 entry_future.add_done_callback(
                     functools.partial(self._add_done, self._current.ledger_id, data, future)
                 )
+                if self._pushed_entries % YIELD_EVERY == 0:
+                    # Let the bookies start on what was pushed: a burst is journaled in
+                    # pieces, so its first receipts do not wait for its last entry.
+                    await asyncio.sleep(0)
             if self._state is not _State.OPEN and not self._queue:
                 return
 
@@ -654,8 +629,6 @@ class ManagedLedger:
         cursor = self.cursors.get(name)
         if cursor is not None:
             return cursor
-        from magnetar.broker.cursor import ManagedCursor
-
         cursor = await ManagedCursor.load(self, name)
         if cursor is None:
             if initial == "earliest":

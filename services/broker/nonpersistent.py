@@ -23,7 +23,7 @@ from magnetar.broker.dispatchers.key_hash import key_hash
 from magnetar.broker.dispatchers.key_shared import sticky_key, sticky_ranges
 from magnetar.broker.dispatchers.shared import next_by_priority
 from magnetar.broker.entry import entry_metadata, message_count
-from magnetar.broker.managed_ledger import Position
+from magnetar.broker.position import Position
 from magnetar.broker.producers import ProducerSet
 from magnetar.broker.subscription import SubscriptionTypeError
 from magnetar.broker.topic import TopicBusyError, publish_counters
@@ -101,7 +101,7 @@ class NonPersistentSubscription:
             chosen = self.assignment.select(key_hash(sticky_key(stored, metadata)))
         else:
             chosen = next_by_priority(self.consumers, self._turn)
-        if chosen is None or chosen.closed or chosen.permits <= 0:
+        if chosen is None or not chosen.ready:
             return None
         return chosen
 
@@ -113,10 +113,13 @@ class NonPersistentSubscription:
             self.dropped += count
             return
         consumer.send(position, stored, count)
-        consumer.pending.clear()  # nothing to acknowledge on a non-persistent topic
+        consumer.clear_pending()  # nothing to acknowledge on a non-persistent topic
 
     def flow(self, consumer: Consumer, permits: int) -> None:
         consumer.permits += permits
+
+    def wake(self) -> None:
+        pass  # live delivery: nothing waits to be sent
 
     def ack(self, consumer: Consumer, ack_type: int, message_ids: list[pb.MessageIdData]) -> None:
         pass  # nothing is kept, so nothing to mark

@@ -23,6 +23,11 @@ class ProducerBusyError(Exception):
     """The access mode does not allow this producer now."""
 
 
+class ProducerFencedError(Exception):
+    """The producer was fenced: the topic's epoch moved past the one it held. Pulsar's
+    clients stop retrying on this answer."""
+
+
 class ProducerSet:
     def __init__(self) -> None:
         self._producers: dict[ProducerKey, Callable[[], None]] = {}  # key -> how to fence it
@@ -33,9 +38,21 @@ class ProducerSet:
     def __len__(self) -> int:
         return len(self._producers)
 
-    async def add(self, key: ProducerKey, mode: Mode, fence: Callable[[], None]) -> int:
+    async def add(
+        self,
+        key: ProducerKey,
+        mode: Mode,
+        fence: Callable[[], None],
+        epoch: int | None = None,
+    ) -> int:
         """Attach a producer; returns the topic epoch. ``fence`` closes it if another producer
-        takes the topic with ExclusiveWithFencing."""
+        takes the topic with ExclusiveWithFencing. ``epoch``: the epoch an exclusive producer
+        held before it reconnected; older than the topic's means it was fenced meanwhile."""
+        if mode != pb.Shared and epoch is not None and epoch < self.topic_epoch:
+            raise ProducerFencedError(
+                f"the topic epoch moved on to {self.topic_epoch} (the producer held {epoch}): "
+                "another exclusive producer took the topic"
+            )
         if mode == pb.Shared:
             if self._exclusive is not None:
                 raise ProducerBusyError("the topic has an exclusive producer")

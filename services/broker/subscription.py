@@ -7,8 +7,10 @@ from typing import TYPE_CHECKING
 from magnetar.broker import dispatchers
 from magnetar.broker.consumer import Consumer, acked_from_bit_set
 from magnetar.broker.cursor import ManagedCursor
+from magnetar.broker.dispatch_limits import DispatchLimits
 from magnetar.broker.entry import entry_metadata
-from magnetar.broker.managed_ledger import Position
+from magnetar.broker.message_id import from_wire
+from magnetar.broker.position import Position
 from magnetar.common.proto import pulsar_api_pb2 as pb
 
 if TYPE_CHECKING:
@@ -26,13 +28,17 @@ class Subscription:
         name: str,
         cursor: ManagedCursor,
         sub_type: int,
-        dispatch_batch: int,
+        limits: DispatchLimits,
     ) -> None:
         self.topic = topic
         self.name = name
         self.cursor = cursor
         self.sub_type = sub_type
-        self.dispatch_batch = dispatch_batch
+        self.limits = limits
+        self.dispatch_batch = limits.dispatch_batch
+        #: Messages per entry, averaged over what was dispatched: reads are sized by it so a
+        #: consumer is sent about its permits, not its permits in entries.
+        self.messages_per_entry = 1.0
         self.redelivery_counts: dict[Position, int] = {}
         #: Messages per batch entry dispatched and not fully acknowledged (batch-index acks
         #: from the official client carry no batch size).
@@ -54,13 +60,21 @@ class Subscription:
     def remove_consumer(self, consumer: Consumer) -> None:
         self.dispatcher.remove_consumer(consumer)
 
+    @property
+    def consumers(self) -> list[Consumer]:
+        return self.dispatcher.consumers
+
+    def wake(self) -> None:
+        """Something a dispatch waits for changed (a connection became writable again)."""
+        self.dispatcher.wake()
+
     def flow(self, consumer: Consumer, permits: int) -> None:
         consumer.permits += permits
         self.dispatcher.wake()
 
     def ack(self, consumer: Consumer, ack_type: int, message_ids: list[pb.MessageIdData]) -> None:
         for mid in message_ids:
-            position = signed_position(mid)
+            position = from_wire(mid)
             if position.ledger_id < 0:
                 continue  # MessageId.earliest: nothing to acknowledge
             acked: list[int] = []
@@ -166,7 +180,7 @@ class Subscription:
         self.cursor.reset(max(position, self.topic.ml.first_position))
         consumers = list(self.dispatcher.consumers)
         for consumer in consumers:
-            consumer.pending.clear()
+            consumer.clear_pending()
             self.dispatcher.remove_consumer(consumer)
         self.redelivery_counts.clear()
         self.batch_sizes.clear()
@@ -186,12 +200,3 @@ class Subscription:
 
     async def close(self) -> None:
         await self.dispatcher.close()
-
-
-def signed_position(mid: pb.MessageIdData) -> Position:
-    """The position of a message id; ids are uint64 on the wire, so -1 arrives as 2**64 - 1."""
-    return Position(_signed(mid.ledgerId), _signed(mid.entryId))
-
-
-def _signed(value: int) -> int:
-    return value - 2**64 if value >= 2**63 else value

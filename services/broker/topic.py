@@ -9,17 +9,19 @@ import time
 from magnetar.broker.consumer import Consumer
 from magnetar.broker.cursor import NonDurableCursor
 from magnetar.broker.deduplication import Deduplication
-from magnetar.broker.managed_ledger import ManagedLedger, Position
+from magnetar.broker.dispatch_limits import DispatchLimits
+from magnetar.broker.entry import entry_metadata, message_count
+from magnetar.broker.managed_ledger import ManagedLedger
+from magnetar.broker.message_id import LATEST, from_wire, to_wire
 from magnetar.broker.policies import Policies
+from magnetar.broker.position import Position
 from magnetar.broker.producers import ProducerSet
-from magnetar.broker.subscription import Subscription, signed_position
+from magnetar.broker.subscription import Subscription
 from magnetar.broker.topic_name import TopicName
 from magnetar.common.proto import pulsar_api_pb2 as pb
+from magnetar.common.protocol import codec
 
 log = logging.getLogger(__name__)
-
-#: Pulsar's MessageId.latest has ledger id Long.MAX_VALUE.
-LATEST_LEDGER_ID = 2**63 - 1
 
 
 class NamespaceNotFoundError(Exception):
@@ -35,10 +37,12 @@ class TopicBusyError(Exception):
 
 
 class PersistentTopic:
-    def __init__(self, name: TopicName, ml: ManagedLedger, dispatch_batch: int) -> None:
+    def __init__(
+        self, name: TopicName, ml: ManagedLedger, limits: DispatchLimits | None = None
+    ) -> None:
         self.name = name
         self.ml = ml
-        self.dispatch_batch = dispatch_batch
+        self.limits = limits or DispatchLimits()
         self.subscriptions: dict[str, Subscription] = {}
         self.producers = ProducerSet()
         self.loaded_at = time.monotonic()
@@ -102,7 +106,7 @@ class PersistentTopic:
             subscription = self.subscriptions.get(name)
             if subscription is None and start_message_id is not None:
                 cursor = NonDurableCursor(self.ml, name, self.position_for(start_message_id))
-                subscription = Subscription(self, name, cursor, sub_type, self.dispatch_batch)
+                subscription = Subscription(self, name, cursor, sub_type, self.limits)
                 subscription.durable = False
                 self.subscriptions[name] = subscription
             elif subscription is None:
@@ -110,7 +114,7 @@ class PersistentTopic:
                     "earliest" if initial_position == pb.CommandSubscribe.Earliest else "latest"
                 )
                 cursor = await self.ml.open_cursor(name, initial)
-                subscription = Subscription(self, name, cursor, sub_type, self.dispatch_batch)
+                subscription = Subscription(self, name, cursor, sub_type, self.limits)
                 self.subscriptions[name] = subscription
             subscription.add_consumer(consumer, sub_type)
             return subscription
@@ -118,18 +122,26 @@ class PersistentTopic:
     def position_for(self, message_id: pb.MessageIdData) -> Position:
         """Where a message id points: Pulsar's earliest/latest ids mean the first entry and the
         end of the log; any other id at most as early as the first entry still stored."""
-        # The ids are uint64 on the wire: MessageId.earliest (-1) arrives as 2**64 - 1.
-        position = signed_position(message_id)
+        position = from_wire(message_id)
         if position.ledger_id < 0:  # MessageId.earliest
             return self.ml.first_position
-        if position.ledger_id >= LATEST_LEDGER_ID:  # MessageId.latest
+        if position.ledger_id >= LATEST.ledger_id:  # MessageId.latest
             return self.ml.next_position(self.ml.last_confirmed_position)
         return max(position, self.ml.first_position)
 
-    def last_message_id(self) -> pb.MessageIdData:
-        """The last stored message (for GET_LAST_MESSAGE_ID); entry -1 when there is none."""
+    async def last_message_id(self) -> pb.MessageIdData:
+        """The last stored message (for GET_LAST_MESSAGE_ID); entry -1 when there is none. For
+        a batch, the id of its last message, as Pulsar answers: a reader that has read part of
+        the last batch still sees messages available."""
         last = self.ml.last_confirmed_position
-        return pb.MessageIdData(ledgerId=last.ledger_id, entryId=last.entry_id)
+        batch_index = -1
+        if last.entry_id >= 0:
+            entries = await self.ml.read_entries(last, 1)
+            if entries and entries[0][0] == last:
+                count = message_count(entries[0][1])
+                if count > 1 or codec.is_batch(entry_metadata(entries[0][1])):
+                    batch_index = count - 1
+        return to_wire(last, self.name.partition_index, batch_index)
 
     async def remove_subscription_if_unused(self, subscription: Subscription) -> None:
         """Readers' subscriptions go away with their last consumer."""
@@ -152,7 +164,7 @@ class PersistentTopic:
                     {
                         "consumerName": c.name,
                         "availablePermits": c.permits,
-                        "unackedMessages": sum(c.pending.values()),
+                        "unackedMessages": c.unacked,
                     }
                     for c in consumers
                 ],

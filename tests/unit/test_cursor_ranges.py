@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from magnetar.broker.cursor import AckRanges
-from magnetar.broker.managed_ledger import Position
+from magnetar.broker.position import Position
 
 positions = st.builds(Position, st.integers(0, 3), st.integers(0, 40))
 operations = st.lists(st.tuples(st.sampled_from(["add", "remove_through"]), positions), max_size=80)

@@ -9,7 +9,8 @@ from magnetar.broker.dispatchers.shared import SharedDispatcher
 
 
 def consumer(name: str, priority: int, permits: int) -> Consumer:
-    return Consumer(0, name, connection=None, priority=priority, permits=permits)  # type: ignore[arg-type]
+    connection = SimpleNamespace(writable=True)  # only its writability is looked at
+    return Consumer(0, name, connection=connection, priority=priority, permits=permits)  # type: ignore[arg-type]
 
 
 def picks(dispatcher: SharedDispatcher, n: int) -> list[str]:

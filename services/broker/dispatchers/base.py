@@ -1,21 +1,33 @@
 """What every dispatcher shares: its consumers, and a task that dispatches whenever something
-changes (permits, new entries, acks, consumers joining or leaving)."""
+changes (permits, new entries, acks, consumers joining or leaving, a connection draining).
+
+The task never dies quietly: a failed round is logged with the subscription and retried with
+backoff, and any wake-up (FLOW, an ack, a new entry) restarts a task that ended anyway.
+Reads are sized in messages, not entries: a round reads about as many entries as the permits
+cover at the subscription's average messages per entry, and what a consumer had no permits for
+is left unread, so no consumer is sent more than its permits plus one entry."""
 
 from __future__ import annotations
 
 import abc
 import asyncio
 import logging
+import math
 from typing import TYPE_CHECKING
 
 from magnetar.broker.consumer import Consumer
 from magnetar.broker.entry import message_count
-from magnetar.broker.managed_ledger import ManagedLedgerError, Position
+from magnetar.broker.managed_ledger import ManagedLedgerError
+from magnetar.broker.position import Position
 
 if TYPE_CHECKING:
     from magnetar.broker.subscription import Subscription
 
 log = logging.getLogger(__name__)
+
+#: Backoff of a failed dispatch round: first wait, doubled up to the last.
+RETRY_FIRST_S = 0.1
+RETRY_MAX_S = 5.0
 
 
 class ConsumerBusyError(Exception):
@@ -29,13 +41,10 @@ class Dispatcher(abc.ABC):
         self.consumers: list[Consumer] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._closed = False
 
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers.append(consumer)
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(
-                self._run(), name=f"dispatch-{self.subscription}"
-            )
         self.wake()
 
     def remove_consumer(self, consumer: Consumer) -> None:
@@ -47,23 +56,49 @@ class Dispatcher(abc.ABC):
 
     def wake(self) -> None:
         self._wake.set()
+        if self.consumers and not self._closed and (self._task is None or self._task.done()):
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"dispatch-{self.subscription}"
+            )
 
     async def close(self) -> None:
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
     async def _run(self) -> None:
+        backoff = RETRY_FIRST_S
         while self.consumers:
             self._wake.clear()
             try:
                 progressed = await self.dispatch_round()
-            except ManagedLedgerError as e:
-                log.warning("subscription %s: cannot read entries: %s", self.subscription, e)
-                progressed = False
-                await asyncio.sleep(0.5)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                level = logging.WARNING if isinstance(e, ManagedLedgerError) else logging.ERROR
+                log.log(
+                    level,
+                    "subscription %s: dispatch failed, retrying in %.1f s: %s",
+                    self.subscription,
+                    backoff,
+                    e,
+                    exc_info=level == logging.ERROR,
+                )
+                try:
+                    await asyncio.wait_for(self._wake.wait(), backoff)
+                except TimeoutError:
+                    pass
+                backoff = min(backoff * 2, RETRY_MAX_S)
+                continue
+            backoff = RETRY_FIRST_S
             if not progressed:
                 await self._wake.wait()
+
+    def entries_to_read(self, permits: int) -> int:
+        """Entries to read for ``permits`` messages, at the average batch size seen so far."""
+        per_entry = max(self.subscription.messages_per_entry, 1.0)
+        return max(1, min(math.ceil(permits / per_entry), self.subscription.dispatch_batch))
 
     def send(
         self, consumer: Consumer, position: Position, stored: bytes, count: int | None = None
@@ -74,6 +109,8 @@ class Dispatcher(abc.ABC):
             count = message_count(stored)
         if count > 1:
             self.subscription.batch_sizes[position] = count
+        sub = self.subscription
+        sub.messages_per_entry += (count - sub.messages_per_entry) * 0.1
         consumer.send(
             position,
             stored,
@@ -108,11 +145,20 @@ class ReplayingDispatcher(Dispatcher):
         super().__init__(subscription)
         self.replay: set[Position] = set()
 
+    def add_consumer(self, consumer: Consumer) -> None:
+        consumer.max_unacked = self.subscription.limits.max_unacked_per_consumer
+        super().add_consumer(consumer)
+
+    def subscription_full(self) -> bool:
+        """At the subscription's bound of unacknowledged messages: read nothing new."""
+        limit = self.subscription.limits.max_unacked_per_subscription
+        return limit > 0 and sum(c.unacked for c in self.consumers) >= limit
+
     def release(self, consumer: Consumer) -> None:
         for position in consumer.pending:
             self.redelivered(position)
             self.replay.add(position)
-        consumer.pending.clear()
+        consumer.clear_pending()
 
     def redeliver(self, consumer: Consumer, positions: list[Position] | None) -> None:
         chosen = (
@@ -121,7 +167,7 @@ class ReplayingDispatcher(Dispatcher):
             else [p for p in positions if p in consumer.pending]
         )
         for position in chosen:
-            consumer.pending.pop(position, None)
+            consumer.acked(position)
             self.redelivered(position)
             self.replay.add(position)
         self.wake()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from magnetar.broker.consumer import Consumer
 from magnetar.broker.dispatchers.base import ConsumerBusyError, Dispatcher
-from magnetar.broker.managed_ledger import Position
+from magnetar.broker.position import Position
 
 
 class ExclusiveDispatcher(Dispatcher):
@@ -20,17 +20,24 @@ class ExclusiveDispatcher(Dispatcher):
     async def dispatch_round(self) -> bool:
         if not self.consumers:
             return False
-        consumer = self.consumers[0]
-        if consumer.permits <= 0 or not self.cursor.has_more_entries:
+        return await self.dispatch_in_order(self.consumers[0])
+
+    async def dispatch_in_order(self, consumer: Consumer) -> bool:
+        """Send ``consumer`` the next entries from the read position, as far as its permits
+        go; what it cannot take now stays unread."""
+        if not consumer.ready or not self.cursor.has_more_entries:
             return False
-        entries = await self.cursor.read_entries(
-            min(consumer.permits, self.subscription.dispatch_batch)
-        )
-        for position, stored in entries:
-            if consumer.closed:
-                break
+        entries = await self.cursor.read_entries(self.entries_to_read(consumer.permits))
+        for i, (position, stored) in enumerate(entries):
+            if not consumer.ready or not self.still_serves(consumer):
+                self.cursor.unread(position)
+                return i > 0
             self.send(consumer, position, stored)
         return bool(entries)
+
+    def still_serves(self, consumer: Consumer) -> bool:
+        """Whether ``consumer`` is still the one this subscription dispatches to."""
+        return consumer in self.consumers
 
     def release(self, consumer: Consumer) -> None:
         self._rewind(consumer)
@@ -43,5 +50,5 @@ class ExclusiveDispatcher(Dispatcher):
     def _rewind(self, consumer: Consumer) -> None:
         for position in consumer.pending:
             self.redelivered(position)
-        consumer.pending.clear()
+        consumer.clear_pending()
         self.cursor.rewind()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from magnetar.broker.consumer import Consumer
 from magnetar.broker.dispatchers.exclusive import ExclusiveDispatcher
-from magnetar.broker.managed_ledger import Position
+from magnetar.broker.position import Position
 from magnetar.broker.topic_name import TopicName
 from magnetar.common.proto import pulsar_api_pb2 as pb
 
@@ -50,18 +50,12 @@ class FailoverDispatcher(ExclusiveDispatcher):
         self.wake()
 
     async def dispatch_round(self) -> bool:
-        consumer = self.active
-        if consumer is None or consumer.permits <= 0 or not self.cursor.has_more_entries:
+        if self.active is None:
             return False
-        entries = await self.cursor.read_entries(
-            min(consumer.permits, self.subscription.dispatch_batch)
-        )
-        for position, stored in entries:
-            if consumer.closed or consumer is not self.active:
-                self.cursor.rewind()
-                break
-            self.send(consumer, position, stored)
-        return bool(entries)
+        return await self.dispatch_in_order(self.active)
+
+    def still_serves(self, consumer: Consumer) -> bool:
+        return consumer is self.active
 
     def redeliver(self, consumer: Consumer, positions: list[Position] | None) -> None:
         if consumer is self.active:

@@ -25,7 +25,7 @@ from magnetar.broker.dispatchers.base import ConsumerBusyError, ReplayingDispatc
 from magnetar.broker.dispatchers.hash_assignment import AssignmentConflict, HashAssignment
 from magnetar.broker.dispatchers.key_hash import NONE_KEY, key_hash
 from magnetar.broker.entry import entry_metadata, entry_payload, message_count
-from magnetar.broker.managed_ledger import Position
+from magnetar.broker.position import Position
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
 
@@ -124,7 +124,7 @@ class KeySharedDispatcher(ReplayingDispatcher):
         if h in blocked:
             return None
         consumer = self.assignment.select(h)
-        if consumer is None or consumer.closed or consumer.permits <= 0:
+        if consumer is None or not consumer.ready:
             return None
         owner = owners.get(h)
         if owner is not None and owner is not consumer and not _out_of_order_ok(consumer):
@@ -132,7 +132,7 @@ class KeySharedDispatcher(ReplayingDispatcher):
         return consumer
 
     async def dispatch_round(self) -> bool:
-        if not any(c.permits > 0 and not c.closed for c in self.consumers):
+        if not any(c.ready for c in self.consumers):
             return False
         self._forget_stale_hashes()
         owners = self._owners()
@@ -166,10 +166,15 @@ class KeySharedDispatcher(ReplayingDispatcher):
             owners[h] = consumer
             sent = True
         # Then new entries.
-        budget = sum(max(c.permits, 0) for c in self.consumers if not c.closed)
-        if budget <= 0 or len(self.replay) >= MAX_WAITING or not self.cursor.has_more_entries:
+        budget = sum(c.permits for c in self.consumers if c.ready)
+        if (
+            budget <= 0
+            or len(self.replay) >= MAX_WAITING
+            or not self.cursor.has_more_entries
+            or self.subscription_full()
+        ):
             return sent
-        entries = await self.cursor.read_entries(min(budget, self.subscription.dispatch_batch))
+        entries = await self.cursor.read_entries(self.entries_to_read(budget))
         for position, stored in entries:
             metadata = entry_metadata(stored)
             h = self._hash_of[position] = key_hash(sticky_key(stored, metadata))

@@ -9,7 +9,7 @@ import itertools
 
 from magnetar.broker.consumer import Consumer
 from magnetar.broker.dispatchers.base import ReplayingDispatcher
-from magnetar.broker.managed_ledger import Position
+from magnetar.broker.position import Position
 
 
 class SharedDispatcher(ReplayingDispatcher):
@@ -21,18 +21,22 @@ class SharedDispatcher(ReplayingDispatcher):
         return next_by_priority(self.consumers, self._turn)
 
     async def dispatch_round(self) -> bool:
-        budget = sum(max(c.permits, 0) for c in self.consumers if not c.closed)
+        budget = sum(c.permits for c in self.consumers if c.ready)
         if budget <= 0:
             return False
-        entries = await self._replay_entries(min(budget, self.subscription.dispatch_batch))
-        if not entries and self.cursor.has_more_entries:
-            entries = await self.cursor.read_entries(min(budget, self.subscription.dispatch_batch))
+        entries = await self._replay_entries(self.entries_to_read(budget))
+        replayed = bool(entries)
+        if not entries and self.cursor.has_more_entries and not self.subscription_full():
+            entries = await self.cursor.read_entries(self.entries_to_read(budget))
         sent = False
-        for position, stored in entries:
+        for i, (position, stored) in enumerate(entries):
             consumer = self._next_consumer()
-            if consumer is None:
-                self.replay.add(position)  # permits ran out (batches count more than one)
-                continue
+            if consumer is None:  # permits ran out (batches count more than one)
+                if replayed:
+                    self.replay.update(p for p, _ in entries[i:])
+                else:
+                    self.cursor.unread(position)
+                break
             self.send(consumer, position, stored)
             sent = True
         return sent
@@ -52,7 +56,7 @@ class SharedDispatcher(ReplayingDispatcher):
 def next_by_priority(consumers: list[Consumer], turn: itertools.count[int]) -> Consumer | None:
     """Round robin among the ready consumers of the best priority level (0 is the best): a
     lower level gets messages only while every consumer above it has no permits."""
-    ready = [c for c in consumers if c.permits > 0 and not c.closed]
+    ready = [c for c in consumers if c.ready]
     if not ready:
         return None
     best = min(c.priority for c in ready)
