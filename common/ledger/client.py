@@ -17,6 +17,7 @@ from magnetar.common.ledger.bookies import BookieRegistration, list_bookies
 from magnetar.common.ledger.distribution import Quorum
 from magnetar.common.ledger.entry import DigestMismatchError, EntryFormatError, verify_entry
 from magnetar.common.ledger.errors import (
+    EntryDigestError,
     LedgerError,
     NoSuchEntryError,
     NoSuchLedgerError,
@@ -217,8 +218,11 @@ class LedgerClient:
     async def read_from_replicas(
         self, ledger_id: int, entry_id: int, bookies: Sequence[str]
     ) -> bytes:
-        """Read from the first replica; ask the next one on an error, or when the current one
-        has not answered within ``speculative_read_s``. The first verified copy wins."""
+        """Read from the first replica; ask the next one on an error (a corrupt copy included),
+        or when the current one has not answered within ``speculative_read_s``. The first
+        verified copy wins. If none is intact: NoSuchEntryError when every replica says it has
+        no such entry, EntryDigestError when the copies that exist are all corrupt, else
+        ReadError (some replica could not be asked; trying later may succeed)."""
         errors: dict[str, BaseException] = {}
         running: dict[asyncio.Task[bytes], str] = {}
         next_index = 0
@@ -259,6 +263,11 @@ class LedgerClient:
         ):
             raise NoSuchEntryError(f"ledger {ledger_id} entry {entry_id}: no replica has it")
         detail = "; ".join(f"{a}: {e}" for a, e in errors.items())
+        if any(isinstance(e, EntryDigestError) for e in errors.values()) and all(
+            isinstance(e, EntryDigestError) or (isinstance(e, BookieError) and e.status in _ABSENT)
+            for e in errors.values()
+        ):
+            raise EntryDigestError(ledger_id, entry_id, f"every replica failed: {detail}")
         raise ReadError(f"ledger {ledger_id} entry {entry_id}: every replica failed ({detail})")
 
     async def _read_verified(self, address: str, ledger_id: int, entry_id: int) -> bytes:
@@ -266,19 +275,20 @@ class LedgerClient:
             entry = await self.bookie(address).read(ledger_id, entry_id)
             header = verify_entry(entry)
         except (DigestMismatchError, EntryFormatError) as e:
-            self._report_corrupt(address, ledger_id, entry_id, str(e))
-            raise
+            raise self._report_corrupt(address, ledger_id, entry_id, str(e)) from None
         except BookieError as e:
             if e.status == pb.DIGEST_MISMATCH:
-                self._report_corrupt(address, ledger_id, entry_id, str(e))
+                raise self._report_corrupt(address, ledger_id, entry_id, str(e)) from None
             raise
         if header.ledger_id != ledger_id or header.entry_id != entry_id:
             message = f"asked for {ledger_id}/{entry_id}, got {header.ledger_id}/{header.entry_id}"
-            self._report_corrupt(address, ledger_id, entry_id, message)
-            raise ReadError(message)
+            raise self._report_corrupt(address, ledger_id, entry_id, message)
         return entry
 
-    def _report_corrupt(self, address: str, ledger_id: int, entry_id: int, detail: str) -> None:
+    def _report_corrupt(
+        self, address: str, ledger_id: int, entry_id: int, detail: str
+    ) -> EntryDigestError:
+        """Count and log a corrupt replica; the error to raise for it."""
         self.corrupt_reads += 1
         log.error(
             "corrupt replica: bookie %s returned a bad copy of ledger %d entry %d (%s); reading another",
@@ -287,6 +297,7 @@ class LedgerClient:
             entry_id,
             detail,
         )
+        return EntryDigestError(ledger_id, entry_id, f"bookie {address}: {detail}")
 
     async def read_lac(self, ledger_id: int, bookies: Sequence[str]) -> int:
         """The highest LAC any of these bookies reports for the ledger."""

@@ -42,5 +42,16 @@ class ReadError(LedgerError):
     """No replica returned the entry (bookies down, or every copy corrupt)."""
 
 
+class EntryDigestError(ReadError):
+    """Every replica that answered returned a corrupt copy of the entry (digest mismatch, or not
+    the entry asked for) or had none, and at least one copy was corrupt: the entry is
+    unreadable. Raised for one replica by the replica read too, which then asks the next one."""
+
+    def __init__(self, ledger_id: int, entry_id: int, detail: str) -> None:
+        self.ledger_id = ledger_id
+        self.entry_id = entry_id
+        super().__init__(f"ledger {ledger_id} entry {entry_id}: no intact copy ({detail})")
+
+
 class RecoveryError(LedgerError):
     """Recovery could not finish now (not enough bookies answered); it is safe to retry."""

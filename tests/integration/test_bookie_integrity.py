@@ -1,5 +1,6 @@
 """Integrity of a bookie at its edges, with real bookie processes: a server socket never shares
-an address in use; an entry over the size limit fails alone; a corrupt replica is read around."""
+an address in use; an entry over the size limit fails alone; a corrupt replica is read around,
+and an entry with no intact replica is a clear EntryDigestError."""
 
 from __future__ import annotations
 
@@ -12,9 +13,19 @@ import pytest
 
 from magnetar.common.ledger.bookie_client import BookieClient
 from magnetar.common.ledger.entry import HEADER_SIZE, encode_entry, verify_entry
-from magnetar.common.ledger.errors import EntryTooLargeError, LedgerError
-from tests.support.bookie import BookieFactory, bookie_factory_fixture
-from tests.support.ledger_cluster import LedgerCluster, ledger_cluster_fixture
+from magnetar.common.ledger.errors import (
+    EntryDigestError,
+    EntryTooLargeError,
+    LedgerError,
+    ReadError,
+)
+from tests.support.bookie import BookieFactory, BookieProcess, bookie_factory_fixture
+from tests.support.ledger_cluster import (
+    LedgerCluster,
+    ledger_cluster_fixture,
+    payload_for,
+    start_bookie,
+)
 
 
 @pytest.fixture
@@ -127,3 +138,62 @@ async def test_too_large_answer_from_a_bookie_is_not_a_bookie_failure(
         reader = await client.open_ledger(handle.ledger_id)
         assert reader.metadata.last_entry_id == 2
         assert [e.payload for e in await reader.read(0, 2)] == [b"zero", b"one", b"two"]
+
+
+# -- digest mismatch on a replica ---------------------------------------------------------------
+
+
+def corrupt_entry_on_disk(bookie: BookieProcess, payload: bytes) -> None:
+    """Flip one byte in the middle of ``payload`` where it lies in the stopped bookie's entry
+    logs (the payloads are unique, so it lies there exactly once)."""
+    found = []
+    for path in bookie.entry_log_files:
+        data = path.read_bytes()
+        at = data.find(payload)
+        if at >= 0:
+            found.append((path, at))
+    assert len(found) == 1, f"payload found {len(found)} times in {bookie.entry_log_files}"
+    path, at = found[0]
+    with open(path, "r+b") as f:
+        f.seek(at + len(payload) // 2)
+        byte = f.read(1)
+        f.seek(at + len(payload) // 2)
+        f.write(bytes([byte[0] ^ 0x5A]))
+
+
+def test_digest_mismatch_on_one_replica_is_read_from_another(cluster: LedgerCluster) -> None:
+    async def write() -> tuple[int, tuple[str, ...]]:
+        async with cluster.client() as client:
+            handle = await client.create_ledger(3, 3, 3)
+            for i in range(20):
+                await handle.add(payload_for(handle.ledger_id, i))
+            await handle.close()
+            return handle.ledger_id, handle.ensemble
+
+    ledger_id, ensemble = asyncio.run(write())
+    for bookie in cluster.bookies:
+        assert bookie.stop() == 0  # the final checkpoint puts every entry in the entry logs
+    # Entry 0: corrupt on the replica asked first only. Entry 5: corrupt on every replica.
+    corrupt_entry_on_disk(cluster.bookie(ensemble[0]), payload_for(ledger_id, 0))
+    for bookie in cluster.bookies:
+        corrupt_entry_on_disk(bookie, payload_for(ledger_id, 5))
+    for bookie in cluster.bookies:
+        start_bookie(bookie)
+
+    async def read() -> None:
+        async with cluster.client() as client:
+            handle = await client.open_ledger(ledger_id)
+            entry = await handle.read_entry(0)
+            assert entry.payload == payload_for(ledger_id, 0)
+            assert client.corrupt_reads == 1
+            got = await handle.read(0, 4)
+            assert [e.payload for e in got] == [payload_for(ledger_id, i) for i in range(5)]
+            with pytest.raises(EntryDigestError) as err:
+                await handle.read_entry(5)
+            assert (err.value.ledger_id, err.value.entry_id) == (ledger_id, 5)
+            assert "DIGEST_MISMATCH" in str(err.value)
+            assert isinstance(err.value, ReadError)  # callers of the old type still catch it
+            got = await handle.read(6, 19)
+            assert [e.payload for e in got] == [payload_for(ledger_id, i) for i in range(6, 20)]
+
+    asyncio.run(read())
