@@ -1,6 +1,7 @@
 """Admin REST on the broker's HTTP port, on Pulsar's ``/admin/v2/...`` paths (a first subset):
 
 - ``PUT    /admin/v2/{domain}/{tenant}/{namespace}/{topic}/partitions`` body: the partition count
+- ``POST   /admin/v2/{domain}/{tenant}/{namespace}/{topic}/partitions`` body: a larger count
 - ``GET    /admin/v2/{domain}/{tenant}/{namespace}/{topic}/partitions`` -> ``{"partitions": N}``
 - ``DELETE /admin/v2/{domain}/{tenant}/{namespace}/{topic}/partitions``
 - ``PUT    /admin/v2/{domain}/{tenant}/{namespace}/{topic}`` creates a non-partitioned topic
@@ -16,29 +17,54 @@
 Partitioned-topic metadata lives in the metadata store at
 ``/magnetar/admin/partitioned-topics/<tenant>/<namespace>/<domain>/<topic>`` as
 ``{"partitions": N}``.
+
+Errors are Pulsar's: its status codes and a ``{"reason": ...}`` body, produced in one place (the
+``_errors`` middleware): handlers raise ``AdminError``; an unexpected exception is logged once
+with the request and answered 500 with a reason, so every request gets an answer.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from magnetar.broker import policies
-from magnetar.broker.policies import parse_document
-from magnetar.broker.topic import PersistentTopic, TopicBusyError
-from magnetar.broker.topic_name import InvalidTopicNameError, TopicName
+from magnetar.broker.config import TopicSettings
+from magnetar.broker.keys import managed_ledger_key
+from magnetar.broker.policies import PartitionCountError, PolicyError, parse_document
+from magnetar.broker.topic import (
+    NamespaceNotFoundError,
+    PersistentTopic,
+    TopicBusyError,
+    TopicNotFoundError,
+)
+from magnetar.broker.topic_name import PARTITION_SUFFIX, InvalidTopicNameError, TopicName
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError
 
 if TYPE_CHECKING:
     from magnetar.broker.broker import Broker
     from magnetar.broker.nonpersistent import NonPersistentTopic
 
+log = logging.getLogger(__name__)
+
 PARTITIONED_PATH = "/magnetar/admin/partitioned-topics"
 TENANTS_PATH = "/magnetar/admin/tenants"
 NAMESPACES_PATH = "/magnetar/admin/namespaces"
+
+#: Pulsar's NamedEntity.checkName pattern (Java's ``\w`` is ASCII-only, hence re.ASCII).
+_NAMED_ENTITY = re.compile(r"[-=:.\w]+", re.ASCII)
+
+
+def valid_name(name: str) -> bool:
+    r"""A tenant or namespace name Pulsar accepts: ``[-=:.\w]`` only, and (beyond Pulsar's
+    pattern, which an empty name or ``..`` passes) not empty and not dots only, since ``.`` and
+    ``..`` mean "here" and "up" in URLs and would alias other keys."""
+    return bool(_NAMED_ENTITY.fullmatch(name)) and name.strip(".") != ""
 
 
 async def ensure_default_namespace(broker: Broker) -> None:
@@ -55,16 +81,33 @@ def partitioned_key(name: TopicName) -> str:
     return f"{PARTITIONED_PATH}/{name.tenant}/{name.namespace}/{name.domain}/{name.local_name}"
 
 
+class PartitionedMetadataError(ValueError):
+    """A stored partitioned-topic record that is not ``{"partitions": N}`` with an integer N."""
+
+
 async def partition_count(broker: Broker, name: TopicName) -> int:
-    """Partitions of ``name`` (0: not a partitioned topic)."""
+    """Partitions of ``name`` as stored (0: not a partitioned topic). Not bounded here: callers
+    that expand the count check it against ``max_num_partitions_per_partitioned_topic``."""
     assert broker.store is not None
     found = await broker.store.get(partitioned_key(name))
-    return int(json.loads(found.value)["partitions"]) if found is not None else 0
+    if found is None:
+        return 0
+    try:
+        partitions = json.loads(found.value)["partitions"]
+    except (ValueError, RecursionError, KeyError, TypeError) as e:
+        raise PartitionedMetadataError(
+            f"partitioned topic {name}: unreadable metadata: {e}"
+        ) from None
+    if not isinstance(partitions, int) or isinstance(partitions, bool):
+        raise PartitionedMetadataError(
+            f"partitioned topic {name}: partition count {partitions!r} is not an integer"
+        )
+    return partitions
 
 
-def _error(status: int, reason: str) -> web.Response:
+def _error(status: int, reason: str, headers: dict[str, str] | None = None) -> web.Response:
     # Pulsar's admin API answers errors as {"reason": ...}.
-    return web.json_response({"reason": reason}, status=status)
+    return web.json_response({"reason": reason}, status=status, headers=headers)
 
 
 class AdminError(Exception):
@@ -80,24 +123,98 @@ class AdminError(Exception):
 async def _errors(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
+    """The one error path: every failure becomes Pulsar's status and ``{"reason": ...}``."""
     try:
         return await handler(request)
-    except InvalidTopicNameError as e:
-        return _error(400, str(e))
     except AdminError as e:
         return _error(e.status, e.reason)
+    except InvalidTopicNameError as e:
+        return _error(412, f"Topic name is not valid: {e}")
+    except NamespaceNotFoundError as e:  # deleted between our check and the topic's load
+        return _error(404, f"Namespace does not exist: {e}")
+    except TopicNotFoundError as e:
+        return _error(404, str(e))
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        # aiohttp's own answers (no such path, method not allowed, body too large), same shape.
+        allow = e.headers.get("Allow")
+        return _error(e.status, e.reason, {"Allow": allow} if allow else None)
+    except Exception as e:
+        log.exception("admin %s %s failed", request.method, request.path)
+        return _error(500, f"internal error: {type(e).__name__}: {e}")
 
 
-def _loaded(broker: Broker, name: TopicName) -> PersistentTopic | NonPersistentTopic:
-    topic = broker.topics.get(str(name))
-    if topic is None:
-        raise AdminError(404, f"topic {name} is not loaded on this broker")
-    return topic
+async def _json_body(request: web.Request) -> Any:
+    """The request body as JSON; anything unparseable (bad UTF-8, bad JSON, nesting deep
+    enough to exhaust the parser's recursion) is the client's error: 400."""
+    try:
+        return json.loads(await request.text())
+    except RecursionError:
+        raise AdminError(400, "request body is not valid JSON: nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise AdminError(400, f"request body is not valid JSON: {e}") from None
+
+
+def _tenant(request: web.Request) -> str:
+    tenant = request.match_info["tenant"]
+    if not valid_name(tenant):
+        raise AdminError(412, f"Tenant name is not valid: {tenant!r}")
+    return tenant
+
+
+def _namespace(request: web.Request) -> str:
+    """``tenant/namespace`` from the path; Pulsar answers 412 for an invalid part of either."""
+    tenant, namespace = request.match_info["tenant"], request.match_info["namespace"]
+    if not valid_name(tenant) or not valid_name(namespace):
+        raise AdminError(412, f"Namespace name is not valid: {tenant}/{namespace}")
+    return f"{tenant}/{namespace}"
 
 
 def _topic(request: web.Request) -> TopicName:
     m = request.match_info
+    _namespace(request)
     return TopicName.parse(f"{m['domain']}://{m['tenant']}/{m['namespace']}/{m['topic']}")
+
+
+async def _require_namespace(broker: Broker, namespace: str) -> None:
+    assert broker.store is not None
+    if await broker.store.get(f"{NAMESPACES_PATH}/{namespace}") is None:
+        raise AdminError(404, f"Namespace does not exist: {namespace}")
+
+
+async def _stored_or_loaded(broker: Broker, name: TopicName) -> bool:
+    """A non-partitioned topic that exists as such: loaded here, or (persistent) stored."""
+    assert broker.store is not None
+    if str(name) in broker.topics:
+        return True
+    if not name.persistent:
+        return False
+    return await broker.store.get(managed_ledger_key(name.managed_ledger_name)) is not None
+
+
+async def _existing_topic(broker: Broker, name: TopicName) -> PersistentTopic | NonPersistentTopic:
+    """The topic, loaded if it is stored but not loaded yet; 404 if it does not exist (nothing
+    is created). A partition of an existing partitioned topic exists, as in Pulsar."""
+    topic = broker.topics.get(str(name))
+    if topic is not None:
+        return topic
+    if not name.persistent or not await broker.topic_exists(name):
+        raise AdminError(404, f"Topic {name} not found")
+    return await broker.get_topic(name)
+
+
+def _limit(broker: Broker) -> int:
+    return broker.config.max_num_partitions_per_partitioned_topic
+
+
+def _partition_count_body(value: Any, limit: int) -> int:
+    try:
+        return policies.check_partition_count(value, limit)
+    except PartitionCountError as e:
+        raise AdminError(406, str(e)) from None
+    except PolicyError as e:
+        raise AdminError(400, str(e)) from None
 
 
 def build_app(broker: Broker) -> web.Application:
@@ -117,33 +234,33 @@ def build_app(broker: Broker) -> web.Application:
     @routes.put("/admin/v2/tenants/{tenant}")
     async def create_tenant(request: web.Request) -> web.Response:
         assert broker.store is not None
+        tenant = _tenant(request)
         try:
-            await broker.store.put(
-                f"{TENANTS_PATH}/{request.match_info['tenant']}", b"{}", NOT_EXISTS
-            )
+            await broker.store.put(f"{TENANTS_PATH}/{tenant}", b"{}", NOT_EXISTS)
         except BadVersionError:
-            return _error(409, "tenant already exists")
+            raise AdminError(409, "Tenant already exists") from None
         return web.Response(status=204)
 
     @routes.get("/admin/v2/namespaces/{tenant}")
     async def list_namespaces(request: web.Request) -> web.Response:
         assert broker.store is not None
-        tenant = request.match_info["tenant"]
+        tenant = _tenant(request)
         if await broker.store.get(f"{TENANTS_PATH}/{tenant}") is None:
-            return _error(404, f"tenant {tenant} does not exist")
+            raise AdminError(404, f"Tenant does not exist: {tenant}")
         names = await broker.store.children(f"{NAMESPACES_PATH}/{tenant}")
         return web.json_response([f"{tenant}/{n}" for n in names])
 
     @routes.put("/admin/v2/namespaces/{tenant}/{namespace}")
     async def create_namespace(request: web.Request) -> web.Response:
         assert broker.store is not None
-        tenant, namespace = request.match_info["tenant"], request.match_info["namespace"]
+        namespace = _namespace(request)
+        tenant = request.match_info["tenant"]
         if await broker.store.get(f"{TENANTS_PATH}/{tenant}") is None:
-            return _error(404, f"tenant {tenant} does not exist")
+            raise AdminError(404, f"Tenant does not exist: {tenant}")
         try:
-            await broker.store.put(f"{NAMESPACES_PATH}/{tenant}/{namespace}", b"{}", NOT_EXISTS)
+            await broker.store.put(f"{NAMESPACES_PATH}/{namespace}", b"{}", NOT_EXISTS)
         except BadVersionError:
-            return _error(409, "namespace already exists")
+            raise AdminError(409, "Namespace already exists") from None
         return web.Response(status=204)
 
     @routes.get("/admin/v2/namespaces/{tenant}/{namespace}")
@@ -158,60 +275,61 @@ def build_app(broker: Broker) -> web.Application:
     @routes.post("/admin/v2/namespaces/{tenant}/{namespace}/{policy}")
     @routes.delete("/admin/v2/namespaces/{tenant}/{namespace}/{policy}")
     async def set_policy(request: web.Request) -> web.Response:
+        namespace = _namespace(request)
         key, check = _policy_field(request)
         value = None
         if request.method == "POST":
+            body = await _json_body(request)
             try:
-                value = check(json.loads(await request.text()))
-            except ValueError as e:  # bad JSON or a PolicyError
-                return _error(400, f"{request.match_info['policy']}: {e}")
-        try:
-            await _update_policies(broker, _namespace_key(request), key, value)
-        except KeyError:
-            return _error(404, "namespace does not exist")
+                value = check(body, broker.config)
+            except PartitionCountError as e:
+                raise AdminError(406, str(e)) from None
+            except PolicyError as e:
+                raise AdminError(400, f"{request.match_info['policy']}: {e}") from None
+        await _update_policies(broker, f"{NAMESPACES_PATH}/{namespace}", key, value)
         broker.policies_changed()
         return web.Response(status=204)
 
     @routes.get(base + "/{topic}/stats")
     async def stats(request: web.Request) -> web.Response:
-        name = _topic(request)
-        topic = _loaded(broker, name)
+        topic = await _existing_topic(broker, _topic(request))
         return web.json_response(topic.stats())
 
     @routes.get(base + "/{topic}/internalStats")
     async def internal_stats(request: web.Request) -> web.Response:
         name = _topic(request)
-        topic = _loaded(broker, name)
+        topic = await _existing_topic(broker, name)
         if not isinstance(topic, PersistentTopic):
-            return _error(412, f"topic {name} is non-persistent: it has no storage")
+            raise AdminError(412, f"topic {name} is non-persistent: it has no storage")
         return web.json_response(topic.internal_stats())
 
     @routes.delete(base + "/{topic}")
     async def delete_topic(request: web.Request) -> web.Response:
         name = _topic(request)
         force = request.query.get("force", "false") == "true"
+        await _require_namespace(broker, name.namespace_name)
+        if not await _stored_or_loaded(broker, name):
+            raise AdminError(404, f"Topic {name} not found")
         try:
             await broker.delete_topic(name, force=force)
         except TopicBusyError as e:
-            return _error(412, str(e))
+            raise AdminError(412, str(e)) from None
         return web.Response(status=204)
 
     @routes.put(base + "/{topic}/partitions")
     async def create_partitioned(request: web.Request) -> web.Response:
-        try:
-            name = _topic(request)
-            partitions = int((await request.text()).strip())
-        except (InvalidTopicNameError, ValueError) as e:
-            return _error(400, f"expected a topic name and a partition count in the body: {e}")
-        if partitions < 1:
-            return _error(400, "the partition count must be at least 1")
-        assert broker.store is not None
-        try:
-            await broker.store.put(
-                partitioned_key(name), json.dumps({"partitions": partitions}).encode(), NOT_EXISTS
-            )
-        except BadVersionError:
-            return _error(409, f"partitioned topic {name} already exists")
+        name = _topic(request)
+        if PARTITION_SUFFIX in name.local_name:
+            raise AdminError(412, f"Partitioned Topic Name should not contain '{PARTITION_SUFFIX}'")
+        partitions = _partition_count_body(await _json_body(request), _limit(broker))
+        await create_partitioned_topic(broker, name, partitions)
+        return web.Response(status=204)
+
+    @routes.post(base + "/{topic}/partitions")
+    async def update_partitioned(request: web.Request) -> web.Response:
+        name = _topic(request)
+        partitions = _partition_count_body(await _json_body(request), _limit(broker))
+        await update_partitioned_topic(broker, name, partitions)
         return web.Response(status=204)
 
     @routes.get(base + "/{topic}/partitions")
@@ -223,34 +341,43 @@ def build_app(broker: Broker) -> web.Application:
     async def delete_partitioned(request: web.Request) -> web.Response:
         name = _topic(request)
         assert broker.store is not None
-        if await partition_count(broker, name) == 0:
-            return _error(404, f"partitioned topic {name} does not exist")
+        await _require_namespace(broker, name.namespace_name)
+        if await broker.store.get(partitioned_key(name)) is None:
+            raise AdminError(404, f"Partitioned topic {name} does not exist")
         await broker.store.delete(partitioned_key(name))
         return web.Response(status=204)
 
     @routes.put(base + "/{topic}")
     async def create_topic(request: web.Request) -> web.Response:
         name = _topic(request)
+        await _require_namespace(broker, name.namespace_name)
+        assert broker.store is not None
+        if await broker.store.get(partitioned_key(name)) is not None:
+            raise AdminError(409, f"This topic already exists: {name} is a partitioned topic")
+        if await _stored_or_loaded(broker, name):
+            raise AdminError(409, f"This topic already exists: {name}")
         await broker.get_topic(name)
         return web.Response(status=204)
 
     @routes.get(base)
     async def list_topics(request: web.Request) -> web.Response:
-        m = request.match_info
-        namespace = f"{m['tenant']}/{m['namespace']}"
-        return web.json_response(await broker.list_topics(namespace, (m["domain"],)))
+        namespace = _namespace(request)
+        await _require_namespace(broker, namespace)
+        return web.json_response(
+            await broker.list_topics(namespace, (request.match_info["domain"],))
+        )
 
     @routes.get(base + "/partitioned")
     async def list_partitioned(request: web.Request) -> web.Response:
         m = request.match_info
+        await _require_namespace(broker, _namespace(request))
         return web.json_response(
             await partitioned_topics(broker, m["tenant"], m["namespace"], m["domain"])
         )
 
     @routes.get(base + "/{topic}/subscriptions")
     async def subscriptions(request: web.Request) -> web.Response:
-        name = _topic(request)
-        topic = _loaded(broker, name)
+        topic = await _existing_topic(broker, _topic(request))
         persistent = topic.name.persistent  # readers' subscriptions are not listed
         return web.json_response(
             sorted(s for s, sub in topic.subscriptions.items() if sub.durable or not persistent)
@@ -261,16 +388,67 @@ def build_app(broker: Broker) -> web.Application:
     return app
 
 
+async def create_partitioned_topic(broker: Broker, name: TopicName, partitions: int) -> None:
+    """Store a partitioned topic's metadata, as Pulsar refuses it: 404 without the namespace,
+    409 over an existing non-partitioned topic (its backlog would hide behind the partitions)
+    or partitioned one. ``partitions`` is already bounded."""
+    assert broker.store is not None
+    await _require_namespace(broker, name.namespace_name)
+    if await _stored_or_loaded(broker, name):
+        raise AdminError(409, f"This topic already exists: {name} is a non-partitioned topic")
+    try:
+        await broker.store.put(
+            partitioned_key(name), json.dumps({"partitions": partitions}).encode(), NOT_EXISTS
+        )
+    except BadVersionError:
+        raise AdminError(409, f"Partitioned topic already exists: {name}") from None
+    log.info("partitioned topic %s created (%d partitions)", name, partitions)
+
+
+async def update_partitioned_topic(broker: Broker, name: TopicName, partitions: int) -> None:
+    """Grow a partitioned topic (Pulsar never shrinks one: 422 otherwise), by CAS."""
+    assert broker.store is not None
+    while True:
+        found = await broker.store.get(partitioned_key(name))
+        if found is None:
+            raise AdminError(404, f"Partitioned topic {name} does not exist")
+        current = await partition_count(broker, name)
+        if partitions <= current:
+            raise AdminError(
+                422,
+                "Number of new partitions must be greater than existing number of partitions "
+                f"({current})",
+            )
+        try:
+            await broker.store.put(
+                partitioned_key(name),
+                json.dumps({"partitions": partitions}).encode(),
+                found.version,
+            )
+        except BadVersionError:
+            continue  # changed meanwhile: check against the new count
+        log.info("partitioned topic %s grown from %d to %d partitions", name, current, partitions)
+        return
+
+
 #: Admin path segment -> (field in the namespace's policy document, value check).
-POLICY_FIELDS: dict[str, tuple[str, Callable[[Any], Any]]] = {
-    "retention": ("retention_policies", policies.check_retention),
-    "messageTTL": ("message_ttl_in_seconds", policies.check_ttl),
-    "deduplication": ("deduplicationEnabled", lambda v: policies.check_bool(v, "deduplication")),
-    "autoTopicCreation": ("autoTopicCreationOverride", policies.check_auto_topic_creation),
+POLICY_FIELDS: dict[str, tuple[str, Callable[[Any, TopicSettings], Any]]] = {
+    "retention": ("retention_policies", lambda v, _: policies.check_retention(v)),
+    "messageTTL": ("message_ttl_in_seconds", lambda v, _: policies.check_ttl(v)),
+    "deduplication": (
+        "deduplicationEnabled",
+        lambda v, _: policies.check_bool(v, "deduplication"),
+    ),
+    "autoTopicCreation": (
+        "autoTopicCreationOverride",
+        lambda v, limits: policies.check_auto_topic_creation(
+            v, limits.max_num_partitions_per_partitioned_topic
+        ),
+    ),
 }
 
 
-def _policy_field(request: web.Request) -> tuple[str, Callable[[Any], Any]]:
+def _policy_field(request: web.Request) -> tuple[str, Callable[[Any, TopicSettings], Any]]:
     field = POLICY_FIELDS.get(request.match_info["policy"])
     if field is None:
         raise AdminError(404, f"unknown namespace policy {request.match_info['policy']!r}")
@@ -279,14 +457,11 @@ def _policy_field(request: web.Request) -> tuple[str, Callable[[Any], Any]]:
 
 async def _policy_document(broker: Broker, request: web.Request) -> dict[str, Any]:
     assert broker.store is not None
-    found = await broker.store.get(_namespace_key(request))
+    namespace = _namespace(request)
+    found = await broker.store.get(f"{NAMESPACES_PATH}/{namespace}")
     if found is None:
-        raise AdminError(404, "namespace does not exist")
+        raise AdminError(404, f"Namespace does not exist: {namespace}")
     return parse_document(found.value)
-
-
-def _namespace_key(request: web.Request) -> str:
-    return f"{NAMESPACES_PATH}/{request.match_info['tenant']}/{request.match_info['namespace']}"
 
 
 async def _update_policies(broker: Broker, key: str, field: str, value: Any) -> None:
@@ -295,7 +470,9 @@ async def _update_policies(broker: Broker, key: str, field: str, value: Any) -> 
     while True:
         found = await broker.store.get(key)
         if found is None:
-            raise KeyError(key)
+            raise AdminError(
+                404, f"Namespace does not exist: {key.removeprefix(NAMESPACES_PATH + '/')}"
+            )
         document = parse_document(found.value)
         if value is None:
             document.pop(field, None)

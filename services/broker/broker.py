@@ -15,6 +15,7 @@ from aiohttp import web
 
 from magnetar.broker.admin import (
     NAMESPACES_PATH,
+    PartitionedMetadataError,
     build_app,
     ensure_default_namespace,
     partition_count,
@@ -28,7 +29,13 @@ from magnetar.broker.dispatch_limits import DispatchLimits
 from magnetar.broker.keys import MANAGED_LEDGERS_PATH, decode_name, managed_ledger_key
 from magnetar.broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from magnetar.broker.nonpersistent import NonPersistentTopic
-from magnetar.broker.policies import Policies, effective, parse_document
+from magnetar.broker.policies import (
+    PartitionCountError,
+    Policies,
+    check_partition_count,
+    effective,
+    parse_document,
+)
 from magnetar.broker.topic import NamespaceNotFoundError, PersistentTopic, TopicNotFoundError
 from magnetar.broker.topic_name import TopicName
 from magnetar.common.ledger.client import LedgerClient
@@ -211,29 +218,59 @@ class Broker:
         for key, topic in self.topics.items():
             if topic.name.namespace_name == namespace and topic.name.domain in domains:
                 names.add(key)
+        limit = self.config.max_num_partitions_per_partitioned_topic
         for domain in domains:
             for partitioned in await partitioned_topics(self, tenant, local_namespace, domain):
                 name = TopicName.parse(partitioned)
-                count = await partition_count(self, name)
+                try:
+                    count = await partition_count(self, name)
+                except PartitionedMetadataError as e:
+                    log.warning("listing %s: %s", namespace, e)
+                    continue
+                if count > limit:  # a damaged record must not make the listing unbounded
+                    log.warning(
+                        "listing %s: partitioned topic %s has %d partitions, more than "
+                        "max_num_partitions_per_partitioned_topic=%d; only its stored partitions "
+                        "are listed",
+                        namespace,
+                        name,
+                        count,
+                        limit,
+                    )
+                    continue
                 names.update(str(name.partition(i)) for i in range(count))
         return sorted(names)
 
     async def partitions_for_client(self, name: TopicName) -> int:
         """PARTITIONED_METADATA: the partition count (0: not partitioned). Where the namespace
-        auto-creates partitioned topics, a topic that does not exist yet is created here."""
+        auto-creates partitioned topics, a topic that does not exist yet is created here.
+
+        A stored count outside 1..``max_num_partitions_per_partitioned_topic`` (a damaged
+        record, or the setting lowered since) raises ``PartitionCountError``: the client gets an
+        error naming the setting rather than a count it would open that many producers for."""
+        limit = self.config.max_num_partitions_per_partitioned_topic
         count = await partition_count(self, name)
-        if count or name.partition_index >= 0:
+        if count:
+            if not 0 < count <= limit:
+                raise PartitionCountError(
+                    f"partitioned topic {name} has {count} partitions in its metadata, outside "
+                    f"1..{limit} (max_num_partitions_per_partitioned_topic): raise the setting or "
+                    "delete the topic"
+                )
             return count
+        if name.partition_index >= 0:
+            return 0
         auto = (await self.namespace_policies(name.namespace_name)).auto_topic_creation
         if auto.allow and auto.topic_type == "partitioned" and not await self.topic_exists(name):
             assert self.store is not None
+            check_partition_count(auto.default_partitions, limit)
             document = json.dumps({"partitions": auto.default_partitions}).encode()
             try:
                 await self.store.put(partitioned_key(name), document, NOT_EXISTS)
                 log.info("partitioned topic %s auto-created (%d)", name, auto.default_partitions)
             except BadVersionError:
                 pass  # created meanwhile
-            return await partition_count(self, name)
+            return await self.partitions_for_client(name)
         return 0
 
     async def _load(self, name: TopicName, auto: bool) -> PersistentTopic | NonPersistentTopic:

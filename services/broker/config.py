@@ -28,6 +28,11 @@ class TopicSettings:
         "non-partitioned", "what auto-creation creates: non-partitioned or partitioned"
     )
     default_num_partitions: int = setting(1, "partitions of an auto-created partitioned topic")
+    max_num_partitions_per_partitioned_topic: int = setting(
+        1000,
+        "most partitions a partitioned topic may have (admin create/update, auto-creation); a "
+        "stored count above it is refused to clients. At least 1: there is no unbounded value",
+    )
     default_retention_time_minutes: int = setting(
         0, "keep fully acknowledged messages this long (-1: forever) unless a namespace says else"
     )
@@ -72,6 +77,15 @@ class TopicSettings:
             )
         if self.default_num_partitions < 1:
             raise ConfigError("default_num_partitions must be at least 1")
+        if self.max_num_partitions_per_partitioned_topic < 1:
+            raise ConfigError(
+                "max_num_partitions_per_partitioned_topic must be at least 1 (there is no "
+                "unbounded value: a partitioned topic's partitions are listed and held in memory)"
+            )
+        if self.default_num_partitions > self.max_num_partitions_per_partitioned_topic:
+            raise ConfigError(
+                "default_num_partitions must not exceed max_num_partitions_per_partitioned_topic"
+            )
         for name in ("default_retention_time_minutes", "default_retention_size_mb"):
             if getattr(self, name) < -1:
                 raise ConfigError(f"{name} must be -1 (no limit) or more")

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from magnetar.broker.consumer import Consumer
 from magnetar.broker.dispatchers.base import ConsumerBusyError
+from magnetar.broker.managed_ledger import EntryTooLargeForLedgerError
 from magnetar.broker.message_id import EARLIEST, LATEST, to_wire
 from magnetar.broker.nonpersistent import NonPersistentSubscription, NonPersistentTopic
 from magnetar.broker.position import Position
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 Type = pb.BaseCommand.Type
 SERVER_VERSION = "magnetar-0.1"
+#: How long a reader's subscription waits for the reader to come back after a seek.
+READER_RECONNECT_GRACE_S = 30.0
 #: Frames handled per turn of the event loop before the connection lets other work run.
 FRAMES_PER_SLICE = 128
 
@@ -491,7 +494,11 @@ class ServerConnection(asyncio.Protocol):
             if error is not None:
                 log.warning("topic %s: send failed: %s", topic.name, error)
                 self._send_error(
-                    body, getattr(error, "server_error", pb.PersistenceError), str(error)
+                    body,
+                    pb.NotAllowedError
+                    if isinstance(error, EntryTooLargeForLedgerError)
+                    else pb.PersistenceError,
+                    str(error),
                 )
                 return
             position = done.result()
@@ -674,7 +681,9 @@ class ServerConnection(asyncio.Protocol):
             owner.send(pb.CommandCloseConsumer(consumer_id=consumer.consumer_id, request_id=0))
         self.send(pb.CommandSuccess(request_id=body.request_id))
         if not subscription.durable:
-            await subscription.topic.remove_subscription_if_unused(subscription)
+            # The reader comes back under the same subscription name and must find the cursor
+            # where the seek put it (a seek by time has no message id to come back with).
+            subscription.topic.remove_subscription_later(subscription, READER_RECONNECT_GRACE_S)
 
     def _get_last_message_id(self, body: pb.CommandGetLastMessageId, frame: codec.Frame) -> None:
         found = self.consumers.get(body.consumer_id)

@@ -1,6 +1,10 @@
 """Message deduplication: a producer's message whose sequence id is not above the highest one
 already stored for that producer name is acknowledged but not stored again.
 
+Only a *stored* message makes its resend a duplicate. A message still in flight makes a resend
+of it "unknown" (refused, so the client sends it again later, as Pulsar does), and an add that
+fails takes the producer's accepted sequence back to what is stored, so its resend is stored.
+
 The highest persisted sequence id per producer name survives restarts: a snapshot in the
 managed ledger's properties (every ``SNAPSHOT_EVERY`` entries and when the topic closes) plus
 a scan of the entries written after the snapshot when the topic is loaded.
@@ -8,6 +12,7 @@ a scan of the entries written after the snapshot when the topic is loaded.
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 
@@ -19,6 +24,12 @@ log = logging.getLogger(__name__)
 
 SNAPSHOT_PROPERTY = "deduplication-snapshot"
 SNAPSHOT_EVERY = 1000
+
+
+class DuplicateStatus(enum.Enum):
+    NEW = "new"  # store it
+    DUPLICATE = "duplicate"  # stored already: acknowledge, store nothing
+    UNKNOWN = "unknown"  # an earlier copy is still in flight: refuse, the client resends
 
 
 class Deduplication:
@@ -60,12 +71,19 @@ class Deduplication:
     def last_sequence_id(self, producer_name: str) -> int:
         return self.persisted.get(producer_name, -1)
 
-    def is_duplicate(self, producer_name: str, sequence_id: int, highest: int) -> bool:
-        """True for a resent message; otherwise records it as accepted."""
+    def check(self, producer_name: str, sequence_id: int, highest: int) -> DuplicateStatus:
+        """Classify a message; a NEW one is recorded as accepted (in flight)."""
+        if sequence_id <= self.persisted.get(producer_name, -1):
+            return DuplicateStatus.DUPLICATE
         if sequence_id <= self.pushed.get(producer_name, -1):
-            return True
+            return DuplicateStatus.UNKNOWN
         self.pushed[producer_name] = max(sequence_id, highest)
-        return False
+        return DuplicateStatus.NEW
+
+    def failed(self, producer_name: str) -> None:
+        """An add of this producer failed: what it has in flight is not stored, so a resend of
+        it must be taken as new."""
+        self.pushed[producer_name] = self.persisted.get(producer_name, -1)
 
     def persisted_up_to(self, producer_name: str, sequence_id: int) -> bool:
         """Record a durable message; True when a snapshot is due."""

@@ -36,13 +36,21 @@ from magnetar.broker.cursor import ManagedCursor
 from magnetar.broker.keys import decode_name, managed_ledger_key
 from magnetar.broker.position import Position
 from magnetar.common.ledger.client import LedgerClient
-from magnetar.common.ledger.errors import LedgerError, LedgerFencedError, NoSuchLedgerError
+from magnetar.common.ledger.errors import (
+    EntryTooLargeError,
+    LedgerError,
+    LedgerFencedError,
+    NoSuchLedgerError,
+)
 from magnetar.common.ledger.handle import LedgerHandle
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError, MetadataStore
 
 log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
+#: Waits between rollovers whose ledgers took no entry: the first, doubled up to the last.
+ROLL_BACKOFF_FIRST_S = 0.1
+ROLL_BACKOFF_MAX_S = 5.0
 #: The writer yields to the event loop after this many adds in a row.
 YIELD_EVERY = 64
 
@@ -69,6 +77,10 @@ class ManagedLedgerFencedError(ManagedLedgerError):
 
 class ManagedLedgerClosedError(ManagedLedgerError):
     """The managed ledger was closed."""
+
+
+class EntryTooLargeForLedgerError(ManagedLedgerError):
+    """One entry is over the bookies' entry size limit: that add fails, nothing else does."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -155,6 +167,8 @@ class ManagedLedger:
         self._version = NOT_EXISTS
         self._current: LedgerHandle | None = None
         self._current_failed = False  # a non-fence add error: replace the ledger before more adds
+        self._confirmed_in_current = False  # an add to the current ledger was acknowledged
+        self._failed_rolls = 0  # rollovers in a row whose ledger took no entry
         self._pushed_entries = 0  # adds sent to the current ledger (acked or not)
         self._pushed_bytes = 0
         self._read_handles: dict[int, LedgerHandle] = {}
@@ -342,11 +356,20 @@ class ManagedLedger:
                 data, future = self._queue[0]
                 try:
                     if self._should_roll():
+                        await self._wait_before_roll()
                         await self._roll()
                     assert self._current is not None
                     entry_future = await self._current.add_async(data)
                 except LedgerFencedError as e:
                     self._fence(str(e))
+                    continue
+                except EntryTooLargeError as e:  # the caller's error: the ledger is fine
+                    if self._queue and self._queue[0][1] is future:
+                        self._queue.popleft()
+                    if not future.done():
+                        future.set_exception(
+                            EntryTooLargeForLedgerError(f"managed ledger {self.name}: {e}")
+                        )
                     continue
                 except Exception as e:  # a failed rollover or handle: this add fails, next retries
                     if self._queue and self._queue[0][1] is future:
@@ -384,6 +407,8 @@ class ManagedLedger:
         if error is not None:
             if isinstance(error, LedgerFencedError):
                 error = self._fence(str(error))
+            elif isinstance(error, EntryTooLargeError):
+                error = EntryTooLargeForLedgerError(f"managed ledger {self.name}: {error}")
             else:
                 self._current_failed = True
                 error = ManagedLedgerError(f"managed ledger {self.name}: add failed: {error}")
@@ -391,6 +416,8 @@ class ManagedLedger:
                 future.set_exception(error)
             return
         position = Position(ledger_id, entry_future.result())
+        if self._current is not None and ledger_id == self._current.ledger_id:
+            self._confirmed_in_current = True
         self._cache.put(position, data)
         if not future.done():
             future.set_result(position)
@@ -399,6 +426,24 @@ class ManagedLedger:
     def _notify_added(self) -> None:
         added, self._added = self._added, asyncio.Event()
         added.set()
+
+    async def _wait_before_roll(self) -> None:
+        """After rollovers that gave ledgers nobody could write to, wait before the next one
+        (doubling, up to ROLL_BACKOFF_MAX_S): failing bookies must not turn every add into a
+        new empty ledger."""
+        if not self._current_failed or self._confirmed_in_current:
+            self._failed_rolls = 0
+            return
+        self._failed_rolls += 1
+        if self._failed_rolls > 1:
+            delay = min(ROLL_BACKOFF_FIRST_S * 2 ** (self._failed_rolls - 2), ROLL_BACKOFF_MAX_S)
+            log.warning(
+                "managed ledger %s: ledger %s took no entry; next ledger in %.1f s",
+                self.name,
+                self._current.ledger_id if self._current is not None else "?",
+                delay,
+            )
+            await asyncio.sleep(delay)
 
     def _should_roll(self) -> bool:
         if self._current is None or self._current_failed or self._current.is_closed:
@@ -436,6 +481,7 @@ class ManagedLedger:
                 raise
             self._current = new
             self._current_failed = False
+            self._confirmed_in_current = False
             self._pushed_entries = self._pushed_bytes = 0
             if info.entries == 0:
                 await self._delete_ledgers([old.ledger_id])

@@ -24,6 +24,23 @@ class PolicyError(ValueError):
     """A policy value is invalid (the admin API answers 400 with this text)."""
 
 
+class PartitionCountError(PolicyError):
+    """A partition count outside ``1 .. max_num_partitions_per_partitioned_topic`` (the admin API
+    answers 406 Not Acceptable with this text, as Pulsar does)."""
+
+
+def check_partition_count(partitions: Any, limit: int) -> int:
+    """Pulsar's bounds on a partitioned topic's size (``maxNumPartitionsPerPartitionedTopic``),
+    with its messages; ``limit`` is at least 1 (the config refuses anything else)."""
+    if not isinstance(partitions, int) or isinstance(partitions, bool):
+        raise PolicyError(f"the partition count must be an integer, got {partitions!r}")
+    if partitions <= 0:
+        raise PartitionCountError("Number of partitions should be more than 0")
+    if partitions > limit:
+        raise PartitionCountError(f"Number of partitions should be less than or equal to {limit}")
+    return partitions
+
+
 @dataclass(frozen=True, slots=True)
 class Retention:
     time_minutes: int  # -1: forever
@@ -52,7 +69,7 @@ def parse_document(raw: bytes | None) -> dict[str, Any]:
         return {}
     try:
         document = json.loads(raw)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise PolicyError(f"namespace policies are not JSON: {e}") from None
     if not isinstance(document, dict):
         raise PolicyError("namespace policies must be a JSON object")
@@ -103,7 +120,7 @@ def check_bool(value: Any, what: str) -> bool:
     return value
 
 
-def check_auto_topic_creation(value: Any) -> dict[str, Any]:
+def check_auto_topic_creation(value: Any, max_partitions: int) -> dict[str, Any]:
     if not isinstance(value, dict) or not isinstance(value.get("allowAutoTopicCreation"), bool):
         raise PolicyError('expected {"allowAutoTopicCreation": true|false, "topicType": ...}')
     result: dict[str, Any] = {"allowAutoTopicCreation": value["allowAutoTopicCreation"]}
@@ -115,5 +132,5 @@ def check_auto_topic_creation(value: Any) -> dict[str, Any]:
         partitions = value.get("defaultNumPartitions")
         if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
             raise PolicyError("a partitioned auto-creation needs defaultNumPartitions >= 1")
-        result["defaultNumPartitions"] = partitions
+        result["defaultNumPartitions"] = check_partition_count(partitions, max_partitions)
     return result

@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from magnetar.broker.topic import PersistentTopic
 
 
+#: The largest batch an ack may name when the broker no longer knows the batch's size.
+MAX_BATCH_SIZE = 100_000
+
+
 class SubscriptionTypeError(Exception):
     """A consumer asked for another mode than the subscription has."""
 
@@ -73,19 +77,24 @@ class Subscription:
         self.dispatcher.wake()
 
     def ack(self, consumer: Consumer, ack_type: int, message_ids: list[pb.MessageIdData]) -> None:
+        """Apply an ACK. Raises ValueError (nothing applied from that id on) for an id past the
+        last stored entry (Pulsar: invalid mark-delete position) or a batch size the ack set
+        cannot describe."""
+        last = self.topic.ml.last_confirmed_position
         for mid in message_ids:
             position = from_wire(mid)
             if position.ledger_id < 0:
                 continue  # MessageId.earliest: nothing to acknowledge
+            if position > last:
+                raise ValueError(
+                    f"subscription {self}: cannot acknowledge {position}, past the last "
+                    f"stored entry {last} (invalid mark-delete position)"
+                )
             acked: list[int] = []
             size = 0
             if mid.ack_set:
                 # Batch-index ack: ack_set holds the batch's still-unacknowledged indexes.
-                size = (
-                    mid.batch_size
-                    if mid.HasField("batch_size")
-                    else self.batch_sizes.get(position, 0)
-                )
+                size = self._batch_size(position, mid)
                 if size > 0:
                     acked = acked_from_bit_set(list(mid.ack_set), size)
             if ack_type == pb.CommandAck.Cumulative:
@@ -105,6 +114,22 @@ class Subscription:
                 self.cursor.delete([position])
                 self._forget(consumer, position)
         self.dispatcher.wake()
+
+    def _batch_size(self, position: Position, mid: pb.MessageIdData) -> int:
+        """The size of the batch at ``position``: as dispatched when known, else as the ack
+        says, bounded by what its ack set can describe."""
+        dispatched = self.batch_sizes.get(position)
+        if dispatched is not None:
+            return dispatched
+        if not mid.HasField("batch_size"):
+            return 0
+        bound = min(64 * len(mid.ack_set), MAX_BATCH_SIZE)
+        if not 0 < mid.batch_size <= bound:
+            raise ValueError(
+                f"subscription {self}: batch size {mid.batch_size} of {position} is not "
+                f"between 1 and {bound} (what its ack set can describe)"
+            )
+        return mid.batch_size
 
     def _cumulative(self, through: Position) -> None:
         self.cursor.mark_delete(through)
@@ -166,9 +191,7 @@ class Subscription:
         return expired
 
     def redeliver(self, consumer: Consumer, message_ids: list[pb.MessageIdData] | None) -> None:
-        positions = (
-            None if message_ids is None else [Position(m.ledgerId, m.entryId) for m in message_ids]
-        )
+        positions = None if message_ids is None else [from_wire(m) for m in message_ids]
         self.dispatcher.redeliver(consumer, positions)
 
     async def seek(self, position: Position | None, publish_time_ms: int | None) -> list[Consumer]:
@@ -178,6 +201,7 @@ class Subscription:
         if position is None:
             position = await self._first_published_at(publish_time_ms or 0)
         self.cursor.reset(max(position, self.topic.ml.first_position))
+        self.dispatcher.reset()
         consumers = list(self.dispatcher.consumers)
         for consumer in consumers:
             consumer.clear_pending()

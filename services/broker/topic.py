@@ -8,7 +8,7 @@ import time
 
 from magnetar.broker.consumer import Consumer
 from magnetar.broker.cursor import NonDurableCursor
-from magnetar.broker.deduplication import Deduplication
+from magnetar.broker.deduplication import Deduplication, DuplicateStatus
 from magnetar.broker.dispatch_limits import DispatchLimits
 from magnetar.broker.entry import entry_metadata, message_count
 from magnetar.broker.managed_ledger import ManagedLedger
@@ -30,6 +30,11 @@ class NamespaceNotFoundError(Exception):
 
 class TopicNotFoundError(Exception):
     """The topic does not exist and may not be created automatically."""
+
+
+class DuplicateInFlightError(Exception):
+    """Deduplication cannot tell yet whether a resent message is a duplicate: its first copy
+    is still being stored (Pulsar's MessageDupUnknown). The client sends it again."""
 
 
 class TopicBusyError(Exception):
@@ -57,10 +62,20 @@ class PersistentTopic:
         """Append one entry (a producer's payload section); resolves once it is durable, to
         None for a duplicate that deduplication dropped."""
         dedup = self.deduplication
-        if dedup is not None and dedup.is_duplicate(producer_name, sequence_id, highest):
-            done: asyncio.Future[Position | None] = asyncio.get_running_loop().create_future()
-            done.set_result(None)
-            return done
+        if dedup is not None:
+            status = dedup.check(producer_name, sequence_id, highest)
+            if status is not DuplicateStatus.NEW:
+                done: asyncio.Future[Position | None] = asyncio.get_running_loop().create_future()
+                if status is DuplicateStatus.DUPLICATE:
+                    done.set_result(None)
+                else:
+                    done.set_exception(
+                        DuplicateInFlightError(
+                            f"topic {self.name}: message {sequence_id} of {producer_name} is "
+                            "still being stored; send it again"
+                        )
+                    )
+                return done
         future = self.ml.add_entry_async(stored)
         future.add_done_callback(self._published)
         self.msg_in += 1
@@ -73,7 +88,10 @@ class PersistentTopic:
     def _persisted(
         self, future: asyncio.Future[Position], producer_name: str, sequence_id: int
     ) -> None:
-        if future.cancelled() or future.exception() is not None or self.deduplication is None:
+        if future.cancelled() or self.deduplication is None:
+            return
+        if future.exception() is not None:
+            self.deduplication.failed(producer_name)
             return
         if self.deduplication.persisted_up_to(producer_name, sequence_id):
             task = asyncio.get_running_loop().create_task(self.deduplication.snapshot())
@@ -142,6 +160,25 @@ class PersistentTopic:
                 if count > 1 or codec.is_batch(entry_metadata(entries[0][1])):
                     batch_index = count - 1
         return to_wire(last, self.name.partition_index, batch_index)
+
+    def remove_subscription_later(self, subscription: Subscription, delay_s: float) -> None:
+        """Remove a reader's subscription after ``delay_s`` if no reader attached again."""
+
+        def remove() -> None:
+            task = asyncio.get_running_loop().create_task(
+                self.remove_subscription_if_unused(subscription)
+            )
+            task.add_done_callback(
+                lambda t: (
+                    t.cancelled()
+                    or t.exception() is None
+                    or log.warning(
+                        "topic %s: removing %s: %s", self.name, subscription, t.exception()
+                    )
+                )
+            )
+
+        asyncio.get_running_loop().call_later(delay_s, remove)
 
     async def remove_subscription_if_unused(self, subscription: Subscription) -> None:
         """Readers' subscriptions go away with their last consumer."""

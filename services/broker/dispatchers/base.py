@@ -13,12 +13,15 @@ import abc
 import asyncio
 import logging
 import math
+import time
 from typing import TYPE_CHECKING
 
 from magnetar.broker.consumer import Consumer
+from magnetar.broker.dispatchers.delayed import DelayedDeliveryTracker
 from magnetar.broker.entry import message_count
 from magnetar.broker.managed_ledger import ManagedLedgerError
 from magnetar.broker.position import Position
+from magnetar.common.proto import pulsar_api_pb2 as pb
 
 if TYPE_CHECKING:
     from magnetar.broker.subscription import Subscription
@@ -123,6 +126,9 @@ class Dispatcher(abc.ABC):
         counts = self.subscription.redelivery_counts
         counts[position] = counts.get(position, 0) + 1
 
+    def reset(self) -> None:  # noqa: B027 - in-order modes keep nothing to forget
+        """The cursor was reset (seek): forget positions held in memory."""
+
     @abc.abstractmethod
     async def dispatch_round(self) -> bool:
         """Send what can be sent now; False when there is nothing to do until woken."""
@@ -144,6 +150,43 @@ class ReplayingDispatcher(Dispatcher):
     def __init__(self, subscription: Subscription) -> None:
         super().__init__(subscription)
         self.replay: set[Position] = set()
+        self.delayed = DelayedDeliveryTracker()
+        self._delay_timer: asyncio.TimerHandle | None = None
+
+    def hold_if_delayed(self, position: Position, metadata: pb.MessageMetadata) -> bool:
+        """Delayed delivery: keep a message whose time has not come; True if it was kept."""
+        deliver_at = metadata.deliver_at_time
+        if not deliver_at or deliver_at <= time.time() * 1000:
+            return False
+        self.delayed.hold(position, deliver_at)
+        self._arm_delay_timer()
+        return True
+
+    def release_due(self) -> None:
+        """Messages whose delivery time came go out first, with the redeliveries."""
+        for position in self.delayed.due(int(time.time() * 1000)):
+            if not self.cursor.is_acked(position):
+                self.replay.add(position)
+        self._arm_delay_timer()
+
+    def _arm_delay_timer(self) -> None:
+        at = self.delayed.next_deliver_at()
+        if self._delay_timer is not None:
+            self._delay_timer.cancel()
+            self._delay_timer = None
+        if at is not None:
+            loop = asyncio.get_running_loop()
+            delay = max(at / 1000 - time.time(), 0.0)
+            self._delay_timer = loop.call_later(delay, self.wake)
+
+    async def close(self) -> None:
+        if self._delay_timer is not None:
+            self._delay_timer.cancel()
+        await super().close()
+
+    def reset(self) -> None:
+        self.replay.clear()
+        self.delayed.clear()
 
     def add_consumer(self, consumer: Consumer) -> None:
         consumer.max_unacked = self.subscription.limits.max_unacked_per_consumer

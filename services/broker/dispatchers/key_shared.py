@@ -104,6 +104,7 @@ class KeySharedDispatcher(ReplayingDispatcher):
             # Nobody left: forget in-memory state and start again from the first unacked entry
             # (also what a seek needs: the cursor was reset before its consumers were removed).
             self.replay.clear()
+            self.delayed.clear()
             self._hash_of.clear()
             self.cursor.rewind()
 
@@ -132,6 +133,7 @@ class KeySharedDispatcher(ReplayingDispatcher):
         return consumer
 
     async def dispatch_round(self) -> bool:
+        self.release_due()
         if not any(c.ready for c in self.consumers):
             return False
         self._forget_stale_hashes()
@@ -177,6 +179,8 @@ class KeySharedDispatcher(ReplayingDispatcher):
         entries = await self.cursor.read_entries(self.entries_to_read(budget))
         for position, stored in entries:
             metadata = entry_metadata(stored)
+            if self.hold_if_delayed(position, metadata):
+                continue
             h = self._hash_of[position] = key_hash(sticky_key(stored, metadata))
             consumer = self._target(h, owners, blocked)
             if consumer is None:

@@ -1,7 +1,8 @@
 """Shared subscriptions: messages go round-robin to the consumers that have permits, those of
 the best priority level first. Unacked messages of a consumer that leaves (or asks for
 redelivery, or negatively acks) are put in a replay set and sent to the others before new
-messages. Only individual acks."""
+messages. Only individual acks. Messages with a delivery time still ahead are held
+(``delayed.py``) and join the replay set when it comes."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import itertools
 
 from magnetar.broker.consumer import Consumer
 from magnetar.broker.dispatchers.base import ReplayingDispatcher
+from magnetar.broker.entry import entry_metadata
 from magnetar.broker.position import Position
 
 
@@ -21,6 +23,7 @@ class SharedDispatcher(ReplayingDispatcher):
         return next_by_priority(self.consumers, self._turn)
 
     async def dispatch_round(self) -> bool:
+        self.release_due()
         budget = sum(c.permits for c in self.consumers if c.ready)
         if budget <= 0:
             return False
@@ -30,6 +33,8 @@ class SharedDispatcher(ReplayingDispatcher):
             entries = await self.cursor.read_entries(self.entries_to_read(budget))
         sent = False
         for i, (position, stored) in enumerate(entries):
+            if not replayed and self.hold_if_delayed(position, entry_metadata(stored)):
+                continue
             consumer = self._next_consumer()
             if consumer is None:  # permits ran out (batches count more than one)
                 if replayed:
