@@ -9,6 +9,8 @@
 - ExclusiveWithFencing takes a topic from an Exclusive producer, which gets ProducerFenced and
   stops.
 - An empty subscription name is refused.
+- Delayed delivery (`deliver_after`, `deliver_at`) holds messages back on shared and key_shared,
+  also across a restart, and is ignored on exclusive and failover, as in Pulsar.
 
 One standalone serves the module; its log must hold no traceback and no ERROR line at the end.
 """
@@ -18,6 +20,8 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
 
 import pulsar
 import pytest
@@ -256,6 +260,103 @@ def test_exclusive_with_fencing_fences_the_exclusive_producer(
     assert got == [b"old owner", b"new owner", b"new owner again"]
     reader.close()
     new.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Delayed delivery
+# --------------------------------------------------------------------------------------------
+
+DELAY_S = 3
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [pulsar.ConsumerType.Shared, pulsar.ConsumerType.KeyShared],
+    ids=["shared", "key_shared"],
+)
+def test_deliver_after_and_deliver_at_delay_on_shared_modes(
+    pc: pulsar.Client, mode: pulsar.ConsumerType
+) -> None:
+    topic = f"edge-delayed-{mode.name}"
+    consumer = pc.subscribe(topic, "s", consumer_type=mode)
+    producer = pc.create_producer(topic, batching_enabled=False)
+    producer.send(b"now")
+    sent = time.monotonic()
+    producer.send(b"after", deliver_after=timedelta(seconds=DELAY_S))
+    producer.send(b"at", deliver_at=int((time.time() + DELAY_S) * 1000))
+
+    first = consumer.receive(timeout_millis=10_000)
+    assert first.data() == b"now"
+    consumer.acknowledge(first)
+    with pytest.raises(pulsar.Timeout):
+        consumer.receive(timeout_millis=int(DELAY_S * 1000 * 0.6))  # still held back
+
+    got = set()
+    for _ in range(2):
+        msg = consumer.receive(timeout_millis=10_000)
+        consumer.acknowledge(msg)
+        got.add(msg.data())
+    assert got == {b"after", b"at"}
+    assert time.monotonic() - sent >= DELAY_S - 0.5
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [pulsar.ConsumerType.Exclusive, pulsar.ConsumerType.Failover],
+    ids=["exclusive", "failover"],
+)
+def test_deliver_after_is_immediate_on_exclusive_modes(
+    pc: pulsar.Client, mode: pulsar.ConsumerType
+) -> None:
+    topic = f"edge-delayed-{mode.name}"
+    consumer = pc.subscribe(topic, "s", consumer_type=mode)
+    producer = pc.create_producer(topic, batching_enabled=False)
+    sent = time.monotonic()
+    producer.send(b"later", deliver_after=timedelta(seconds=30))
+    assert consumer.receive(timeout_millis=5_000).data() == b"later"
+    assert time.monotonic() - sent < 5
+
+
+def test_delayed_messages_stay_delayed_across_a_restart(tmp_path: Path) -> None:
+    """The delayed index is rebuilt from the cursor: after a restart the message is still
+    held back until its time, then delivered once."""
+    delay = 8
+    own = StandaloneProcess(tmp_path / "standalone").start()
+    try:
+        c = client(own)
+        consumer = c.subscribe(
+            "edge-delayed-restart", "s", consumer_type=pulsar.ConsumerType.Shared
+        )
+        producer = c.create_producer("edge-delayed-restart", batching_enabled=False)
+        due = time.monotonic() + delay
+        producer.send(b"delayed", deliver_after=timedelta(seconds=delay))
+        producer.send(b"plain")
+        msg = consumer.receive(timeout_millis=5_000)
+        assert msg.data() == b"plain"
+        consumer.acknowledge(msg)
+        time.sleep(0.5)
+        c.close()
+        own.stop()
+        own.start()
+
+        c = client(own)
+        consumer = c.subscribe(
+            "edge-delayed-restart", "s", consumer_type=pulsar.ConsumerType.Shared
+        )
+        early = max(0, due - time.monotonic() - 1)
+        if early > 0.5:
+            with pytest.raises(pulsar.Timeout):
+                consumer.receive(timeout_millis=int(early * 1000))
+        msg = consumer.receive(timeout_millis=15_000)
+        assert msg.data() == b"delayed"
+        assert time.monotonic() >= due - 1
+        consumer.acknowledge(msg)
+        with pytest.raises(pulsar.Timeout):
+            consumer.receive(timeout_millis=1_500)
+        c.close()
+    finally:
+        own.stop()
+    assert_log_clean(own)
 
 
 def test_standalone_log_is_clean(node: StandaloneProcess) -> None:
