@@ -407,6 +407,94 @@ def test_huge_partition_count(node: StandaloneProcess, count: int) -> None:
     assert_healthy(node, f"a partitioned topic with {count} partitions")
 
 
+TOPIC = "persistent://public/default/bad-requests"
+REQUESTS = {
+    "ack-unknown-consumer": (
+        pb.CommandAck(
+            consumer_id=99,
+            ack_type=pb.CommandAck.Individual,
+            message_id=[pb.MessageIdData(ledgerId=0, entryId=0)],
+            request_id=6,
+        ),
+        Type.ACK_RESPONSE,
+    ),
+    "seek-unknown-consumer": (
+        pb.CommandSeek(consumer_id=99, request_id=8, message_publish_time=0),
+        Type.ERROR,
+    ),
+    "last-id-unknown-consumer": (
+        pb.CommandGetLastMessageId(consumer_id=99, request_id=9),
+        Type.ERROR,
+    ),
+    "lookup-invalid-topic-name": (
+        pb.CommandLookupTopic(topic="bad topic name:::", request_id=10),
+        Type.LOOKUP_RESPONSE,
+    ),
+    "lookup-unknown-listener": (
+        pb.CommandLookupTopic(topic=TOPIC, request_id=5, advertised_listener_name="nope"),
+        Type.LOOKUP_RESPONSE,
+    ),
+    "producer-in-missing-namespace": (
+        pb.CommandProducer(topic="persistent://nope/nope/x", producer_id=5, request_id=11),
+        Type.ERROR,
+    ),
+    "metadata-invalid-topic-name": (
+        pb.CommandPartitionedTopicMetadata(topic="bad topic name:::", request_id=12),
+        Type.PARTITIONED_METADATA_RESPONSE,
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", list(REQUESTS))
+def test_bad_request_is_answered_and_the_connection_stays(
+    node: StandaloneProcess, kind: str
+) -> None:
+    body, answer_type = REQUESTS[kind]
+    with RawConnection(node) as raw:
+        raw.connect()
+        raw.command(body)
+        answer = raw.expect(answer_type)
+        assert answer.body.request_id == body.request_id
+        if answer_type == Type.ACK_RESPONSE:
+            assert answer.body.HasField("error")
+        if answer_type in (Type.LOOKUP_RESPONSE, Type.PARTITIONED_METADATA_RESPONSE):
+            assert answer.body.response == answer.body.Failed
+        ping_pong(raw)
+    assert_healthy(node, kind)
+
+
+def test_absurd_flow_and_redeliver_values_leave_the_connection_working(
+    node: StandaloneProcess,
+) -> None:
+    with RawConnection(node) as raw:
+        raw.connect()
+        raw.command(
+            pb.CommandSubscribe(
+                topic=TOPIC,
+                subscription="absurd",
+                subType=pb.CommandSubscribe.Shared,
+                consumer_id=1,
+                request_id=1,
+            )
+        )
+        raw.expect(Type.SUCCESS)
+        raw.command(pb.CommandFlow(consumer_id=1, messagePermits=2**32 - 1))
+        raw.command(pb.CommandFlow(consumer_id=99, messagePermits=10))  # unknown consumer
+        raw.command(
+            pb.CommandRedeliverUnacknowledgedMessages(
+                consumer_id=1,
+                message_ids=[pb.MessageIdData(ledgerId=2**64 - 1, entryId=2**64 - 1)],
+            )
+        )
+        ping_pong(raw)
+        raw.command(pb.CommandProducer(topic=TOPIC, producer_id=1, request_id=2))
+        raw.expect(Type.PRODUCER_SUCCESS)
+        raw.send(send_frame(1, 0, b"flows"))
+        frames = {raw.next_frame().type, raw.next_frame().type}
+        assert frames == {Type.SEND_RECEIPT, Type.MESSAGE}
+    assert_healthy(node, "absurd FLOW and REDELIVER values")
+
+
 # --------------------------------------------------------------------------------------------
 # Keep-alive
 # --------------------------------------------------------------------------------------------
