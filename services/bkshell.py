@@ -22,6 +22,12 @@ from magnetar.common.ledger.client import LedgerClient
 from magnetar.common.ledger.distribution import QuorumConfigError
 from magnetar.common.ledger.entry import encode_entry, verify_entry
 from magnetar.common.ledger.errors import LedgerError
+from magnetar.common.ledger.identity import (
+    IdentityError,
+    list_cookies,
+    read_instance_id,
+)
+from magnetar.common.ledger.identity import reregister as reregister_cookie
 from magnetar.common.ledger.placement import NotEnoughBookiesError
 from magnetar.common.metadata import MetadataStore, open_store
 
@@ -109,6 +115,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="one final JSON line")
 
     p = sub.add_parser(
+        "reregister",
+        help="record that a stopped bookie lost its disks: it may start again, empty",
+        description="A bookie whose directories were wiped or replaced refuses to start while "
+        "the metadata store holds its cookie. Once its old disks are lost for good, this gives "
+        "it a new cookie incarnation: its next start on empty directories is accepted, and for "
+        "every ledger created before now it answers WIPED instead of 'no such entry', so "
+        "recovery does not count it as proof that an entry is absent.",
+    )
+    _metadata_option(p, argparse.SUPPRESS)
+    p.add_argument("--address", required=True, metavar="HOST:PORT", help="the bookie's address")
+    p.add_argument("--json", action="store_true", help="the new cookie as JSON")
+
+    p = sub.add_parser("cookies", help="the cluster's instance id and every bookie's cookie")
+    _metadata_option(p, argparse.SUPPRESS)
+    p.add_argument("--json", action="store_true", help="one JSON object per cookie")
+
+    p = sub.add_parser(
         "journalrepair",
         help="offline: drop the damaged bytes of a stopped bookie's journal, keep every valid record",
     )
@@ -151,9 +174,11 @@ async def run(args: argparse.Namespace) -> int:
             return await bookiesanity(store, args)
         if args.bk_command == "listbookies":
             return await listbookies(store, args)
+        if args.bk_command in IDENTITY_TOOLS:
+            return await IDENTITY_TOOLS[args.bk_command](store, args)
         async with LedgerClient(store) as client:
             return await LEDGER_TOOLS[args.bk_command](client, args)
-    except (LedgerError, NotEnoughBookiesError, QuorumConfigError) as e:
+    except (LedgerError, NotEnoughBookiesError, QuorumConfigError, IdentityError) as e:
         print(f"bk {args.bk_command}: {e}", file=sys.stderr)
         return 1
     finally:
@@ -338,6 +363,36 @@ async def simpletest(client: LedgerClient, args: argparse.Namespace) -> int:
     )
     return 0 if not failures else 1
 
+
+async def reregister(store: MetadataStore, args: argparse.Namespace) -> int:
+    cookie = await reregister_cookie(store, args.address)
+    _emit(
+        args,
+        json.loads(cookie.to_json()),
+        f"bookie {cookie.address} re-registered empty as incarnation {cookie.incarnation}: "
+        f"start it on empty directories; it answers WIPED for ledgers below "
+        f"{cookie.wiped_below}. Ledgers that had entries on it are under-replicated until "
+        "the auditor (or `magnetar bk recover`) copies them back",
+    )
+    return 0
+
+
+async def cookies(store: MetadataStore, args: argparse.Namespace) -> int:
+    instance = await read_instance_id(store)
+    if not args.json:
+        print(f"instance id: {instance[0] if instance else '(none: no bookie has started)'}")
+    for cookie in await list_cookies(store):
+        _emit(
+            args,
+            json.loads(cookie.to_json()),
+            f"{cookie.address}\tincarnation {cookie.incarnation}\t"
+            f"{'formatted' if cookie.formatted else 're-registered, not started yet'}\t"
+            f"wiped below {cookie.wiped_below}\t{cookie.journal_dir}\t{cookie.ledger_dir}",
+        )
+    return 0
+
+
+IDENTITY_TOOLS = {"reregister": reregister, "cookies": cookies}
 
 LEDGER_TOOLS = {
     "listledgers": listledgers,

@@ -50,7 +50,8 @@ class Standalone:
 
     async def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.store = await open_store(f"local://{(self.data_dir / 'meta.db').resolve()}")
+        meta_db = (self.data_dir / "meta.db").resolve()
+        self.store = await open_store(f"local://{meta_db}")
         bookie_config = BookieConfig(
             metadata_url="local://",
             bind_address="127.0.0.1",
@@ -61,7 +62,9 @@ class Standalone:
             ledger_dir=str(self.data_dir / "bookie" / "ledgers"),
             journal_sync=self.config.journal_sync,
         )
-        self.bookie = Bookie(bookie_config, self.store)
+        # The bookie's identity check is what refuses a reset or lost meta.db: the embedded
+        # bookie's cookie names a cluster (or it holds data) that an empty store does not know.
+        self.bookie = Bookie(bookie_config, self.store, store_name=f"the metadata store {meta_db}")
         await self.bookie.start()
         broker_config = BrokerConfig(
             metadata_url="local://",

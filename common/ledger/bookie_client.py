@@ -113,8 +113,9 @@ class BookieClient:
         callback: AddCallback,
         *,
         recovery: bool = False,
+        master_key: bytes = b"",
     ) -> None:
-        """Queue an add; ``callback(None)`` runs once the bookie made it durable, or
+        """Queue an add (``master_key``: the ledger's, from its metadata); ``callback(None)`` runs once the bookie made it durable, or
         ``callback(error)`` if it failed. Callbacks run on the event loop, straight from the
         receive loop (no future, no extra loop turn: this is the ledger client's hot path)."""
         if self._closed:
@@ -125,18 +126,29 @@ class BookieClient:
         self._waiting[tag] = callback
         self._outbox.append(
             pb.AddOp(
-                tag=tag, ledger_id=ledger_id, entry_id=entry_id, entry=entry, recovery=recovery
+                tag=tag,
+                ledger_id=ledger_id,
+                entry_id=entry_id,
+                entry=entry,
+                recovery=recovery,
+                master_key=master_key,
             )
         )
         if not self._outbox_ready.is_set():
             self._outbox_ready.set()
 
     def add(
-        self, ledger_id: int, entry_id: int, entry: bytes, *, recovery: bool = False
+        self,
+        ledger_id: int,
+        entry_id: int,
+        entry: bytes,
+        *,
+        recovery: bool = False,
+        master_key: bytes = b"",
     ) -> asyncio.Future[None]:
         """Queue an add; the future completes when the bookie made it durable."""
         fut, settle = add_future()
-        self.add_entry(ledger_id, entry_id, entry, settle, recovery=recovery)
+        self.add_entry(ledger_id, entry_id, entry, settle, recovery=recovery, master_key=master_key)
         return fut
 
     @property

@@ -7,7 +7,9 @@ BookieClient per bookie address and shares it among every ledger it handles.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -51,6 +53,25 @@ class LedgerClientConfig:
     #: Largest entry (header included) sent when the ensemble's bookies do not say theirs:
     #: Pulsar's bookie frame limit, 5 MiB of message + 10 KiB of headers.
     max_entry_size: int = DEFAULT_MAX_ENTRY_SIZE
+
+
+#: Ledger ids of a new counter start at the clock in milliseconds times this: far above any
+#: id an earlier counter could have reached (that would take this many ledgers per
+#: millisecond, on average, since the earlier counter started).
+LEDGER_IDS_PER_MS = 1024
+
+
+def first_ledger_id(now_ms: int | None = None) -> int:
+    """The first id of a new ledger-id counter (see ``_allocate_ledger_id``)."""
+    return (int(time.time() * 1000) if now_ms is None else now_ms) * LEDGER_IDS_PER_MS
+
+
+def master_key_for(password: bytes | None) -> bytes:
+    """A ledger's master key: SHA-256 of the password (as BookKeeper derives it with SHA-1),
+    or 16 random bytes."""
+    if password is None:
+        return os.urandom(16)
+    return hashlib.sha256(b"magnetar-ledger-key:" + password).digest()
 
 
 class LedgerClient:
@@ -128,10 +149,15 @@ class LedgerClient:
         return sorted(ids)
 
     async def _allocate_ledger_id(self) -> int:
-        """Cluster-unique ids from a counter in the metadata store (CAS increment)."""
+        """Cluster-unique ids from a counter in the metadata store (CAS increment).
+
+        A new counter starts at :func:`first_ledger_id` (the clock, not 0): if the store is
+        ever reset or replaced while bookies keep old data, the ids it hands out are above
+        every id the old counter gave, so no new ledger is created under an old ledger's id.
+        """
         while True:
             current = await self.store.get(LEDGER_ID_COUNTER)
-            next_id = int(current.value) + 1 if current else 0
+            next_id = int(current.value) + 1 if current else first_ledger_id()
             try:
                 await self.store.put(
                     LEDGER_ID_COUNTER,
@@ -150,7 +176,12 @@ class LedgerClient:
         write_quorum: int,
         ack_quorum: int,
         custom_metadata: Mapping[str, bytes] | None = None,
+        *,
+        password: bytes | None = None,
     ) -> LedgerHandle:
+        """Create a ledger and open it for writing. Its master key (sent with every add, kept
+        in the metadata for recovery) is derived from ``password`` when one is given, else
+        random: nobody without the metadata can add to it."""
         quorum = Quorum(ensemble_size, write_quorum, ack_quorum)  # raises on a bad combination
         registrations = await self.registered_bookies()
         ensemble = self.placement.choose(quorum.ensemble_size, registrations)
@@ -162,6 +193,7 @@ class LedgerClient:
             fragments=(Fragment(0, tuple(ensemble)),),
             ctime_ms=int(time.time() * 1000),
             custom_metadata=dict(custom_metadata or {}),
+            master_key=master_key_for(password),
         )
         version = await self.store.put(ledger_key(ledger_id), metadata.to_bytes(), NOT_EXISTS)
         log.info(

@@ -24,6 +24,12 @@ class LedgerFencedError(LedgerError):
     the recovered ledger's last entry says which are."""
 
 
+class LedgerUnauthorizedError(LedgerError):
+    """A bookie refused an add because the ledger id is held there under another master key:
+    the id was reused (a reset metadata store) or the writer is not the ledger's. Nothing more
+    is written to this ledger."""
+
+
 class EntryTooLargeError(LedgerError):
     """One add was refused because its entry is over the bookies' max entry size. Only that
     add failed: the ledger and its ensemble are fine, and later adds go on."""

@@ -34,6 +34,7 @@ from magnetar.common.ledger.errors import (
     LedgerClosedError,
     LedgerError,
     LedgerFencedError,
+    LedgerUnauthorizedError,
     NoSuchEntryError,
 )
 from magnetar.common.ledger.metadata import LedgerMetadata, LedgerState, ledger_key
@@ -192,6 +193,7 @@ class LedgerHandle:
                 op.entry_id,
                 op.entry,
                 functools.partial(self._add_done, op, position, address),
+                master_key=self.metadata.master_key,
             )
         except BookieError as e:
             asyncio.get_running_loop().call_soon(self._bookie_failed, position, address, e)
@@ -213,6 +215,14 @@ class LedgerHandle:
             self._fail_handle(LedgerFencedError(f"ledger {self.ledger_id} was fenced ({error})"))
         elif error.status == pb.TOO_LARGE:
             self._refused_as_too_large(op, error)
+        elif error.status == pb.UNAUTHORIZED:
+            # Not a failing bookie: it holds this ledger id under another key (BookKeeper's
+            # UnauthorizedAccess is unrecoverable for the handle too).
+            self._fail_handle(
+                LedgerUnauthorizedError(
+                    f"ledger {self.ledger_id}: bookie {address} refused the add: {error}"
+                )
+            )
         else:
             self._bookie_failed(position, address, error)
 

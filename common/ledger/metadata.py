@@ -45,6 +45,9 @@ class LedgerMetadata:
     length: int = 0
     ctime_ms: int = 0
     custom_metadata: dict[str, bytes] = field(default_factory=dict)
+    #: The writer's key (BookKeeper's master key): every add carries it, and a bookie refuses
+    #: adds to this ledger id under another key (a reused id, or someone else's writer).
+    master_key: bytes = b""
 
     @property
     def quorum(self) -> Quorum:
@@ -79,6 +82,7 @@ class LedgerMetadata:
             digest_type=ledger_pb2.LedgerMetadata.CRC32C,
             ctime_ms=self.ctime_ms,
             custom_metadata=self.custom_metadata,
+            master_key=self.master_key,
             fragments=[
                 ledger_pb2.LedgerMetadata.Fragment(
                     first_entry_id=f.first_entry_id, bookies=list(f.bookies)
@@ -101,6 +105,7 @@ class LedgerMetadata:
             length=msg.length,
             ctime_ms=msg.ctime_ms,
             custom_metadata=dict(msg.custom_metadata),
+            master_key=msg.master_key,
         )
 
     def to_json_dict(self) -> dict[str, object]:

@@ -234,7 +234,11 @@ class _RecoveryWriter:
         """Send to the bookies at ``positions``; return the positions that failed or timed out."""
         futures = {
             p: self.client.bookie(self.ensemble[p]).add(
-                self.ledger_id, entry_id, entry, recovery=True
+                self.ledger_id,
+                entry_id,
+                entry,
+                recovery=True,
+                master_key=self.metadata.master_key,
             )
             for p in positions
         }

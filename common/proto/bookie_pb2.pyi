@@ -20,6 +20,8 @@ class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TIMEOUT: _ClassVar[Status]
     DISK_FULL: _ClassVar[Status]
     INTERNAL: _ClassVar[Status]
+    UNAUTHORIZED: _ClassVar[Status]
+    WIPED: _ClassVar[Status]
 OK: Status
 NO_SUCH_LEDGER: Status
 NO_SUCH_ENTRY: Status
@@ -31,20 +33,24 @@ TOO_LARGE: Status
 TIMEOUT: Status
 DISK_FULL: Status
 INTERNAL: Status
+UNAUTHORIZED: Status
+WIPED: Status
 
 class AddOp(_message.Message):
-    __slots__ = ("tag", "ledger_id", "entry_id", "entry", "recovery")
+    __slots__ = ("tag", "ledger_id", "entry_id", "entry", "recovery", "master_key")
     TAG_FIELD_NUMBER: _ClassVar[int]
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
     ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     ENTRY_FIELD_NUMBER: _ClassVar[int]
     RECOVERY_FIELD_NUMBER: _ClassVar[int]
+    MASTER_KEY_FIELD_NUMBER: _ClassVar[int]
     tag: int
     ledger_id: int
     entry_id: int
     entry: bytes
     recovery: bool
-    def __init__(self, tag: _Optional[int] = ..., ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., entry: _Optional[bytes] = ..., recovery: _Optional[bool] = ...) -> None: ...
+    master_key: bytes
+    def __init__(self, tag: _Optional[int] = ..., ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., entry: _Optional[bytes] = ..., recovery: _Optional[bool] = ..., master_key: _Optional[bytes] = ...) -> None: ...
 
 class AddRequest(_message.Message):
     __slots__ = ("ops",)

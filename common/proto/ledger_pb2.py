@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"magnetar/common/proto/ledger.proto\x12\x0fmagnetar.ledger\"\xc2\x04\n\x0eLedgerMetadata\x12\x15\n\rensemble_size\x18\x01 \x01(\x05\x12\x14\n\x0cwrite_quorum\x18\x02 \x01(\x05\x12\x12\n\nack_quorum\x18\x03 \x01(\x05\x12\x34\n\x05state\x18\x04 \x01(\x0e\x32%.magnetar.ledger.LedgerMetadata.State\x12\x15\n\rlast_entry_id\x18\x05 \x01(\x03\x12\x0e\n\x06length\x18\x06 \x01(\x03\x12?\n\x0b\x64igest_type\x18\x07 \x01(\x0e\x32*.magnetar.ledger.LedgerMetadata.DigestType\x12\x10\n\x08\x63time_ms\x18\x08 \x01(\x03\x12L\n\x0f\x63ustom_metadata\x18\t \x03(\x0b\x32\x33.magnetar.ledger.LedgerMetadata.CustomMetadataEntry\x12;\n\tfragments\x18\n \x03(\x0b\x32(.magnetar.ledger.LedgerMetadata.Fragment\x1a\x33\n\x08\x46ragment\x12\x16\n\x0e\x66irst_entry_id\x18\x01 \x01(\x03\x12\x0f\n\x07\x62ookies\x18\x02 \x03(\t\x1a\x35\n\x13\x43ustomMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\".\n\x05State\x12\x08\n\x04OPEN\x10\x00\x12\x0f\n\x0bIN_RECOVERY\x10\x01\x12\n\n\x06\x43LOSED\x10\x02\"\x18\n\nDigestType\x12\n\n\x06\x43RC32C\x10\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"magnetar/common/proto/ledger.proto\x12\x0fmagnetar.ledger\"\xd6\x04\n\x0eLedgerMetadata\x12\x15\n\rensemble_size\x18\x01 \x01(\x05\x12\x14\n\x0cwrite_quorum\x18\x02 \x01(\x05\x12\x12\n\nack_quorum\x18\x03 \x01(\x05\x12\x34\n\x05state\x18\x04 \x01(\x0e\x32%.magnetar.ledger.LedgerMetadata.State\x12\x15\n\rlast_entry_id\x18\x05 \x01(\x03\x12\x0e\n\x06length\x18\x06 \x01(\x03\x12?\n\x0b\x64igest_type\x18\x07 \x01(\x0e\x32*.magnetar.ledger.LedgerMetadata.DigestType\x12\x10\n\x08\x63time_ms\x18\x08 \x01(\x03\x12L\n\x0f\x63ustom_metadata\x18\t \x03(\x0b\x32\x33.magnetar.ledger.LedgerMetadata.CustomMetadataEntry\x12;\n\tfragments\x18\n \x03(\x0b\x32(.magnetar.ledger.LedgerMetadata.Fragment\x12\x12\n\nmaster_key\x18\x0b \x01(\x0c\x1a\x33\n\x08\x46ragment\x12\x16\n\x0e\x66irst_entry_id\x18\x01 \x01(\x03\x12\x0f\n\x07\x62ookies\x18\x02 \x03(\t\x1a\x35\n\x13\x43ustomMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\".\n\x05State\x12\x08\n\x04OPEN\x10\x00\x12\x0f\n\x0bIN_RECOVERY\x10\x01\x12\n\n\x06\x43LOSED\x10\x02\"\x18\n\nDigestType\x12\n\n\x06\x43RC32C\x10\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,13 +34,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LEDGERMETADATA_CUSTOMMETADATAENTRY']._loaded_options = None
   _globals['_LEDGERMETADATA_CUSTOMMETADATAENTRY']._serialized_options = b'8\001'
   _globals['_LEDGERMETADATA']._serialized_start=56
-  _globals['_LEDGERMETADATA']._serialized_end=634
-  _globals['_LEDGERMETADATA_FRAGMENT']._serialized_start=454
-  _globals['_LEDGERMETADATA_FRAGMENT']._serialized_end=505
-  _globals['_LEDGERMETADATA_CUSTOMMETADATAENTRY']._serialized_start=507
-  _globals['_LEDGERMETADATA_CUSTOMMETADATAENTRY']._serialized_end=560
-  _globals['_LEDGERMETADATA_STATE']._serialized_start=562
-  _globals['_LEDGERMETADATA_STATE']._serialized_end=608
-  _globals['_LEDGERMETADATA_DIGESTTYPE']._serialized_start=610
-  _globals['_LEDGERMETADATA_DIGESTTYPE']._serialized_end=634
+  _globals['_LEDGERMETADATA']._serialized_end=654
+  _globals['_LEDGERMETADATA_FRAGMENT']._serialized_start=474
+  _globals['_LEDGERMETADATA_FRAGMENT']._serialized_end=525
+  _globals['_LEDGERMETADATA_CUSTOMMETADATAENTRY']._serialized_start=527
+  _globals['_LEDGERMETADATA_CUSTOMMETADATAENTRY']._serialized_end=580
+  _globals['_LEDGERMETADATA_STATE']._serialized_start=582
+  _globals['_LEDGERMETADATA_STATE']._serialized_end=628
+  _globals['_LEDGERMETADATA_DIGESTTYPE']._serialized_start=630
+  _globals['_LEDGERMETADATA_DIGESTTYPE']._serialized_end=654
 # @@protoc_insertion_point(module_scope)

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class LedgerMetadata(_message.Message):
-    __slots__ = ("ensemble_size", "write_quorum", "ack_quorum", "state", "last_entry_id", "length", "digest_type", "ctime_ms", "custom_metadata", "fragments")
+    __slots__ = ("ensemble_size", "write_quorum", "ack_quorum", "state", "last_entry_id", "length", "digest_type", "ctime_ms", "custom_metadata", "fragments", "master_key")
     class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         OPEN: _ClassVar[LedgerMetadata.State]
@@ -45,6 +45,7 @@ class LedgerMetadata(_message.Message):
     CTIME_MS_FIELD_NUMBER: _ClassVar[int]
     CUSTOM_METADATA_FIELD_NUMBER: _ClassVar[int]
     FRAGMENTS_FIELD_NUMBER: _ClassVar[int]
+    MASTER_KEY_FIELD_NUMBER: _ClassVar[int]
     ensemble_size: int
     write_quorum: int
     ack_quorum: int
@@ -55,4 +56,5 @@ class LedgerMetadata(_message.Message):
     ctime_ms: int
     custom_metadata: _containers.ScalarMap[str, bytes]
     fragments: _containers.RepeatedCompositeFieldContainer[LedgerMetadata.Fragment]
-    def __init__(self, ensemble_size: _Optional[int] = ..., write_quorum: _Optional[int] = ..., ack_quorum: _Optional[int] = ..., state: _Optional[_Union[LedgerMetadata.State, str]] = ..., last_entry_id: _Optional[int] = ..., length: _Optional[int] = ..., digest_type: _Optional[_Union[LedgerMetadata.DigestType, str]] = ..., ctime_ms: _Optional[int] = ..., custom_metadata: _Optional[_Mapping[str, bytes]] = ..., fragments: _Optional[_Iterable[_Union[LedgerMetadata.Fragment, _Mapping]]] = ...) -> None: ...
+    master_key: bytes
+    def __init__(self, ensemble_size: _Optional[int] = ..., write_quorum: _Optional[int] = ..., ack_quorum: _Optional[int] = ..., state: _Optional[_Union[LedgerMetadata.State, str]] = ..., last_entry_id: _Optional[int] = ..., length: _Optional[int] = ..., digest_type: _Optional[_Union[LedgerMetadata.DigestType, str]] = ..., ctime_ms: _Optional[int] = ..., custom_metadata: _Optional[_Mapping[str, bytes]] = ..., fragments: _Optional[_Iterable[_Union[LedgerMetadata.Fragment, _Mapping]]] = ..., master_key: _Optional[bytes] = ...) -> None: ...

@@ -1,8 +1,9 @@
 """The persistent index and ledger table of a bookie, in one SQLite file in the ledger dir.
 
 - ``entries``: (ledger id, entry id) -> (entry log id, offset, length).
-- ``ledgers``: fenced / deleted flags. Fencing is written here before the fence is answered,
-  so a fenced ledger stays fenced across restarts.
+- ``ledgers``: fenced / deleted flags and the master key. Fencing is written here before the
+  fence is answered, so a fenced ledger stays fenced across restarts; the master key of a
+  ledger's first add is written here before that add is answered.
 - ``log_usage``: bytes each ledger holds in each entry log, which GC uses to find logs that
   hold only deleted data (remove) or little live data (compact).
 - ``meta``: the checkpoint mark (first journal file that replay must read).
@@ -34,7 +35,7 @@ CREATE TABLE IF NOT EXISTS entries (
     PRIMARY KEY (ledger_id, entry_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS ledgers (
     ledger_id INTEGER PRIMARY KEY, fenced INTEGER NOT NULL DEFAULT 0,
-    deleted INTEGER NOT NULL DEFAULT 0);
+    deleted INTEGER NOT NULL DEFAULT 0, master_key BLOB);
 CREATE TABLE IF NOT EXISTS log_usage (
     log_id INTEGER NOT NULL, ledger_id INTEGER NOT NULL, bytes INTEGER NOT NULL,
     PRIMARY KEY (log_id, ledger_id)) WITHOUT ROWID;
@@ -63,11 +64,17 @@ class LedgerIndex:
                 self._writer.close()
                 raise IndexDamagedError(path, "; ".join(map(str, problems)))
             self._writer.executescript(_SCHEMA)
+            columns = {row[1] for row in self._writer.execute("PRAGMA table_info(ledgers)")}
+            if "master_key" not in columns:  # an index written before master keys existed
+                self._writer.execute("ALTER TABLE ledgers ADD COLUMN master_key BLOB")
         except sqlite3.DatabaseError as e:
             raise IndexDamagedError(path, e) from None
         # Fence and delete flags are written on their own connection: they must not join (or
         # wait for the thread of) a flush transaction, only for SQLite's write lock.
         self._flags = self._connect()
+        # Callers run on any pool thread: one writer of flags at a time, so a failed master-key
+        # transaction cannot roll back a fence written meanwhile on the same connection.
+        self._flags_lock = threading.Lock()
         self._local = threading.local()
 
     def _connect(self) -> sqlite3.Connection:
@@ -127,6 +134,16 @@ class LedgerIndex:
                 fenced.add(ledger_id)
         return fenced, deleted
 
+    def master_keys(self) -> dict[int, bytes]:
+        """The master key of every ledger that has one recorded (deleted ones excluded)."""
+        return {
+            ledger_id: bytes(key)
+            for ledger_id, key in self._writer.execute(
+                "SELECT ledger_id, master_key FROM ledgers "
+                "WHERE master_key IS NOT NULL AND deleted = 0"
+            )
+        }
+
     def checkpoint_mark(self) -> int:
         row = self._writer.execute("SELECT value FROM meta WHERE key='journal_mark'").fetchone()
         return 0 if row is None else row[0]
@@ -142,18 +159,35 @@ class LedgerIndex:
     # -- writes (flush thread; flags from any one thread) ----------------------------------------------------------
 
     def set_fenced(self, ledger_id: int) -> None:
-        self._flags.execute(
-            "INSERT INTO ledgers(ledger_id, fenced) VALUES (?, 1) "
-            "ON CONFLICT(ledger_id) DO UPDATE SET fenced=1",
-            (ledger_id,),
-        )
+        with self._flags_lock:
+            self._flags.execute(
+                "INSERT INTO ledgers(ledger_id, fenced) VALUES (?, 1) "
+                "ON CONFLICT(ledger_id) DO UPDATE SET fenced=1",
+                (ledger_id,),
+            )
+
+    def set_master_keys(self, keys: dict[int, bytes]) -> None:
+        """Record the master keys of ledgers' first adds (one transaction, one fsync)."""
+        with self._flags_lock:
+            self._flags.execute("BEGIN")
+            try:
+                self._flags.executemany(
+                    "INSERT INTO ledgers(ledger_id, master_key) VALUES (?, ?) "
+                    "ON CONFLICT(ledger_id) DO UPDATE SET master_key=excluded.master_key",
+                    list(keys.items()),
+                )
+                self._flags.execute("COMMIT")
+            except BaseException:
+                self._flags.execute("ROLLBACK")
+                raise
 
     def set_deleted(self, ledger_id: int) -> None:
-        self._flags.execute(
-            "INSERT INTO ledgers(ledger_id, deleted) VALUES (?, 1) "
-            "ON CONFLICT(ledger_id) DO UPDATE SET deleted=1",
-            (ledger_id,),
-        )
+        with self._flags_lock:
+            self._flags.execute(
+                "INSERT INTO ledgers(ledger_id, deleted) VALUES (?, 1) "
+                "ON CONFLICT(ledger_id) DO UPDATE SET deleted=1",
+                (ledger_id,),
+            )
 
     def commit_flush(self, locations: Iterable[Location], journal_mark: int | None) -> None:
         """Record where flushed entries landed and, atomically with it, the new checkpoint mark."""

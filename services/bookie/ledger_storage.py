@@ -6,6 +6,14 @@ flushed -> read cache -> index + entry log. A checkpoint swaps the memtable, rol
 writes the old memtable to the entry log, commits its index rows together with the new journal
 mark, and deletes the journal files before the mark. On start, the journal is replayed from the
 mark.
+
+Master keys (BookKeeper's): the first add of a ledger records the key it carries, in the index,
+before that add is acknowledged; later adds (recovery adds included) with another key are
+refused with UNAUTHORIZED, so a reused ledger id can never append to, or serve, old data.
+
+A bookie re-registered empty after losing its disks (``wiped_below``, from its cookie) answers
+WIPED instead of "no such ledger/entry" for ledgers older than its re-registration: it cannot
+know whether it held them, and recovery must not count its answer as a proof of absence.
 """
 
 from __future__ import annotations
@@ -59,6 +67,7 @@ class AddOpLike(Protocol):
     entry_id: int
     entry: bytes
     recovery: bool
+    master_key: bytes
 
 
 @dataclass(slots=True)
@@ -154,6 +163,13 @@ class LedgerStorage:
         self._flush_executor = ThreadPoolExecutor(1, thread_name_prefix="bookie-flush")
         self._read_cache = _ReadCache(config.read_cache_bytes)
         self._ledgers: dict[int, LedgerState] = {}
+        self._master_keys: dict[int, bytes] = {}
+        #: Master keys taken by a first add and not yet committed to the index: adds of those
+        #: ledgers are acknowledged only once the key is durable.
+        self._keys_pending: dict[int, asyncio.Future[None]] = {}
+        #: Ledgers with ids below this were created before this bookie was re-registered empty
+        #: (0: never wiped); see the module docstring.
+        self.wiped_below = 0
         self._deleted: set[int] = set()
         self._deleted_pending_gc: set[int] = set()
         self._journal_dirty = False
@@ -177,6 +193,9 @@ class LedgerStorage:
             )
             fenced, deleted = await loop.run_in_executor(
                 self._flush_executor, self._index.ledger_flags
+            )
+            self._master_keys = await loop.run_in_executor(
+                self._flush_executor, self._index.master_keys
             )
         except (IndexDamagedError, sqlite3.DatabaseError) as e:
             path = self.ledger_dir / "index.db"
@@ -355,10 +374,12 @@ class LedgerStorage:
         records: list[bytes] = []
         size = 0
         memtable = self._memtable
+        new_keys: dict[int, bytes] = {}
         for i, op in enumerate(ops):
             entry = op.entry  # read once: a protobuf bytes field may be copied on every access
             try:
                 state, entry_id, lac = self._check_add(op, entry)
+                self._check_master_key(op.ledger_id, op.master_key, new_keys)
             except StorageError as e:
                 failures.append((i, e.status, e.message))
                 continue
@@ -374,7 +395,61 @@ class LedgerStorage:
         if records:
             durable = self._journal.append(jnl.encode_add_batch(records))
             self._journal_dirty = True
-        return self._finish_add(durable, failures, accepted, size, started)
+        keys = self._keys_to_wait_for(ops, accepted, new_keys)
+        return self._finish_add(durable, failures, accepted, size, started, keys, ops)
+
+    def _check_master_key(self, ledger_id: int, key: bytes, new_keys: dict[int, bytes]) -> None:
+        """Refuse an add whose key is not the one the ledger's first add recorded here."""
+        known = self._master_keys.get(ledger_id)
+        if known is None:
+            # The first add here: its key becomes the ledger's (in memory now, so the rest of
+            # this batch is checked against it; in the index before any add is acknowledged).
+            self._master_keys[ledger_id] = new_keys[ledger_id] = key
+        elif known != key:
+            raise StorageError(
+                pb.UNAUTHORIZED,
+                f"ledger {ledger_id} is held here under another master key: this add comes "
+                "from a writer that is not the ledger's (or the ledger id was reused after "
+                "the metadata store was reset); refused",
+            )
+
+    def _keys_to_wait_for(
+        self,
+        ops: Sequence[AddOpLike],
+        accepted: list[tuple[int, LedgerState, int]],
+        new_keys: dict[int, bytes],
+    ) -> list[tuple[frozenset[int], asyncio.Future[None]]]:
+        """Start committing ``new_keys``; the key commits (with their ledgers) that the
+        accepted adds of this batch must wait for."""
+        waits: list[tuple[frozenset[int], asyncio.Future[None]]] = []
+        if new_keys:
+            assert self._index is not None
+            loop = asyncio.get_running_loop()
+            future = asyncio.ensure_future(
+                loop.run_in_executor(None, self._index.set_master_keys, dict(new_keys))
+            )
+            for ledger_id in new_keys:
+                self._keys_pending[ledger_id] = future
+            future.add_done_callback(lambda f, ids=tuple(new_keys): self._key_committed(f, ids))
+            waits.append((frozenset(new_keys), future))
+        if self._keys_pending:
+            seen = {id(f) for _ids, f in waits}
+            for i, _state, _lac in accepted:
+                pending = self._keys_pending.get(ops[i].ledger_id)
+                if pending is not None and id(pending) not in seen:
+                    seen.add(id(pending))
+                    ids = frozenset(k for k, f in self._keys_pending.items() if f is pending)
+                    waits.append((ids, pending))
+        return waits
+
+    def _key_committed(self, future: asyncio.Future[None], ledger_ids: tuple[int, ...]) -> None:
+        for ledger_id in ledger_ids:
+            if self._keys_pending.get(ledger_id) is future:
+                del self._keys_pending[ledger_id]
+        if future.cancelled() or future.exception() is not None:
+            # Not recorded: the next add of these ledgers records its key again.
+            for ledger_id in ledger_ids:
+                self._master_keys.pop(ledger_id, None)
 
     def _check_add(self, op: AddOpLike, entry: bytes) -> tuple[LedgerState, int, int]:
         if len(entry) > self.config.max_entry_size:
@@ -414,8 +489,19 @@ class LedgerStorage:
         accepted: list[tuple[int, LedgerState, int]],
         size: int,
         started: float,
+        keys: Sequence[tuple[frozenset[int], asyncio.Future[None]]] = (),
+        ops: Sequence[AddOpLike] = (),
     ) -> list[tuple[int, int, str]]:
         m = self.metrics
+        for ledger_ids, key_commit in keys:
+            try:
+                await asyncio.shield(key_commit)
+            except Exception as e:
+                message = f"cannot record the ledger's master key: {e}"
+                failed = [a for a in accepted if ops[a[0]].ledger_id in ledger_ids]
+                failures.extend((i, pb.INTERNAL, message) for i, _state, _lac in failed)
+                failures.sort()
+                accepted = [a for a in accepted if ops[a[0]].ledger_id not in ledger_ids]
         if durable is not None:
             try:
                 await durable
@@ -444,12 +530,31 @@ class LedgerStorage:
     async def read(self, ledger_id: int, entry_id: int) -> bytes:
         """The formatted entry, digest checked. ``entry_id`` -1 reads the last stored entry."""
         try:
-            entry = await self._read(ledger_id, entry_id)
+            try:
+                entry = await self._read(ledger_id, entry_id)
+            except StorageError as e:
+                raise self._absence_after_wipe(ledger_id, e) from None
         except StorageError as e:
             self.metrics.reads.labels(STATUS_NAMES[e.status]).inc()
             raise
         self.metrics.reads.labels("OK").inc()
         return entry
+
+    def _absence_after_wipe(self, ledger_id: int, error: StorageError) -> StorageError:
+        """A "no such ledger/entry" answer from a bookie re-registered empty after the ledger
+        was created proves nothing (the entry may have been on the lost disks): say WIPED."""
+        if (
+            error.status in (pb.NO_SUCH_ENTRY, pb.NO_SUCH_LEDGER)
+            and ledger_id < self.wiped_below
+            and ledger_id not in self._deleted
+        ):
+            return StorageError(
+                pb.WIPED,
+                f"ledger {ledger_id} was created before this bookie lost its disks and was "
+                f"re-registered empty (ledgers below {self.wiped_below}): it cannot say whether "
+                f"it held this entry ({error.message})",
+            )
+        return error
 
     async def _read(self, ledger_id: int, entry_id: int) -> bytes:
         if ledger_id in self._deleted:
@@ -524,7 +629,10 @@ class LedgerStorage:
         """The ledger's state; with ``wait_s`` > 0, first wait (at most that long) until its LAC
         passes ``previous``."""
         waiting = wait_s > 0 and previous >= -1
-        state = await self._ledger_state(ledger_id, create=waiting)
+        try:
+            state = await self._ledger_state(ledger_id, create=waiting)
+        except StorageError as e:
+            raise self._absence_after_wipe(ledger_id, e) from None
         if waiting and state.lac <= previous:
             deadline = time.monotonic() + wait_s
             while state.lac <= previous:
@@ -577,6 +685,7 @@ class LedgerStorage:
             raise StorageError(pb.INTERNAL, f"cannot persist the deletion: {e}") from None
         self._deleted.add(ledger_id)
         self._deleted_pending_gc.add(ledger_id)
+        self._master_keys.pop(ledger_id, None)
         state = self._ledgers.pop(ledger_id, None)
         if state is not None:
             state.wake()

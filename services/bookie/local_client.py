@@ -36,6 +36,7 @@ class _AddOp:
     entry_id: int
     entry: bytes
     recovery: bool
+    master_key: bytes
 
 
 _Batch = tuple[list[AddCallback], Awaitable[list[tuple[int, int, str]]] | BaseException]
@@ -66,6 +67,7 @@ class LocalBookieClient:
         callback: AddCallback,
         *,
         recovery: bool = False,
+        master_key: bytes = b"",
     ) -> None:
         if self._closed:
             raise BookieUnavailableError(self.address, "client closed")
@@ -74,17 +76,23 @@ class LocalBookieClient:
                 asyncio.create_task(self._submit(), name=f"local-bookie-submit-{self.address}"),
                 asyncio.create_task(self._complete(), name=f"local-bookie-done-{self.address}"),
             ]
-        self._ops.append(_AddOp(ledger_id, entry_id, entry, recovery))
+        self._ops.append(_AddOp(ledger_id, entry_id, entry, recovery, master_key))
         self._callbacks.append(callback)
         self._outstanding += 1
         if not self._ready.is_set():
             self._ready.set()
 
     def add(
-        self, ledger_id: int, entry_id: int, entry: bytes, *, recovery: bool = False
+        self,
+        ledger_id: int,
+        entry_id: int,
+        entry: bytes,
+        *,
+        recovery: bool = False,
+        master_key: bytes = b"",
     ) -> asyncio.Future[None]:
         fut, settle = add_future()
-        self.add_entry(ledger_id, entry_id, entry, settle, recovery=recovery)
+        self.add_entry(ledger_id, entry_id, entry, settle, recovery=recovery, master_key=master_key)
         return fut
 
     @property

@@ -15,11 +15,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from magnetar.bookie import disk_checker
 from magnetar.bookie.config import BookieConfig
-from magnetar.bookie.cookie import check_or_write
+from magnetar.bookie.cookie import verify_identity
 from magnetar.bookie.ledger_storage import LedgerStorage
 from magnetar.bookie.metrics import BookieMetrics
 from magnetar.bookie.server import BookieService, grpc_server_options
 from magnetar.common.ledger.bookies import BookieRegistration, registration_key
+from magnetar.common.ledger.identity import Cookie
 from magnetar.common.metadata import MetadataError, MetadataStore, open_store
 from magnetar.common.proto import bookie_pb2 as pb
 from magnetar.common.proto import bookie_pb2_grpc
@@ -55,10 +56,19 @@ def bind_grpc_port(server: grpc.aio.Server, host: str, port: int) -> int:
 
 class Bookie:
     """One bookie. ``store`` may be shared (standalone mode); otherwise the bookie opens its own
-    from ``config.metadata_url`` and reopens it if the session is lost."""
+    from ``config.metadata_url`` and reopens it if the session is lost. ``store_name`` names the
+    store in identity refusals (default: the metadata URL)."""
 
-    def __init__(self, config: BookieConfig, store: MetadataStore | None = None) -> None:
+    def __init__(
+        self,
+        config: BookieConfig,
+        store: MetadataStore | None = None,
+        *,
+        store_name: str | None = None,
+    ) -> None:
         self.config = config
+        self.store_name = store_name or f"the metadata store {config.metadata_url}"
+        self.cookie: Cookie | None = None
         self.address = config.resolved_address()
         self.metrics = BookieMetrics()
         self.storage = LedgerStorage(config, self.metrics)
@@ -87,16 +97,24 @@ class Bookie:
         if self.config.port == 0:
             self.port = bound
             self.address = f"{self.address.rsplit(':', 1)[0]}:{bound}"
-        # The identity first: nothing is opened or created in directories of another bookie.
-        check_or_write(self.address, Path(self.config.journal_dir), Path(self.config.ledger_dir))
-        await self.storage.start()
-        self._check_disk()
-        await self._grpc.start()
-        await self._start_http()
         if self._store is None:
             self._store = await open_store(
                 self.config.metadata_url, session_ttl=self.config.session_ttl_s
             )
+        # The identity first: nothing is opened or created in directories of another bookie,
+        # nor served against a metadata store that does not know them.
+        self.cookie = await verify_identity(
+            self._store,
+            self.address,
+            Path(self.config.journal_dir),
+            Path(self.config.ledger_dir),
+            store_name=self.store_name,
+        )
+        self.storage.wiped_below = self.cookie.wiped_below
+        await self.storage.start()
+        self._check_disk()
+        await self._grpc.start()
+        await self._start_http()
         self._store.add_session_listener(self._reregister.set)
         await self._register()
         self._tasks = [
