@@ -124,14 +124,17 @@ class EtcdMetadataStore(MetadataStore):
         self._lease_id = lease_id
         self._ttl = session_ttl
         self._request_timeout = request_timeout
-        # A failover probe must leave time for a keepalive on the next member within the TTL.
-        self._probe_timeout = min(request_timeout, max(session_ttl / 3, 0.5))
+        # Per keepalive attempt and per failover probe. A member that hangs (paused, cut off)
+        # costs one keepalive interval (ttl/3) plus this before the move, plus this again per
+        # member probed: ttl/6 leaves a keepalive on the next member well inside the TTL.
+        self._probe_timeout = min(request_timeout, max(session_ttl / 6, 0.5))
         self._listeners: list[Callable[[], None]] = []
         self._lost = False
         self._closed = False
         self._keepalive_task = asyncio.create_task(
             self._keepalive(), name=f"etcd-lease-keepalive-{lease_id:x}"
         )
+        self._keepalive_task.add_done_callback(self._keepalive_ended)
 
     @property
     def endpoint(self) -> Endpoint:
@@ -380,7 +383,7 @@ class EtcdMetadataStore(MetadataStore):
         while True:
             client, endpoint = self._client, self.endpoint
             try:
-                return await asyncio.wait_for(request(client), timeout or self._request_timeout)
+                return await _bounded(request(client), timeout or self._request_timeout)
             except (aetcd.exceptions.ClientError, TimeoutError) as e:
                 if self._closed:
                     raise StoreClosedError("the etcd metadata store is closed") from e
@@ -423,7 +426,7 @@ class EtcdMetadataStore(MetadataStore):
                 endpoint = self._endpoints[index]
                 client = _new_client(endpoint, self._request_timeout)
                 try:
-                    await asyncio.wait_for(_revision(client), self._probe_timeout)
+                    await _bounded(_revision(client), self._probe_timeout)
                 except (aetcd.exceptions.ClientError, TimeoutError) as e:
                     errors.append(f"{endpoint}: {_describe(e)}")
                     await _close_client(client)
@@ -489,6 +492,15 @@ class EtcdMetadataStore(MetadataStore):
                 log.info("etcd lease %x keepalive works again", self._lease_id)
             failing = False
             last_ok = time.monotonic()
+
+    def _keepalive_ended(self, task: asyncio.Task[None]) -> None:
+        # Without keepalives the lease runs out silently: a keepalive loop that died of a bug
+        # must be as loud as a lost session, because in a TTL it is one.
+        if self._closed or self._lost:
+            return
+        failure = "was cancelled" if task.cancelled() else f"failed: {task.exception()!r}"
+        log.error("etcd lease %x keepalive loop %s", self._lease_id, failure)
+        self._lose_session(f"the keepalive loop {failure}")
 
     def _lose_session(self, reason: str) -> None:
         if self._lost or self._closed:
@@ -588,6 +600,40 @@ class _EtcdWatch(WatchStream):
         if self._watch is None or self._store._closed or self._client is not self._store._client:
             return  # closing the client already ended every watch
         await _cancel_quietly(self._watch)
+
+
+# Requests abandoned after their timeout whose cancellation has not finished yet.
+_abandoned: set[asyncio.Task[Any]] = set()
+
+
+async def _bounded(request: Awaitable[T], timeout: float) -> T:
+    """``request`` or TimeoutError after ``timeout`` seconds, without waiting for the request's
+    cancellation to finish: a gRPC stream to a paused member (LeaseKeepAlive) can take forever
+    to cancel, and ``asyncio.wait_for`` would wait for it, stalling keepalives past the TTL."""
+    task = asyncio.ensure_future(request)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if done:
+        if task.cancelled():
+            # Not us: gRPC cancels the RPCs of a channel that is closed (a failover retired
+            # the member connection), and that must not cancel the caller.
+            raise aetcd.exceptions.ConnectionFailedError(
+                "the request was cancelled: its member connection was closed"
+            )
+        return task.result()
+    task.cancel()
+    _abandoned.add(task)
+    task.add_done_callback(_forget_abandoned)
+    raise TimeoutError(f"no answer within {timeout:g}s")
+
+
+def _forget_abandoned(task: asyncio.Task[Any]) -> None:
+    _abandoned.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("abandoned etcd request ended with %s", task.exception())
 
 
 async def _close_client(client: aetcd.Client) -> None:

@@ -1,7 +1,7 @@
 """etcd member failures under a live metadata session (a real three-member etcd cluster).
 
 The store is opened on all three members (``etcd://h:p1,h:p2,h:p3``). The member it talks to is
-killed (SIGKILL) while a writer creates keys and a watch follows them; then that member comes
+killed (SIGKILL) or paused (SIGSTOP) while a writer creates keys and a watch follows them; then that member comes
 back and the next one the store moved to is killed. Throughout: the session (lease) and its
 ephemeral key survive, new writes succeed, the watch delivers every write exactly once in order,
 and no write that returned success is lost. A write whose answer was lost in the crash may
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 from collections.abc import AsyncIterator
 
 import pytest
@@ -29,7 +30,7 @@ from magnetar.common.metadata.etcd import EtcdMetadataStore
 from tests.support.etcd import EtcdCluster
 
 # Short enough that a session that missed its keepalives would visibly expire during the test.
-SESSION_TTL = 4
+SESSION_TTL = 6
 REQUEST_TIMEOUT = 2.0
 SOON = 20.0
 DATA = "/failover/data/"
@@ -97,7 +98,12 @@ class Follower:
                 await self.arrived.wait()
 
 
-async def test_session_writes_and_watches_survive_member_kills(cluster: EtcdCluster) -> None:
+@pytest.mark.parametrize("failure", ["kill", "pause"])
+async def test_session_writes_and_watches_survive_member_failures(
+    cluster: EtcdCluster, failure: str
+) -> None:
+    # kill: SIGKILL, connections reset at once. pause: SIGSTOP, the member holds connections
+    # open and answers nothing, so only timeouts reveal it.
     store = await open_store(cluster.url, session_ttl=SESSION_TTL, request_timeout=REQUEST_TIMEOUT)
     assert isinstance(store, EtcdMetadataStore)
     assert len(store.endpoints) == 3
@@ -111,9 +117,13 @@ async def test_session_writes_and_watches_survive_member_kills(cluster: EtcdClus
         try:
             await writer.wait_for_writes(20)
             killed: list[int] = []
-            for _ in range(2):
+            for round_ in range(2):
                 victim = cluster.member_on(store.endpoint.port)
-                victim.kill()
+                if failure == "kill":
+                    victim.kill()
+                else:
+                    assert victim.process is not None
+                    victim.process.send_signal(signal.SIGSTOP)
                 killed.append(victim.client_port)
                 await writer.wait_for_writes(20)  # new writes succeed on another member
                 assert store.endpoint.port != victim.client_port
@@ -121,8 +131,14 @@ async def test_session_writes_and_watches_survive_member_kills(cluster: EtcdClus
                 # other members can have kept the session.
                 await asyncio.sleep(SESSION_TTL + 1)
                 assert not store.session_lost
-                await _assert_owner_key_alive(cluster, victim.client_port, owner_version)
-                victim.start()  # back; the next round kills the member the store moved to
+                await _assert_owner_key_alive(cluster, victim.client_port, owner_version, round_)
+                # Back; the next round fails the member the store moved to.
+                if failure == "kill":
+                    victim.start()
+                else:
+                    assert victim.process is not None
+                    victim.process.send_signal(signal.SIGCONT)
+                    victim.wait_healthy()
             assert killed[0] != killed[1]
             await writer.wait_for_writes(20)
         finally:
@@ -163,10 +179,12 @@ async def test_open_skips_a_dead_member_and_a_lone_member_url_still_works(
         assert (await store.get("/failover/open")) is not None
 
 
-async def _assert_owner_key_alive(cluster: EtcdCluster, dead_port: int, version: int) -> None:
+async def _assert_owner_key_alive(
+    cluster: EtcdCluster, dead_port: int, version: int, round_: int
+) -> None:
     """Read the session's ephemeral key through a member that is up (a separate client)."""
-    alive = next(m for m in cluster.members if m.client_port != dead_port and m.running)
+    alive = next(m for m in cluster.members if m.client_port != dead_port)
     async with await open_store(alive.url) as observer:
         assert await observer.get(EPHEMERAL) == Versioned(b"me", version), (
-            "the session's ephemeral key vanished: the lease expired during the failover"
+            f"round {round_}: the session's ephemeral key vanished: the lease expired"
         )
