@@ -188,3 +188,32 @@ async def _assert_owner_key_alive(
         assert await observer.get(EPHEMERAL) == Versioned(b"me", version), (
             f"round {round_}: the session's ephemeral key vanished: the lease expired"
         )
+
+
+async def test_lost_write_answer_is_reported_and_unsent_writes_are_resent(
+    cluster: EtcdCluster,
+) -> None:
+    async with await open_store(cluster.url, session_ttl=SESSION_TTL, request_timeout=1) as store:
+        assert isinstance(store, EtcdMetadataStore)
+        await store.put("/writes/a", b"a")
+        # Paused: the connection stays open, the request is sent and never answered. Resending
+        # a compare-and-set could make it fail against its own first attempt: report instead.
+        paused = cluster.member_on(store.endpoint.port)
+        assert paused.process is not None
+        paused.process.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(OutcomeUnknownError, match="may or may not have been applied"):
+                await store.put("/writes/b", b"b", NOT_EXISTS)
+            assert store.endpoint.port != paused.client_port  # moved on for the read-back
+            assert (await store.get("/writes/a")) is not None
+        finally:
+            paused.process.send_signal(signal.SIGCONT)
+        paused.wait_healthy()
+        # Killed: the next request finds the connection refused, so it was never sent and is
+        # resent on another member; the caller just sees success.
+        killed = cluster.member_on(store.endpoint.port)
+        killed.kill()
+        await asyncio.sleep(0.2)  # let gRPC see the reset, as any later request would
+        version = await store.put("/writes/c", b"c", NOT_EXISTS)
+        assert store.endpoint.port != killed.client_port
+        assert await store.get("/writes/c") == Versioned(b"c", version)
