@@ -340,9 +340,7 @@ class EtcdMetadataStore(MetadataStore):
         if not self._lost:
             try:
                 # Revoking makes our ephemeral keys vanish now instead of after the TTL.
-                await asyncio.wait_for(
-                    self._client.revoke_lease(self._lease_id), self._request_timeout
-                )
+                await _bounded(self._client.revoke_lease(self._lease_id), self._request_timeout)
             except (aetcd.exceptions.ClientError, TimeoutError) as e:
                 log.warning(
                     "could not revoke etcd lease %x on close (%s); its ephemeral keys vanish "
@@ -351,7 +349,7 @@ class EtcdMetadataStore(MetadataStore):
                     _describe(e),
                     self._ttl,
                 )
-        await self._client.close()
+        await _close_client(self._client)
         log.info("metadata session on etcd %s closed (lease %x)", self.endpoint, self._lease_id)
 
     # -- internals -----------------------------------------------------------------------
@@ -433,10 +431,11 @@ class EtcdMetadataStore(MetadataStore):
                     continue
                 self._client, self._index = client, index
                 log.warning(
-                    "etcd %s failed (%s); metadata session (lease %x) moved to etcd %s",
+                    "etcd %s failed (%s); metadata session (lease %x) %s etcd %s",
                     old,
                     reason,
                     self._lease_id,
+                    "reconnected to" if endpoint == old else "moved to",
                     endpoint,
                 )
                 # Ends the watches on it; they re-register on the new member.
