@@ -7,7 +7,10 @@
 3. Read forward from the highest LAC the fenced bookies reported. An entry found on any replica
    is re-added (recovery flag) to its whole write set; a bookie that fails or does not answer
    in time is replaced through an ensemble change, as a writer would. An entry is absent once
-   ``Qw - Qa + 1`` bookies of its write set say "no such entry", and recovery stops there.
+   ``Qw - Qa + 1`` bookies of its write set say "no such entry", and recovery stops there. A
+   bookie re-registered empty after losing its disks answers WIPED for ledgers older than its
+   re-registration: that is not "no such entry" and does not count. Re-adds carry the
+   ledger's master key from its metadata (bookies refuse any other key).
 4. CAS the metadata to CLOSED with the last entry and length. If another recoverer closed it
    first, its result stands and is returned; if another changed the metadata without closing
    it, recovery starts again from the new metadata.
