@@ -154,6 +154,7 @@ class EtcdServer:
         if process is None or process.poll() is not None:
             return
         process.send_signal(sig)
+        process.send_signal(signal.SIGCONT)  # a member a test paused (SIGSTOP) must see it too
         try:
             process.wait(timeout=10)
         except subprocess.TimeoutExpired:
