@@ -30,7 +30,7 @@ import enum
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import crc32c
 from google.protobuf.message import Message
@@ -62,8 +62,10 @@ __all__ = [
     "decode_frame",
     "encode_command",
     "encode_headers_and_payload",
+    "encode_message_frame",
     "encode_payload_command",
     "encode_payload_command_raw",
+    "encode_send_receipt",
     "is_batch",
     "make_command",
     "negotiate_protocol_version",
@@ -316,6 +318,95 @@ def encode_payload_command(
 
 
 # --------------------------------------------------------------------------------------------
+# Hot paths: the two frames a broker sends per message, encoded by hand
+# --------------------------------------------------------------------------------------------
+#
+# SEND_RECEIPT and MESSAGE go out once per message; building a BaseCommand object for each cost
+# more than the rest of the send path. These write the same bytes protobuf writes (fields in
+# number order, varints, signed int32/int64 as ten-byte varints); tests compare them with
+# protobuf's own serialization.
+
+_VARINT_1 = [bytes((i,)) for i in range(128)]
+_U64_MASK = (1 << 64) - 1
+_U32_PAIR = struct.Struct(">II")
+
+
+def _varint(value: int) -> bytes:
+    """Protobuf varint of ``value`` (a negative one as its 64-bit two's complement)."""
+    if 0 <= value < 0x80:
+        return _VARINT_1[value]
+    if 0 < value < 0x4000:
+        return bytes(((value & 0x7F) | 0x80, value >> 7))
+    if 0 < value < 0x200000:
+        return bytes(((value & 0x7F) | 0x80, ((value >> 7) & 0x7F) | 0x80, value >> 14))
+    value &= _U64_MASK
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _message_id_bytes(ledger_id: int, entry_id: int, partition: int, batch_index: int) -> bytes:
+    body = b"\x08" + _varint(ledger_id) + b"\x10" + _varint(entry_id)
+    if partition >= 0:
+        body += b"\x18" + _varint(partition)
+    if batch_index >= 0:
+        body += b"\x20" + _varint(batch_index)
+    return body
+
+
+def encode_send_receipt(
+    producer_id: int,
+    sequence_id: int,
+    ledger_id: int,
+    entry_id: int,
+    highest_sequence_id: int | None = None,
+) -> bytes:
+    """The framed SEND_RECEIPT for a stored message (ids signed: -1 travels as 2**64 - 1)."""
+    message_id = _message_id_bytes(ledger_id, entry_id, -1, -1)
+    body = (
+        b"\x08"
+        + _varint(producer_id)
+        + b"\x10"
+        + _varint(sequence_id)
+        + b"\x1a"
+        + _varint(len(message_id))
+        + message_id
+    )
+    if highest_sequence_id is not None:
+        body += b"\x20" + _varint(highest_sequence_id)
+    command = b"\x08\x07\x3a" + _varint(len(body)) + body  # type SEND_RECEIPT, field 7
+    return _U32_PAIR.pack(4 + len(command), len(command)) + command
+
+
+def encode_message_frame(
+    consumer_id: int,
+    ledger_id: int,
+    entry_id: int,
+    headers_and_payload: bytes,
+    *,
+    partition: int = -1,
+    redelivery_count: int = 0,
+    ack_set: list[int] | None = None,
+) -> bytes:
+    """The framed MESSAGE carrying a stored entry to a consumer."""
+    message_id = _message_id_bytes(ledger_id, entry_id, partition, -1)
+    body = b"\x08" + _varint(consumer_id) + b"\x12" + _varint(len(message_id)) + message_id
+    if redelivery_count:
+        body += b"\x18" + _varint(redelivery_count)
+    if ack_set:
+        body += b"".join(b"\x20" + _varint(word) for word in ack_set)
+    command = b"\x08\x09\x4a" + _varint(len(body)) + body  # type MESSAGE, field 9
+    return (
+        _U32_PAIR.pack(4 + len(command) + len(headers_and_payload), len(command))
+        + command
+        + headers_and_payload
+    )
+
+
+# --------------------------------------------------------------------------------------------
 # Decoding
 # --------------------------------------------------------------------------------------------
 
@@ -324,19 +415,46 @@ def _invalid_text_field(message: Message) -> str | None:
     """Name of the first string field holding invalid UTF-8, searching nested messages.
 
     proto2 parsing does not validate UTF-8; the Python runtime then hands back `bytes` where a
-    `str` is declared, which would surface as a TypeError far from the codec.
+    `str` is declared, which would surface as a TypeError far from the codec. Only the fields
+    that can hold text are looked at (per message type, worked out once).
     """
-    for field, value in message.ListFields():
-        values = value if field.is_repeated else (value,)
-        if field.type == field.TYPE_STRING:
-            if any(isinstance(item, bytes) for item in values):
-                return field.full_name
-        elif field.type == field.TYPE_MESSAGE:
-            for item in values:
-                found = _invalid_text_field(item)
+    for name, repeated, nested in _text_fields(message.DESCRIPTOR):
+        if nested:
+            if repeated:
+                for item in getattr(message, name):
+                    found = _invalid_text_field(item)
+                    if found is not None:
+                        return found
+            elif message.HasField(name):
+                found = _invalid_text_field(getattr(message, name))
                 if found is not None:
                     return found
+        elif repeated:
+            if any(isinstance(item, bytes) for item in getattr(message, name)):
+                return f"{message.DESCRIPTOR.full_name}.{name}"
+        elif isinstance(getattr(message, name), bytes):
+            return f"{message.DESCRIPTOR.full_name}.{name}"
     return None
+
+
+_TEXT_FIELDS: dict[str, tuple[tuple[str, bool, bool], ...]] = {}
+
+
+def _text_fields(descriptor: Any) -> tuple[tuple[str, bool, bool], ...]:
+    """(field name, repeated, is a message) of the fields of ``descriptor`` that hold text
+    themselves or in a nested message."""
+    found = _TEXT_FIELDS.get(descriptor.full_name)
+    if found is None:
+        _TEXT_FIELDS[descriptor.full_name] = ()  # recursion guard for self-nesting types
+        fields = []
+        for field in descriptor.fields:
+            repeated = field.is_repeated
+            if field.type == field.TYPE_STRING:
+                fields.append((field.name, repeated, False))
+            elif field.type == field.TYPE_MESSAGE and _text_fields(field.message_type):
+                fields.append((field.name, repeated, True))
+        found = _TEXT_FIELDS[descriptor.full_name] = tuple(fields)
+    return found
 
 
 def _parse(message: Message, data: bytes | memoryview) -> str | None:

@@ -29,7 +29,9 @@ class BookieConfig:
         True, "fsync the journal before acknowledging an add (turn off only for tests)"
     )
     journal_max_group_wait_ms: float = setting(
-        1.0, "longest an add waits for others to share its fsync"
+        0.0,
+        "longest an add waits for others to share its fsync (0: write at once when the journal "
+        "is idle; adds arriving during a write still share the next fsync)",
     )
     journal_max_group_bytes: int = setting(
         512 * 1024, "bytes after which a group is written without waiting"

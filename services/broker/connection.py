@@ -501,16 +501,13 @@ class ServerConnection(asyncio.Protocol):
                     str(error),
                 )
                 return
-            position = done.result()
-            message = pb.CommandSendReceipt(
-                producer_id=producer_id,
-                sequence_id=sequence_id,
-                # A duplicate is acknowledged with Pulsar's (-1, -1): it was not stored again.
-                message_id=to_wire(EARLIEST if position is None else position),
+            # A duplicate is acknowledged with Pulsar's (-1, -1): it was not stored again.
+            position = done.result() or EARLIEST
+            self.write(
+                codec.encode_send_receipt(
+                    producer_id, sequence_id, position.ledger_id, position.entry_id, highest
+                )
             )
-            if highest is not None:
-                message.highest_sequence_id = highest
-            self.send(message)
 
         future.add_done_callback(receipt)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from magnetar.broker.message_id import to_wire
 from magnetar.broker.position import Position
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
@@ -52,15 +51,19 @@ class Consumer:
         acked_indexes: frozenset[int] = frozenset(),
     ) -> None:
         """Send the entry at ``position`` (``count`` messages: a batch's size, else 1)."""
-        message = pb.CommandMessage(
-            consumer_id=self.consumer_id,
-            message_id=to_wire(position, self.partition),
-            redelivery_count=redelivery_count,
+        self.connection.write(
+            codec.encode_message_frame(
+                self.consumer_id,
+                position.ledger_id,
+                position.entry_id,
+                stored,
+                partition=self.partition,
+                redelivery_count=redelivery_count,
+                # The batch's messages still to acknowledge, as a bit set: the client skips
+                # the rest.
+                ack_set=unacked_bit_set(count, acked_indexes) if acked_indexes else None,
+            )
         )
-        if acked_indexes:
-            # The batch's messages still to acknowledge, as a bit set: the client skips the rest.
-            message.ack_set.extend(unacked_bit_set(count, acked_indexes))
-        self.connection.write(codec.encode_payload_command_raw(message, stored))
         self.permits -= count
         self.unacked += count - self.pending.get(position, 0)
         self.pending[position] = count

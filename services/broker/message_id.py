@@ -2,7 +2,10 @@
 
 Pulsar's ids are Java longs, signed; the protocol declares ``ledgerId`` and ``entryId`` as
 uint64, so -1 (earliest, "before the first entry") travels as 2**64 - 1. Inside the broker a
-``Position`` is always signed; ``to_wire`` and ``from_wire`` convert in both directions."""
+``Position`` is always signed; ``to_wire`` and ``from_wire`` convert in both directions. The two
+per-message frames (SEND_RECEIPT, MESSAGE) are written by hand in the codec
+(``encode_send_receipt``, ``encode_message_frame``) from the same signed ids, with the same
+rule."""
 
 from __future__ import annotations
 

@@ -54,6 +54,13 @@ class Subscription:
         return f"{self.topic.name}/{self.name}"
 
     def add_consumer(self, consumer: Consumer, sub_type: int) -> None:
+        """Attach a consumer. A subscription without consumers takes the mode of the one that
+        comes (as Pulsar does); with consumers, another mode is refused."""
+        if sub_type != self.sub_type and not self.dispatcher.consumers:
+            self.dispatcher.stop()
+            self.sub_type = sub_type
+            self.cursor.rewind()
+            self.dispatcher = dispatchers.for_mode(sub_type, self)
         if sub_type != self.sub_type:
             raise SubscriptionTypeError(
                 f"subscription {self} is {pb.CommandSubscribe.SubType.Name(self.sub_type)}, "

@@ -359,6 +359,24 @@ def test_delayed_messages_stay_delayed_across_a_restart(tmp_path: Path) -> None:
     assert_log_clean(own)
 
 
+def test_subscription_type_changes_once_no_consumer_is_attached(node: StandaloneProcess) -> None:
+    """Pulsar (PersistentSubscription.addConsumer) builds a new dispatcher of the requested type
+    when no consumer is connected; only a connected one makes a mismatch ConsumerBusy."""
+    c = client(node)
+    try:
+        producer = c.create_producer("pending-type-change", batching_enabled=False)
+        first = c.subscribe("pending-type-change", "s", consumer_type=pulsar.ConsumerType.Exclusive)
+        producer.send(b"one")
+        first.close()
+        shared = c.subscribe("pending-type-change", "s", consumer_type=pulsar.ConsumerType.Shared)
+        assert shared.receive(timeout_millis=10_000).data() == b"one"
+        # and, with the shared consumer attached, exclusive is now the mismatch
+        with pytest.raises(pulsar.ConsumerBusy):
+            c.subscribe("pending-type-change", "s", consumer_type=pulsar.ConsumerType.Exclusive)
+    finally:
+        c.close()
+
+
 def test_standalone_log_is_clean(node: StandaloneProcess) -> None:
     """Runs last: the module's standalone logged no traceback and no ERROR line."""
     assert_log_clean(node)

@@ -626,3 +626,75 @@ def test_negotiated_version_is_the_lower_one(client_version: int) -> None:
     assert codec.negotiate_protocol_version(client_version) == min(
         client_version, codec.SERVER_PROTOCOL_VERSION
     )
+
+
+# -- hand-encoded hot-path frames ------------------------------------------------------------
+
+_signed64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+_unsigned64 = st.integers(min_value=0, max_value=2**64 - 1)
+
+
+@given(_unsigned64, _unsigned64, _signed64, _signed64, st.none() | _unsigned64)
+def test_send_receipt_bytes_are_protobufs(
+    producer_id: int, sequence_id: int, ledger_id: int, entry_id: int, highest: int | None
+) -> None:
+    receipt = pb.CommandSendReceipt(
+        producer_id=producer_id,
+        sequence_id=sequence_id,
+        message_id=pb.MessageIdData(ledgerId=ledger_id % 2**64, entryId=entry_id % 2**64),
+    )
+    if highest is not None:
+        receipt.highest_sequence_id = highest
+    assert codec.encode_send_receipt(
+        producer_id, sequence_id, ledger_id, entry_id, highest
+    ) == codec.encode_command(receipt)
+
+
+@given(
+    _unsigned64,
+    _signed64,
+    _signed64,
+    st.binary(max_size=64),
+    st.integers(min_value=-1, max_value=2**31 - 1),
+    st.integers(min_value=0, max_value=2**32 - 1),
+    st.lists(_signed64, max_size=4),
+)
+def test_message_frame_bytes_are_protobufs(
+    consumer_id: int,
+    ledger_id: int,
+    entry_id: int,
+    payload: bytes,
+    partition: int,
+    redelivery_count: int,
+    ack_set: list[int],
+) -> None:
+    message = pb.CommandMessage(
+        consumer_id=consumer_id,
+        message_id=pb.MessageIdData(ledgerId=ledger_id % 2**64, entryId=entry_id % 2**64),
+        redelivery_count=redelivery_count,
+    )
+    if partition >= 0:
+        message.message_id.partition = partition
+    message.ack_set.extend(ack_set)
+    expected = codec.encode_payload_command_raw(message, payload)
+    if redelivery_count == 0:  # protobuf writes an explicitly set zero; the hand encoder omits it
+        expected = codec.encode_payload_command_raw(
+            pb.CommandMessage(
+                consumer_id=consumer_id,
+                message_id=message.message_id,
+                ack_set=ack_set,
+            ),
+            payload,
+        )
+    assert (
+        codec.encode_message_frame(
+            consumer_id,
+            ledger_id,
+            entry_id,
+            payload,
+            partition=partition,
+            redelivery_count=redelivery_count,
+            ack_set=ack_set,
+        )
+        == expected
+    )

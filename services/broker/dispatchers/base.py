@@ -64,10 +64,15 @@ class Dispatcher(abc.ABC):
                 self._run(), name=f"dispatch-{self.subscription}"
             )
 
-    async def close(self) -> None:
+    def stop(self) -> None:
+        """Stop dispatching for good (the subscription changes mode); it has no consumers."""
         self._closed = True
         if self._task is not None:
             self._task.cancel()
+
+    async def close(self) -> None:
+        self.stop()
+        if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
 
     async def _run(self) -> None:
@@ -179,10 +184,10 @@ class ReplayingDispatcher(Dispatcher):
             delay = max(at / 1000 - time.time(), 0.0)
             self._delay_timer = loop.call_later(delay, self.wake)
 
-    async def close(self) -> None:
+    def stop(self) -> None:
         if self._delay_timer is not None:
             self._delay_timer.cancel()
-        await super().close()
+        super().stop()
 
     def reset(self) -> None:
         self.replay.clear()
