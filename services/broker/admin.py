@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from prometheus_client import generate_latest
 
 from magnetar.broker import policies
 from magnetar.broker.config import TopicSettings
@@ -382,6 +383,15 @@ def build_app(broker: Broker) -> web.Application:
         return web.json_response(
             sorted(s for s, sub in topic.subscriptions.items() if sub.durable or not persistent)
         )
+
+    @routes.get("/metrics")
+    async def metrics(request: web.Request) -> web.Response:
+        m = broker.metrics
+        m.topics.set(len(broker.topics))
+        m.connections.set(len(broker.connections))
+        m.entries_in.set(sum(t.msg_in for t in broker.topics.values()))
+        m.bytes_in.set(sum(t.bytes_in for t in broker.topics.values()))
+        return web.Response(body=generate_latest(m.registry), content_type="text/plain")
 
     app = web.Application(middlewares=[_errors])
     app.add_routes(routes)

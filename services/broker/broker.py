@@ -28,6 +28,7 @@ from magnetar.broker.deduplication import Deduplication
 from magnetar.broker.dispatch_limits import DispatchLimits
 from magnetar.broker.keys import MANAGED_LEDGERS_PATH, decode_name, managed_ledger_key
 from magnetar.broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
+from magnetar.broker.metrics import BrokerMetrics
 from magnetar.broker.nonpersistent import NonPersistentTopic
 from magnetar.broker.policies import (
     PartitionCountError,
@@ -60,6 +61,7 @@ class Broker:
         self.topics: dict[str, PersistentTopic | NonPersistentTopic] = {}
         self._loading: dict[str, asyncio.Task[PersistentTopic | NonPersistentTopic]] = {}
         self.connections: set[ServerConnection] = set()
+        self.metrics = BrokerMetrics()
         #: Advertised listener names a client may ask for in a lookup (none are configured yet).
         self.listener_names: frozenset[str] = frozenset()
         self._server: asyncio.AbstractServer | None = None
@@ -303,7 +305,9 @@ class Broker:
                 c.dispatch_batch,
                 c.max_unacked_messages_per_consumer,
                 c.max_unacked_messages_per_subscription,
+                c.auto_skip_non_recoverable_data,
             ),
+            self.metrics,
         )
         if policies.deduplication:
             topic.deduplication = await Deduplication.load(ml)

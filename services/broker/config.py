@@ -46,6 +46,11 @@ class TopicSettings:
     max_entries_per_ledger: int = setting(
         50_000, "a topic starts a new ledger after this many entries"
     )
+    auto_skip_non_recoverable_data: bool = setting(
+        False,
+        "acknowledge an entry no bookie can give back intact instead of waiting at it "
+        "(delivery goes on without it; counted in magnetar_broker_skipped_unreadable_entries)",
+    )
     keep_alive_interval_seconds: float = setting(
         30.0,
         "send PING to a client silent this long, close it after as long again without an "

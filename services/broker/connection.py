@@ -493,6 +493,7 @@ class ServerConnection(asyncio.Protocol):
             error = done.exception()
             if error is not None:
                 log.warning("topic %s: send failed: %s", topic.name, error)
+                self.broker.metrics.send_errors.labels(type(error).__name__).inc()
                 self._send_error(
                     body,
                     pb.NotAllowedError

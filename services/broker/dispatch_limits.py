@@ -15,3 +15,6 @@ class DispatchLimits:
     #: Shared and key_shared: the whole subscription stops reading new entries at this many
     #: unacknowledged messages (Pulsar's maxUnackedMessagesPerSubscription; 0: no bound).
     max_unacked_per_subscription: int = 200_000
+    #: Acknowledge entries no bookie can give back intact instead of waiting at them
+    #: (Pulsar's autoSkipNonRecoverableData).
+    auto_skip_non_recoverable_data: bool = False

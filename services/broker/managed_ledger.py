@@ -37,6 +37,7 @@ from magnetar.broker.keys import decode_name, managed_ledger_key
 from magnetar.broker.position import Position
 from magnetar.common.ledger.client import LedgerClient
 from magnetar.common.ledger.errors import (
+    EntryDigestError,
     EntryTooLargeError,
     LedgerError,
     LedgerFencedError,
@@ -77,6 +78,15 @@ class ManagedLedgerFencedError(ManagedLedgerError):
 
 class ManagedLedgerClosedError(ManagedLedgerError):
     """The managed ledger was closed."""
+
+
+class UnreadableEntryError(ManagedLedgerError):
+    """No bookie holds an intact copy of this entry (every copy failed its digest or is gone).
+    The managed ledger remembers it (``unreadable``) for stats."""
+
+    def __init__(self, message: str, position: Position) -> None:
+        super().__init__(message)
+        self.position = position
 
 
 class EntryTooLargeForLedgerError(ManagedLedgerError):
@@ -181,6 +191,8 @@ class ManagedLedger:
         self._meta_lock = asyncio.Lock()  # one metadata CAS at a time from this instance
         self._writer: asyncio.Task[None] | None = None
         self.cursors: dict[str, ManagedCursor] = {}
+        #: Entries found with no intact copy on any bookie -> why (cleared once read again).
+        self.unreadable: dict[Position, str] = {}
         self.epoch = 0
 
     def __repr__(self) -> str:
@@ -611,7 +623,12 @@ class ManagedLedger:
                 (self._readable(i) for i in self._ledgers if i.ledger_id == position.ledger_id), 0
             )
             last = min(count - 1, position.entry_id + max_entries - len(result) - 1)
-            result.extend(await self._read_range(position.ledger_id, position.entry_id, last))
+            try:
+                result.extend(await self._read_range(position.ledger_id, position.entry_id, last))
+            except UnreadableEntryError:
+                if result:
+                    return result  # what comes before it; the next read stops at it
+                raise
             position = self.first_at_or_after(Position(position.ledger_id, last + 1))
         return result
 
@@ -630,12 +647,32 @@ class ManagedLedger:
             handle = await self._handle_for_read(ledger_id)
             try:
                 entries = await handle.read(entry_id, last)
+            except EntryDigestError as e:
+                bad = Position(ledger_id, e.entry_id)
+                if e.entry_id > entry_id:
+                    # Give what comes before the damaged entry; the next read stops at it.
+                    return result + await self._read_range(ledger_id, entry_id, e.entry_id - 1)
+                if bad not in self.unreadable:
+                    log.error(
+                        "managed ledger %s: entry %s is unreadable, no bookie has an intact "
+                        "copy: %s",
+                        self.name,
+                        bad,
+                        e,
+                    )
+                self.unreadable[bad] = str(e)
+                raise UnreadableEntryError(
+                    f"managed ledger {self.name}: entry {bad} is unreadable: {e}", bad
+                ) from e
             except LedgerError as e:
                 raise ManagedLedgerError(
                     f"managed ledger {self.name}: reading ledger {ledger_id} "
                     f"entries {entry_id}..{last} failed: {e}"
                 ) from e
             result.extend((Position(ledger_id, e.entry_id), e.payload) for e in entries)
+            if self.unreadable:
+                for item in entries:
+                    self.unreadable.pop(Position(ledger_id, item.entry_id), None)
         return result
 
     async def _handle_for_read(self, ledger_id: int) -> LedgerHandle:

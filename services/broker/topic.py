@@ -13,6 +13,7 @@ from magnetar.broker.dispatch_limits import DispatchLimits
 from magnetar.broker.entry import entry_metadata, message_count
 from magnetar.broker.managed_ledger import ManagedLedger
 from magnetar.broker.message_id import LATEST, from_wire, to_wire
+from magnetar.broker.metrics import BrokerMetrics
 from magnetar.broker.policies import Policies
 from magnetar.broker.position import Position
 from magnetar.broker.producers import ProducerSet
@@ -43,11 +44,16 @@ class TopicBusyError(Exception):
 
 class PersistentTopic:
     def __init__(
-        self, name: TopicName, ml: ManagedLedger, limits: DispatchLimits | None = None
+        self,
+        name: TopicName,
+        ml: ManagedLedger,
+        limits: DispatchLimits | None = None,
+        metrics: BrokerMetrics | None = None,
     ) -> None:
         self.name = name
         self.ml = ml
         self.limits = limits or DispatchLimits()
+        self.metrics = metrics or BrokerMetrics()
         self.subscriptions: dict[str, Subscription] = {}
         self.producers = ProducerSet()
         self.loaded_at = time.monotonic()
@@ -210,6 +216,8 @@ class PersistentTopic:
             **publish_counters(self.msg_in, self.bytes_in, self.loaded_at, len(self.producers)),
             "storageSize": self.ml.total_size,
             "entries": self.ml.number_of_entries,
+            # Entries no bookie could give back intact (digest errors on every copy).
+            "unreadableEntries": {str(p): why for p, why in sorted(self.ml.unreadable.items())},
             "subscriptions": subscriptions,
         }
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from magnetar.broker.consumer import Consumer
 from magnetar.broker.dispatchers.delayed import DelayedDeliveryTracker
 from magnetar.broker.entry import message_count
-from magnetar.broker.managed_ledger import ManagedLedgerError
+from magnetar.broker.managed_ledger import ManagedLedgerError, UnreadableEntryError
 from magnetar.broker.position import Position
 from magnetar.common.proto import pulsar_api_pb2 as pb
 
@@ -83,6 +83,13 @@ class Dispatcher(abc.ABC):
                 progressed = await self.dispatch_round()
             except asyncio.CancelledError:
                 raise
+            except UnreadableEntryError as e:
+                if self._skip_unreadable(e):
+                    continue
+                self._failed(e, backoff)
+                await self._backoff(backoff)
+                backoff = min(backoff * 2, RETRY_MAX_S)
+                continue
             except Exception as e:
                 level = logging.WARNING if isinstance(e, ManagedLedgerError) else logging.ERROR
                 log.log(
@@ -93,15 +100,46 @@ class Dispatcher(abc.ABC):
                     e,
                     exc_info=level == logging.ERROR,
                 )
-                try:
-                    await asyncio.wait_for(self._wake.wait(), backoff)
-                except TimeoutError:
-                    pass
+                self.subscription.topic.metrics.dispatch_failures.inc()
+                await self._backoff(backoff)
                 backoff = min(backoff * 2, RETRY_MAX_S)
                 continue
             backoff = RETRY_FIRST_S
             if not progressed:
                 await self._wake.wait()
+
+    def _failed(self, error: UnreadableEntryError, backoff: float) -> None:
+        self.subscription.topic.metrics.unreadable_entries.inc()
+        log.warning(
+            "subscription %s: entry %s has no intact copy; delivery waits at it (retry in %.1f s; "
+            "auto_skip_non_recoverable_data skips such entries)",
+            self.subscription,
+            error.position,
+            backoff,
+        )
+
+    async def _backoff(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._wake.wait(), seconds)
+        except TimeoutError:
+            pass
+
+    def _skip_unreadable(self, error: UnreadableEntryError) -> bool:
+        """Pulsar's autoSkipNonRecoverableData: acknowledge an entry no bookie can give back,
+        so the subscription goes on without it. Off by default: then it waits at the entry."""
+        if not self.subscription.limits.auto_skip_non_recoverable_data:
+            return False
+        self.subscription.topic.metrics.skipped_entries.inc()
+        log.error(
+            "subscription %s: skipping unreadable entry %s (auto_skip_non_recoverable_data)",
+            self.subscription,
+            error.position,
+        )
+        self.cursor.delete([error.position])
+        self.cursor.skip_past(error.position)
+        if isinstance(self, ReplayingDispatcher):
+            self.replay.discard(error.position)
+        return True
 
     def entries_to_read(self, permits: int) -> int:
         """Entries to read for ``permits`` messages, at the average batch size seen so far."""
