@@ -56,6 +56,11 @@ class BookieConfig:
     gc_interval_s: float = setting(
         300.0, "seconds between garbage-collection runs (0: only on request)"
     )
+    gc_orphan_min_idle_s: float = setting(
+        300.0,
+        "a ledger the metadata store no longer has is garbage-collected only after this many "
+        "seconds without an add here (guards ledgers whose metadata is still being written)",
+    )
     compaction_threshold: float = setting(
         0.5, "entry logs with a smaller live fraction are compacted"
     )
@@ -86,6 +91,8 @@ class BookieConfig:
             )
         if self.journal_max_group_bytes <= 0 or self.journal_file_max_bytes <= 0:
             raise ConfigError("journal sizes must be positive")
+        if self.gc_orphan_min_idle_s < 0:
+            raise ConfigError("gc_orphan_min_idle_s must be >= 0")
         if not 0 <= self.compaction_threshold < 1:
             raise ConfigError("compaction_threshold must be in [0, 1)")
 

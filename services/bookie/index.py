@@ -144,6 +144,13 @@ class LedgerIndex:
             )
         }
 
+    def ledger_ids(self) -> set[int]:
+        """Ledgers with a row (fence, deletion, master key) or with entries in the index."""
+        rows = self._reader().execute(
+            "SELECT ledger_id FROM ledgers UNION SELECT DISTINCT ledger_id FROM entries"
+        )
+        return {row[0] for row in rows}
+
     def checkpoint_mark(self) -> int:
         row = self._writer.execute("SELECT value FROM meta WHERE key='journal_mark'").fetchone()
         return 0 if row is None else row[0]

@@ -172,6 +172,9 @@ class LedgerStorage:
         self.wiped_below = 0
         self._deleted: set[int] = set()
         self._deleted_pending_gc: set[int] = set()
+        #: time.monotonic() of the last add accepted per ledger (journal replay counts as one):
+        #: the orphan GC leaves ledgers alone that were written to recently.
+        self._last_add: dict[int, float] = {}
         self._journal_dirty = False
         self._read_only_reason: str | None = None
         self._started = False
@@ -260,6 +263,7 @@ class LedgerStorage:
                 if header.ledger_id in self._deleted:
                     continue
                 self._memtable.put(header.ledger_id, header.entry_id, entry)
+                self._last_add[header.ledger_id] = time.monotonic()
                 state = self._ledgers.setdefault(header.ledger_id, LedgerState())
                 state.last_entry_id = max(state.last_entry_id, header.entry_id)
                 state.lac = max(state.lac, header.lac)
@@ -375,6 +379,7 @@ class LedgerStorage:
         size = 0
         memtable = self._memtable
         new_keys: dict[int, bytes] = {}
+        last_add, now = self._last_add, time.monotonic()
         for i, op in enumerate(ops):
             entry = op.entry  # read once: a protobuf bytes field may be copied on every access
             try:
@@ -384,6 +389,7 @@ class LedgerStorage:
                 failures.append((i, e.status, e.message))
                 continue
             memtable.put(op.ledger_id, entry_id, entry)
+            last_add[op.ledger_id] = now
             if entry_id > state.last_entry_id:
                 state.last_entry_id = entry_id
             records.append(entry)
@@ -677,14 +683,17 @@ class LedgerStorage:
         if ledger_id in self._deleted:
             return
         assert self._index is not None
+        # Deleted in memory before anything is awaited: no add is accepted once this starts.
+        self._deleted.add(ledger_id)
         try:
             await asyncio.get_running_loop().run_in_executor(
                 None, self._index.set_deleted, ledger_id
             )
         except Exception as e:
+            self._deleted.discard(ledger_id)
             raise StorageError(pb.INTERNAL, f"cannot persist the deletion: {e}") from None
-        self._deleted.add(ledger_id)
         self._deleted_pending_gc.add(ledger_id)
+        self._last_add.pop(ledger_id, None)
         self._master_keys.pop(ledger_id, None)
         state = self._ledgers.pop(ledger_id, None)
         if state is not None:
@@ -692,6 +701,29 @@ class LedgerStorage:
         self._memtable.drop_ledger(ledger_id)
         self._read_cache.drop_ledger(ledger_id)
         log.info("ledger %d deleted; its space is reclaimed by the next GC", ledger_id)
+
+    async def ledger_ids(self) -> set[int]:
+        """Every ledger this bookie holds anything of (entries, a fence, a master key), deleted
+        ones excluded."""
+        assert self._index is not None
+        stored = await asyncio.get_running_loop().run_in_executor(None, self._index.ledger_ids)
+        held = stored | self._ledgers.keys() | self._master_keys.keys()
+        return held - self._deleted
+
+    def idle_seconds(self, ledger_id: int) -> float:
+        """Seconds since the last add to the ledger here (infinite if none since start; a
+        ledger found in the journal at start counts as added to at start)."""
+        last = self._last_add.get(ledger_id)
+        return float("inf") if last is None else time.monotonic() - last
+
+    async def delete_if_idle(self, ledger_id: int, min_idle_s: float) -> bool:
+        """Delete the ledger unless it got an add in the last ``min_idle_s`` seconds. The
+        check and the in-memory deletion happen without an await between them, so no add can
+        land in between."""
+        if ledger_id in self._deleted or self.idle_seconds(ledger_id) < min_idle_s:
+            return False
+        await self.delete_ledger(ledger_id)
+        return True
 
     # -- checkpoint --------------------------------------------------------------------
 

@@ -58,3 +58,15 @@ class BookieMetrics:
         self.gc_freed_bytes = Counter(
             "magnetar_bookie_gc_freed_bytes", "Entry log bytes reclaimed by GC", registry=r
         )
+        self.gc_orphan_ledgers = Counter(
+            "magnetar_bookie_gc_orphan_ledgers",
+            "Ledgers deleted by GC because the metadata store no longer has them",
+            registry=r,
+        )
+        self.gc_orphan_scans = Counter(
+            "magnetar_bookie_gc_orphan_scans",
+            "Orphan-ledger scans by outcome (done, skipped: the store could not be trusted "
+            "or reached)",
+            ["outcome"],
+            registry=r,
+        )

@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from magnetar.bookie import disk_checker
 from magnetar.bookie.config import BookieConfig
 from magnetar.bookie.cookie import verify_identity
+from magnetar.bookie.gc import GarbageCollector
 from magnetar.bookie.ledger_storage import LedgerStorage
 from magnetar.bookie.metrics import BookieMetrics
 from magnetar.bookie.server import BookieService, grpc_server_options
@@ -81,6 +82,7 @@ class Bookie:
         self._registered = False
         self._stopping = False
         self._reregister = asyncio.Event()
+        self.gc: GarbageCollector | None = None
         self.port = config.port
         self.http_port = config.http_port
 
@@ -111,6 +113,14 @@ class Bookie:
             store_name=self.store_name,
         )
         self.storage.wiped_below = self.cookie.wiped_below
+        self.gc = GarbageCollector(
+            self.storage,
+            lambda: self._store,
+            self.metrics,
+            address=self.address,
+            instance_id=self.cookie.instance_id,
+            min_idle_s=self.config.gc_orphan_min_idle_s,
+        )
         await self.storage.start()
         self._check_disk()
         await self._grpc.start()
@@ -130,9 +140,7 @@ class Bookie:
         ]
         if self.config.gc_interval_s > 0:
             self._tasks.append(
-                asyncio.create_task(
-                    self._every(self.config.gc_interval_s, self.storage.gc), name="gc"
-                )
+                asyncio.create_task(self._every(self.config.gc_interval_s, self.gc.run), name="gc")
             )
         log.info("bookie %s serving (http %s)", self.address, self.http_address)
 
@@ -299,13 +307,17 @@ class Bookie:
         )
 
     async def _gc_http(self, request: web.Request) -> web.Response:
-        result = await self.storage.gc()
+        """Run one GC round now (orphan ledgers, then entry logs)."""
+        assert self.gc is not None
+        result = await self.gc.run()
         read_only = await self.check_now()
         return web.json_response(
             {
-                "removed_logs": result.removed_logs,
-                "compacted_logs": result.compacted_logs,
-                "freed_bytes": result.freed_bytes,
+                "orphan_ledgers": result.orphan_ledgers,
+                "orphan_scan_skipped": result.orphan_scan_skipped,
+                "removed_logs": result.entry_logs.removed_logs,
+                "compacted_logs": result.entry_logs.compacted_logs,
+                "freed_bytes": result.entry_logs.freed_bytes,
                 "read_only": read_only,
             }
         )
