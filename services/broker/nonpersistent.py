@@ -16,12 +16,7 @@ import time
 from typing import TYPE_CHECKING
 
 from magnetar.broker.consumer import Consumer
-from magnetar.broker.dispatchers.base import ConsumerBusyError
-from magnetar.broker.dispatchers.failover import active_consumer
-from magnetar.broker.dispatchers.hash_assignment import AssignmentConflict, HashAssignment
-from magnetar.broker.dispatchers.key_hash import key_hash
-from magnetar.broker.dispatchers.key_shared import sticky_key, sticky_ranges
-from magnetar.broker.dispatchers.shared import next_by_priority
+from magnetar.broker.dispatchers.live import LiveDispatcher, for_live_mode
 from magnetar.broker.entry import entry_metadata, message_count
 from magnetar.broker.position import Position
 from magnetar.broker.producers import ProducerSet
@@ -45,70 +40,34 @@ class NonPersistentSubscription:
         self.topic = topic
         self.name = name
         self.sub_type = sub_type
-        self.consumers: list[Consumer] = []
-        self.assignment: HashAssignment[Consumer] = HashAssignment()
+        self.dispatcher: LiveDispatcher = for_live_mode(sub_type, topic.name, name)
         self.dropped = 0
-        self._turn = itertools.count()
 
     def __str__(self) -> str:
         return f"{self.topic.name}/{self.name}"
 
     @property
-    def dispatcher(self) -> NonPersistentSubscription:
-        return self  # the connection asks ``subscription.dispatcher.consumers``
+    def consumers(self) -> list[Consumer]:
+        return self.dispatcher.consumers
 
     def add_consumer(self, consumer: Consumer, sub_type: int) -> None:
+        if sub_type != self.sub_type and not self.consumers:
+            self.sub_type = sub_type  # no consumers: the subscription takes the new mode
+            self.dispatcher = for_live_mode(sub_type, self.topic.name, self.name)
         if sub_type != self.sub_type:
             raise SubscriptionTypeError(
                 f"subscription {self} is {Sub.SubType.Name(self.sub_type)}, "
                 f"not {Sub.SubType.Name(sub_type)}"
             )
-        if sub_type == Sub.Exclusive and self.consumers:
-            raise ConsumerBusyError(f"exclusive subscription {self} already has a consumer")
-        if sub_type == Sub.Key_Shared:
-            try:
-                self.assignment.add(consumer, consumer.name, sticky_ranges(consumer))
-            except AssignmentConflict as e:
-                raise ConsumerBusyError(f"key_shared subscription {self}: {e}") from e
-        self.consumers.append(consumer)
-        if sub_type == Sub.Failover:
-            self._announce_active()
+        self.dispatcher.add_consumer(consumer)
 
     def remove_consumer(self, consumer: Consumer) -> None:
-        if consumer in self.consumers:
-            self.consumers.remove(consumer)
-            consumer.closed = True
-            self.assignment.remove(consumer)
-            if self.sub_type == Sub.Failover:
-                self._announce_active()
-
-    def _active(self) -> Consumer | None:
-        return active_consumer(self.consumers, self.topic.name)
-
-    def _announce_active(self) -> None:
-        active = self._active()
-        for consumer in self.consumers:
-            consumer.connection.send(
-                pb.CommandActiveConsumerChange(
-                    consumer_id=consumer.consumer_id, is_active=consumer is active
-                )
-            )
-
-    def _choose(self, stored: bytes, metadata: pb.MessageMetadata) -> Consumer | None:
-        if self.sub_type in (Sub.Exclusive, Sub.Failover):
-            chosen = self._active()
-        elif self.sub_type == Sub.Key_Shared:
-            chosen = self.assignment.select(key_hash(sticky_key(stored, metadata)))
-        else:
-            chosen = next_by_priority(self.consumers, self._turn)
-        if chosen is None or not chosen.ready:
-            return None
-        return chosen
+        self.dispatcher.remove_consumer(consumer)
 
     def deliver(
         self, position: Position, stored: bytes, metadata: pb.MessageMetadata, count: int
     ) -> None:
-        consumer = self._choose(stored, metadata)
+        consumer = self.dispatcher.choose(stored, metadata)
         if consumer is None:
             self.dropped += count
             return

@@ -54,3 +54,33 @@ def test_live_delivery_to_connected_consumers_only(standalone: StandaloneProcess
         assert set(stats["subscriptions"]) == {"workers", "audit", "late"}
     finally:
         c.close()
+
+
+def test_failover_and_key_shared_choose_like_persistent_topics(
+    standalone: StandaloneProcess,
+) -> None:
+    c = client(standalone)
+    topic = "non-persistent://public/default/modes"
+    try:
+        failover = [
+            c.subscribe(topic, "fo", consumer_type=pulsar.ConsumerType.Failover, consumer_name=n)
+            for n in ("a", "b")
+        ]
+        keyed = [
+            c.subscribe(topic, "ks", consumer_type=pulsar.ConsumerType.KeyShared) for _ in range(2)
+        ]
+        producer = c.create_producer(topic, batching_enabled=False)
+        sent = [(f"k{i % 8}", f"m{i}".encode()) for i in range(40)]
+        for key, data in sent:
+            producer.send(data, partition_key=key)
+        # Failover: only the active consumer (first by name) gets them, all of them, in order.
+        assert drain(failover[0]) == [data for _, data in sent]
+        assert drain(failover[1], wait_ms=300) == []
+        # Key_Shared: every message once, and each key on exactly one consumer.
+        received = [drain(consumer) for consumer in keyed]
+        assert sorted(received[0] + received[1]) == sorted(data for _, data in sent)
+        key_of = {data: key for key, data in sent}
+        keys = [{key_of[data] for data in got} for got in received]
+        assert not keys[0] & keys[1]
+    finally:
+        c.close()
