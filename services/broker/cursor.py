@@ -4,128 +4,64 @@ State: the mark-delete position (it and everything before it are acknowledged), 
 acknowledged individually above it (ack holes, kept as ranges by :class:`AckRanges`), and the
 acknowledged batch indexes of entries only partly acknowledged.
 
-Persistence bound: the state is written as JSON to
-``/magnetar/managed-ledgers/<ml>/cursors/<encoded cursor name>`` by CAS, at most once every
-``cursor_persist_interval_s``, and on ``close``. An acknowledgement is therefore stored at most
-``cursor_persist_interval_s`` (plus one metadata-store write) after it was made; a crash loses
-only the acknowledgements of that last interval, whose messages are then delivered again.
-Nothing unacknowledged is ever recorded as acknowledged, so no message is lost. The read
-position is not stored: after a reload it restarts just after the mark-delete position.
+Where the state is stored (Pulsar's ManagedCursorImpl): the record
+``/magnetar/managed-ledgers/<ml>/cursors/<encoded cursor name>`` (JSON, CAS-written) holds the
+whole state while it is small (``max_unacked_ranges_in_metadata`` ranges, see
+``cursor_state.fits_metadata``). A larger state is appended, whole, to the cursor's own ledger
+(``cursor_ledger.py``) and the record only says which ledger holds it, plus the mark-delete
+position of the moment it switched ledgers. Loading reads the last entry of that ledger; if it
+cannot be read, the cursor resumes from the record's mark-delete position: acknowledged
+messages after it are delivered again, nothing unacknowledged is skipped.
+
+Persistence bound: the state is written at most once every ``cursor_persist_interval_s``, and
+on ``close``. An acknowledgement is therefore stored at most ``cursor_persist_interval_s``
+(plus one write) after it was made; a crash loses only the acknowledgements of that last
+interval, whose messages are then delivered again. Nothing unacknowledged is ever recorded as
+acknowledged, so no message is lost. The read position is not stored: after a reload it
+restarts just after the mark-delete position.
+
+A cursor that cannot store its state says so once per change of condition (an ERROR log, and
+``persist_error``), keeps its state in memory and retries with backoff. When only the bookies
+fail, the record gets the mark-delete position and as many ranges as the bound allows, so a
+restart redelivers as little as the metadata store can hold.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import json
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from magnetar.broker import keys
+from magnetar.broker.ack_ranges import AckRanges
+from magnetar.broker.cursor_ledger import CursorLedger, read_last_state
+from magnetar.broker.cursor_state import (
+    CursorState,
+    bounded,
+    describe_loss,
+    fits_metadata,
+    from_json,
+    to_json,
+)
 from magnetar.broker.position import Position
+from magnetar.common.ledger.errors import LedgerFencedError
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError
 
 if TYPE_CHECKING:
     from magnetar.broker.managed_ledger import ManagedLedger
 
+__all__ = ["AckRanges", "ManagedCursor", "NonDurableCursor", "cursor_key", "delete_stored_cursor"]
+
 log = logging.getLogger(__name__)
+
+#: Longest wait between retries of a cursor whose state could not be stored.
+MAX_RETRY_INTERVAL_S = 60.0
 
 
 def cursor_key(ml: ManagedLedger, name: str) -> str:
     return keys.cursor_key(ml.key, name)
-
-
-class AckRanges:
-    """A set of positions stored as inclusive ranges of consecutive entry ids of one ledger.
-
-    Pure bookkeeping, no I/O. Ranges never span ledgers: entry ids are consecutive only within
-    a ledger; the cursor joins ranges across ledger boundaries using the ledger list.
-    """
-
-    __slots__ = ("_ranges",)
-
-    def __init__(self, ranges: Iterable[tuple[int, int, int]] = ()) -> None:
-        # Sorted, disjoint, non-adjacent (ledger_id, first_entry, last_entry) triples.
-        self._ranges: list[tuple[int, int, int]] = []
-        for ledger_id, first, last in ranges:
-            self._add_range(ledger_id, first, last)
-
-    def __len__(self) -> int:
-        return sum(last - first + 1 for _, first, last in self._ranges)
-
-    def __bool__(self) -> bool:
-        return bool(self._ranges)
-
-    def __contains__(self, position: object) -> bool:
-        if not isinstance(position, Position):
-            return False
-        return self.range_of(position) is not None
-
-    def __iter__(self) -> Iterator[Position]:
-        for ledger_id, first, last in self._ranges:
-            for entry_id in range(first, last + 1):
-                yield Position(ledger_id, entry_id)
-
-    def ranges(self) -> list[tuple[int, int, int]]:
-        return list(self._ranges)
-
-    def range_of(self, position: Position) -> tuple[int, int, int] | None:
-        """The range holding ``position``, or None."""
-        index = bisect.bisect_right(self._ranges, (position.ledger_id, position.entry_id, 2**63))
-        if index == 0:
-            return None
-        ledger_id, first, last = self._ranges[index - 1]
-        if ledger_id == position.ledger_id and first <= position.entry_id <= last:
-            return ledger_id, first, last
-        return None
-
-    def add(self, position: Position) -> bool:
-        """Add one position; False if it was already there."""
-        if position in self:
-            return False
-        self._add_range(position.ledger_id, position.entry_id, position.entry_id)
-        return True
-
-    def _add_range(self, ledger_id: int, first: int, last: int) -> None:
-        index = bisect.bisect_left(self._ranges, (ledger_id, first, first))
-        # Merge with the previous range when it touches or overlaps.
-        if index > 0:
-            p_ledger, p_first, p_last = self._ranges[index - 1]
-            if p_ledger == ledger_id and p_last >= first - 1:
-                index -= 1
-                first = min(first, p_first)
-                last = max(last, p_last)
-                del self._ranges[index]
-        # Swallow following ranges that touch or overlap.
-        while index < len(self._ranges):
-            n_ledger, n_first, n_last = self._ranges[index]
-            if n_ledger != ledger_id or n_first > last + 1:
-                break
-            last = max(last, n_last)
-            del self._ranges[index]
-        self._ranges.insert(index, (ledger_id, first, last))
-
-    def remove_through(self, position: Position) -> None:
-        """Forget every position at or before ``position``."""
-        kept: list[tuple[int, int, int]] = []
-        for ledger_id, first, last in self._ranges:
-            if (ledger_id, last) <= (position.ledger_id, position.entry_id):
-                continue
-            if ledger_id == position.ledger_id and first <= position.entry_id:
-                first = position.entry_id + 1
-            kept.append((ledger_id, first, last))
-        self._ranges = kept
-
-    def to_json(self) -> list[list[int]]:
-        return [list(r) for r in self._ranges]
-
-    @classmethod
-    def from_json(cls, data: Iterable[Iterable[int]]) -> AckRanges:
-        ranges = cls()
-        for ledger_id, first, last in (tuple(r) for r in data):
-            ranges._add_range(ledger_id, first, last)
-        return ranges
 
 
 class ManagedCursor:
@@ -148,6 +84,12 @@ class ManagedCursor:
         self._last_persist = 0.0
         self._fenced = False
         self._closed = False
+        self._ledger = CursorLedger(ml, name)
+        self._persist_lock = asyncio.Lock()
+        self._failures = 0  # failed persists in a row: the retry backs off
+        self._error_kind: str | None = None
+        #: Why the cursor's state is not (fully) stored now, or None when it is.
+        self.persist_error: str | None = None
 
     def __repr__(self) -> str:
         return f"ManagedCursor({self.ml.name!r}, {self.name!r}, md={self._mark_delete})"
@@ -160,12 +102,31 @@ class ManagedCursor:
         if found is None:
             return None
         doc = json.loads(found.value)
-        cursor = cls(ml, name, Position(*doc["mark_delete"]), found.version)
-        cursor._acked = AckRanges.from_json(doc.get("acked", []))
-        cursor._batch_acks = {
-            Position(ledger_id, entry_id): set(indexes)
-            for ledger_id, entry_id, indexes in doc.get("batch_acks", [])
-        }
+        named = doc.get("cursor_ledger")
+        if named is None:
+            state = from_json(doc)
+        else:
+            mark_delete = Position(*doc["mark_delete"])
+            try:
+                state = (await read_last_state(ml, named)).above(mark_delete)
+            except Exception as e:
+                log.error(
+                    "cursor %s/%s: its state in cursor ledger %d cannot be read (%s: %s); "
+                    "resuming from its stored mark-delete position %s: messages acknowledged "
+                    "after it are delivered again. If the ledger's bookies come back before "
+                    "this cursor stores a new state, reloading the topic reads it again",
+                    ml.name,
+                    name,
+                    named,
+                    type(e).__name__,
+                    e,
+                    mark_delete,
+                )
+                state = CursorState(mark_delete)
+        cursor = cls(ml, name, state.mark_delete, found.version)
+        cursor._ledger.named = named
+        cursor._acked = state.acked()
+        cursor._batch_acks = state.batch_ack_sets()
         cursor._advance()
         cursor.read_position = ml.next_position(cursor._mark_delete)
         return cursor
@@ -177,52 +138,162 @@ class ManagedCursor:
         log.info("cursor %s/%s created at %s", ml.name, name, mark_delete)
         return cursor
 
-    def _to_json(self) -> dict[str, Any]:
+    @property
+    def cursor_ledger(self) -> int | None:
+        """The ledger the stored record names as holding the state (None: the record does)."""
+        return self._ledger.named
+
+    def persistence_stats(self) -> dict[str, Any]:
+        """Where the state is stored and whether storing it works, in the shape of Pulsar's
+        internalStats cursor fields (``cursorLedger`` -1: in the metadata store)."""
         return {
-            "name": self.name,
-            "epoch": self.ml.epoch,
-            "mark_delete": [self._mark_delete.ledger_id, self._mark_delete.entry_id],
-            "acked": self._acked.to_json(),
-            "batch_acks": [
-                [p.ledger_id, p.entry_id, sorted(indexes)]
-                for p, indexes in sorted(self._batch_acks.items())
-            ],
+            "cursorLedger": -1 if self._ledger.named is None else self._ledger.named,
+            "individuallyDeletedRanges": self._acked.range_count,
+            "persistError": self.persist_error,
         }
 
     async def persist(self) -> None:
-        """Write the state now (CAS on the key version).
+        """Store the state now: in the metadata record when it is small, else in the cursor
+        ledger (the record naming it). Raises when neither took it (``persist_error`` says why).
 
-        A conflict is resolved by ownership epoch (the managed ledger's metadata version when
-        its owner opened it): a write by an older owner, which may land just before it learns it
-        was fenced, is overwritten; a write by a newer owner means this instance is stale and
-        stops persisting. A fenced managed ledger never persists its cursors.
+        A conflict on the record is resolved by ownership epoch (the managed ledger's metadata
+        version when its owner opened it): a write by an older owner, which may land just
+        before it learns it was fenced, is overwritten; a write by a newer owner means this
+        instance is stale and stops persisting. A fenced managed ledger never persists its
+        cursors.
         """
-        if self._fenced or self.ml.is_fenced:
+        async with self._persist_lock:
+            if self._fenced or self.ml.is_fenced:
+                return
+            self._dirty = False
+            self._last_persist = asyncio.get_running_loop().time()
+            state = CursorState.of(self._mark_delete, self._acked, self._batch_acks)
+            try:
+                await self._store(state)
+            except Exception as e:
+                self._dirty = True  # retried at the next interval
+                self._failed(
+                    "unpersisted",
+                    f"its state could not be stored ({type(e).__name__}: {e}); check the "
+                    "metadata store and the bookies. Retrying with backoff; until it "
+                    "succeeds a restart delivers again what was acknowledged since the "
+                    "last stored state",
+                )
+                raise
+
+    async def _store(self, state: CursorState) -> None:
+        bound = self.ml.config.max_unacked_ranges_in_metadata
+        if fits_metadata(state, bound):
+            if await self._put_record(to_json(state)):
+                self._ledger.named_now(None)
+                await self._ledger.release_unnamed()
+                self._stored()
             return
-        self._dirty = False
-        self._last_persist = asyncio.get_running_loop().time()
-        value = json.dumps(self._to_json()).encode()
         try:
-            while True:
-                try:
-                    self._version = await self.ml.store.put(self.key, value, self._version)
-                    return
-                except BadVersionError:
-                    found = await self.ml.store.get(self.key)
-                    if found is None or json.loads(found.value).get("epoch", 0) > self.ml.epoch:
-                        break
-                    # An older owner's late write, or our own from a write that was cancelled
-                    # after it reached the store (epochs are unique per owner): ours wins.
-                    self._version = found.version
-        except Exception:
-            self._dirty = True  # retried at the next interval
-            raise
-        self._fenced = True
-        log.warning(
-            "cursor %s/%s: changed or deleted by a newer owner; no longer persisting it",
-            self.ml.name,
-            self.name,
+            ledger_id, written = await self._ledger.append(state)
+        except LedgerFencedError:
+            self._stop(f"its cursor ledger {self._ledger.current} was recovered by a newer owner")
+            await self._ledger.release_unnamed()
+            return
+        except Exception as ledger_error:
+            await self._store_bounded(state, bound, ledger_error)
+            return
+        if ledger_id != self._ledger.named:
+            md = state.mark_delete
+            record = {"mark_delete": [md.ledger_id, md.entry_id], "cursor_ledger": ledger_id}
+            if not await self._put_record(record):
+                await self._ledger.release_unnamed()
+                return
+            self._ledger.named_now(ledger_id)
+            log.info("cursor %s/%s: state in cursor ledger %d", self.ml.name, self.name, ledger_id)
+        await self._ledger.release_unnamed()
+        if written is state:
+            self._stored()
+        else:
+            # Retrying does not help: the state is larger than one entry may be.
+            self._failed(
+                "truncated",
+                f"its state does not fit in one entry of its cursor ledger; stored "
+                f"{len(written.ranges)} of its {len(state.ranges)} acknowledged ranges: after a "
+                f"restart {describe_loss(state, written)} would be delivered again. Acknowledge "
+                "the oldest messages (or skip them) to shrink it",
+                retry=False,
+            )
+
+    async def _store_bounded(self, state: CursorState, bound: int, cause: Exception) -> None:
+        """The cursor ledger failed: the record gets what the metadata store may hold."""
+        kept, _ = bounded(state, bound)
+        try:
+            written = await self._put_record(to_json(kept))
+        except Exception as store_error:
+            raise RuntimeError(
+                f"cursor ledger: {type(cause).__name__}: {cause}; metadata store: "
+                f"{type(store_error).__name__}: {store_error}"
+            ) from store_error
+        if not written:
+            return
+        self._ledger.named_now(None)
+        await self._ledger.release_unnamed()
+        self._dirty = True  # the whole state is not stored: try the cursor ledger again
+        self._failed(
+            "partial",
+            f"its cursor ledger cannot be written ({type(cause).__name__}: {cause}); the "
+            f"metadata store holds its mark-delete position {state.mark_delete} and "
+            f"{len(kept.ranges)} of its {len(state.ranges)} acknowledged ranges: after a "
+            f"restart {describe_loss(state, kept)} would be delivered again. Check the bookies; "
+            "retrying with backoff",
         )
+
+    async def _put_record(self, fields: dict[str, Any]) -> bool:
+        """CAS the metadata record; False when a newer owner's record stands (then this
+        instance stops persisting)."""
+        value = json.dumps({"name": self.name, "epoch": self.ml.epoch, **fields}).encode()
+        while True:
+            try:
+                self._version = await self.ml.store.put(self.key, value, self._version)
+                return True
+            except BadVersionError:
+                found = await self.ml.store.get(self.key)
+                if found is None or json.loads(found.value).get("epoch", 0) > self.ml.epoch:
+                    break
+                # An older owner's late write, or our own from a write that was cancelled
+                # after it reached the store (epochs are unique per owner): ours wins.
+                self._version = found.version
+        self._stop("changed or deleted by a newer owner")
+        return False
+
+    def _stop(self, why: str) -> None:
+        self._fenced = True
+        log.warning("cursor %s/%s: %s; no longer persisting it", self.ml.name, self.name, why)
+
+    def _failed(self, kind: str, message: str, *, retry: bool = True) -> None:
+        """Report a persist problem: logged once per change of condition, not per retry."""
+        if retry:
+            self._failures += 1
+        if kind != self._error_kind:
+            log.error("cursor %s/%s: %s", self.ml.name, self.name, message)
+        self._error_kind = kind
+        self.persist_error = message
+
+    def _stored(self) -> None:
+        if self._error_kind is not None:
+            log.info(
+                "cursor %s/%s: its state is stored again (%s)",
+                self.ml.name,
+                self.name,
+                f"in cursor ledger {self._ledger.named}"
+                if self._ledger.named is not None
+                else "in the metadata store",
+            )
+        self._error_kind = None
+        self.persist_error = None
+        self._failures = 0
+
+    def _retry_delay(self) -> float:
+        interval = self.ml.config.cursor_persist_interval_s
+        if not self._failures:
+            return interval
+        return min(max(interval, 1.0) * 2 ** min(self._failures - 1, 10), MAX_RETRY_INTERVAL_S)
 
     def _mark_dirty(self) -> None:
         self._dirty = True
@@ -232,22 +303,22 @@ class ManagedCursor:
             )
 
     async def _flush_later(self) -> None:
-        """Persist once the interval since the last write has passed (bounds the write rate)."""
+        """Persist once the interval since the last write has passed (bounds the write rate);
+        after failures, once the backoff has passed."""
         try:
             loop = asyncio.get_running_loop()
-            interval = self.ml.config.cursor_persist_interval_s
-            await asyncio.sleep(max(self._last_persist + interval - loop.time(), 0))
+            await asyncio.sleep(max(self._last_persist + self._retry_delay() - loop.time(), 0))
             if self._dirty:
                 await self.persist()
         except asyncio.CancelledError:
             raise
-        except Exception as e:
-            log.warning("cursor %s/%s: persist failed: %s", self.ml.name, self.name, e)
+        except Exception as e:  # reported by persist (persist_error, one ERROR per condition)
+            log.debug("cursor %s/%s: persist failed: %s", self.ml.name, self.name, e)
         finally:
             if self._flush is asyncio.current_task():
                 self._flush = None
         if self._dirty and not self._closed:
-            self._mark_dirty()  # acks that came during the write: next interval
+            self._mark_dirty()  # acks that came during the write, or a retry: next interval
 
     async def close(self) -> None:
         """Persist pending acknowledgements; the cursor stays readable in memory."""
@@ -258,16 +329,24 @@ class ManagedCursor:
             self._flush.cancel()
             await asyncio.gather(self._flush, return_exceptions=True)
             self._flush = None
-        if self._dirty:
-            await self.persist()
+        try:
+            if self._dirty:
+                await self.persist()
+        finally:
+            async with self._persist_lock:
+                await self._ledger.close()
 
     async def remove(self) -> None:
-        """Delete the cursor's stored state (the subscription is gone)."""
+        """Delete the cursor's stored state (the subscription is gone): its record, then its
+        cursor ledgers."""
         self._closed = True
         if self._flush is not None:
             self._flush.cancel()
             await asyncio.gather(self._flush, return_exceptions=True)
-        await self.ml.store.delete(self.key)
+        async with self._persist_lock:
+            self._fenced = True  # nothing more is written for it
+            await self.ml.store.delete(self.key)
+            await self._ledger.delete_all()
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -366,8 +445,10 @@ class ManagedCursor:
         while len(result) < max_entries:
             try:
                 batch = await self.ml.read_entries(self.read_position, max_entries - len(result))
-            except BaseException:
+            except BaseException as e:
                 if self.moves == moves:
+                    if result and isinstance(e, Exception):
+                        return result  # what was read before the failure; the next read retries
                     self.read_position = start
                 raise
             if self.moves != moves:
@@ -379,6 +460,11 @@ class ManagedCursor:
             result.extend((p, data) for p, data in batch if p not in self._acked)
             self.read_position = self.ml.next_position(batch[-1][0])
         return result
+
+    def skip_past(self, position: Position) -> None:
+        """Reading goes on after ``position`` (an entry that cannot be read)."""
+        if self.read_position <= position:
+            self.read_position = self.ml.next_position(position)
 
     def unread(self, position: Position) -> None:
         """Entries from ``position`` on were read but not sent: read them again next time."""
@@ -425,3 +511,13 @@ class NonDurableCursor(ManagedCursor):
 
     async def remove(self) -> None:
         self._closed = True
+
+
+async def delete_stored_cursor(ml: ManagedLedger, name: str) -> None:
+    """Delete the stored state of a cursor that is not loaded: its record and cursor ledgers."""
+    key = cursor_key(ml, name)
+    found = await ml.store.get(key)
+    await ml.store.delete(key)
+    named = json.loads(found.value).get("cursor_ledger") if found is not None else None
+    if named is not None:
+        await CursorLedger(ml, name, named).delete_all()

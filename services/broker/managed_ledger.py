@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from magnetar.broker.cursor import ManagedCursor
+from magnetar.broker.cursor import ManagedCursor, delete_stored_cursor
 from magnetar.broker.keys import decode_name, managed_ledger_key
 from magnetar.broker.position import Position
 from magnetar.common.ledger.client import LedgerClient
@@ -65,6 +65,10 @@ class ManagedLedgerConfig:
     max_ledger_size_bytes: int = 512 * MiB
     max_ledger_age_s: float = 4 * 3600.0  # checked when an add arrives
     cursor_persist_interval_s: float = 1.0
+    #: A cursor with more ack-hole ranges than this stores its state in a cursor ledger.
+    max_unacked_ranges_in_metadata: int = 1000
+    cursor_ledger_max_entries: int = 10_000  # a cursor ledger rolls after this many states
+    cursor_ledger_max_bytes: int = 64 * MiB  # ... or this many bytes
     cache_bytes: int = 16 * MiB  # recently added entries kept for tailing readers
 
 
@@ -728,9 +732,7 @@ class ManagedLedger:
         if cursor is not None:
             await cursor.remove()
         else:
-            from magnetar.broker.cursor import cursor_key
-
-            await self.store.delete(cursor_key(self, name))
+            await delete_stored_cursor(self, name)
 
     # -- trimming ------------------------------------------------------------------------------
 
@@ -865,6 +867,8 @@ class ManagedLedger:
         await self.close()
         if isinstance(self._error, ManagedLedgerFencedError):
             raise self._error
+        for cursor in list(self.cursors.values()):
+            await cursor.remove()  # its record and its cursor ledgers
         await self._delete_ledgers(self.ledger_ids)
         self._ledgers = []
         for key in await self.store.scan(f"{self.key}/"):

@@ -7,7 +7,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from magnetar.broker.cursor import AckRanges
+from magnetar.broker.ack_ranges import AckRanges
 from magnetar.broker.position import Position
 
 positions = st.builds(Position, st.integers(0, 3), st.integers(0, 40))
@@ -68,3 +68,14 @@ def test_consecutive_entries_form_one_range_per_ledger() -> None:
     assert ranges.ranges() == [(1, 3, 7), (2, 0, 0)]
     ranges.remove_through(Position(1, 4))
     assert ranges.ranges() == [(1, 5, 7), (2, 0, 0)]
+
+
+@given(st.lists(positions, max_size=60), positions)
+def test_count_and_from_sorted_agree(added: list[Position], cut: Position) -> None:
+    ranges = AckRanges()
+    for p in added:
+        ranges.add(p)
+    ranges.remove_through(cut)
+    assert len(ranges) == len(set(ranges))
+    again = AckRanges.from_sorted(ranges.ranges())
+    assert again.ranges() == ranges.ranges() and len(again) == len(ranges)
