@@ -11,7 +11,6 @@ import asyncio
 import json
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -200,7 +199,7 @@ async def test_a_ledger_being_created_is_not_collected(cluster: LedgerCluster) -
         await store.close()
 
 
-async def test_periodic_gc_collects_on_its_own(cluster: LedgerCluster, tmp_path: Path) -> None:
+async def test_periodic_gc_collects_on_its_own(cluster: LedgerCluster) -> None:
     bookie = cluster.factory.create(
         metadata_url=cluster.url,
         journal_sync=False,
