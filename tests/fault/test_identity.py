@@ -29,6 +29,7 @@ from magnetar.common.ledger.identity import read_cookie, read_instance_id
 from magnetar.common.metadata import MetadataStore, open_store
 from tests.support.bookie import BookieFactory, BookieProcess, BookieStartError
 from tests.support.etcd import EtcdServer
+from tests.support.raw_client import drain
 from tests.support.standalone import StandaloneProcess, client
 
 MESSAGES = 2000
@@ -77,14 +78,7 @@ def receive_all(
         consumer = c.subscribe(
             topic, subscription, initial_position=pulsar.InitialPosition.Earliest
         )
-        got = []
-        while True:
-            try:
-                message = consumer.receive(timeout_millis=wait_ms)
-            except pulsar.Timeout:
-                return got
-            got.append(message.data())
-            consumer.acknowledge(message)
+        return [message.data() for message in drain(consumer, quiet_ms=wait_ms)]
     finally:
         c.close()
 

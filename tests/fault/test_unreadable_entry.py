@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pulsar
 
+from tests.support.damage import flip_byte_of
+from tests.support.raw_client import drain
 from tests.support.standalone import StandaloneProcess, client
 
 N = 60
@@ -21,23 +23,6 @@ BAD = 30
 
 def entry_log_files(node: StandaloneProcess) -> list[Path]:
     return sorted((node.data_dir / "bookie" / "ledgers" / "current").glob("*.log"))
-
-
-def damage(node: StandaloneProcess, payload: bytes) -> None:
-    """Flip a byte of ``payload`` where it lies in the stopped node's entry logs (once)."""
-    found = []
-    for path in entry_log_files(node):
-        data = path.read_bytes()
-        at = data.find(payload)
-        if at >= 0:
-            found.append((path, at))
-    assert len(found) == 1, f"{payload!r} found {len(found)} times"
-    path, at = found[0]
-    with open(path, "r+b") as f:
-        f.seek(at + len(payload) // 2)
-        byte = f.read(1)
-        f.seek(at + len(payload) // 2)
-        f.write(bytes([byte[0] ^ 0x5A]))
 
 
 def payload(i: int) -> bytes:
@@ -52,22 +37,15 @@ def produce_and_damage(tmp_path: Path, extra: list[str]) -> StandaloneProcess:
         producer.send(payload(i))
     c.close()
     node.stop()  # the final checkpoint writes every entry into the entry logs
-    damage(node, payload(BAD))
+    flip_byte_of(entry_log_files(node), payload(BAD))
     return node.start()
 
 
-def drain(node: StandaloneProcess) -> list[bytes]:
+def drain_from_earliest(node: StandaloneProcess) -> list[bytes]:
     c = client(node)
     try:
         consumer = c.subscribe("damaged", "s", initial_position=pulsar.InitialPosition.Earliest)
-        got = []
-        while True:
-            try:
-                message = consumer.receive(timeout_millis=4000)
-            except pulsar.Timeout:
-                return got
-            got.append(message.data())
-            consumer.acknowledge(message)
+        return [message.data() for message in drain(consumer, quiet_ms=4000)]
     finally:
         c.close()
 
@@ -80,7 +58,7 @@ def http_get(node: StandaloneProcess, path: str) -> str:
 def test_delivery_waits_at_an_unreadable_entry_and_says_which(tmp_path: Path) -> None:
     node = produce_and_damage(tmp_path, [])
     try:
-        got = drain(node)
+        got = drain_from_earliest(node)
         assert got == [payload(i) for i in range(BAD)]
         stats = json.loads(http_get(node, "/admin/v2/persistent/public/default/damaged/stats"))
         unreadable = stats["unreadableEntries"]
@@ -102,7 +80,7 @@ def test_delivery_waits_at_an_unreadable_entry_and_says_which(tmp_path: Path) ->
 def test_auto_skip_goes_on_without_the_unreadable_entry(tmp_path: Path) -> None:
     node = produce_and_damage(tmp_path, ["--auto-skip-non-recoverable-data"])
     try:
-        got = drain(node)
+        got = drain_from_earliest(node)
         assert got == [payload(i) for i in range(N) if i != BAD]
         metrics = http_get(node, "/metrics")
         line = next(

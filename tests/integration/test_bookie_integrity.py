@@ -20,6 +20,7 @@ from magnetar.common.ledger.errors import (
     ReadError,
 )
 from tests.support.bookie import BookieFactory, BookieProcess, bookie_factory_fixture
+from tests.support.damage import flip_byte_of
 from tests.support.ledger_cluster import (
     LedgerCluster,
     ledger_cluster_fixture,
@@ -144,21 +145,8 @@ async def test_too_large_answer_from_a_bookie_is_not_a_bookie_failure(
 
 
 def corrupt_entry_on_disk(bookie: BookieProcess, payload: bytes) -> None:
-    """Flip one byte in the middle of ``payload`` where it lies in the stopped bookie's entry
-    logs (the payloads are unique, so it lies there exactly once)."""
-    found = []
-    for path in bookie.entry_log_files:
-        data = path.read_bytes()
-        at = data.find(payload)
-        if at >= 0:
-            found.append((path, at))
-    assert len(found) == 1, f"payload found {len(found)} times in {bookie.entry_log_files}"
-    path, at = found[0]
-    with open(path, "r+b") as f:
-        f.seek(at + len(payload) // 2)
-        byte = f.read(1)
-        f.seek(at + len(payload) // 2)
-        f.write(bytes([byte[0] ^ 0x5A]))
+    """Flip a byte of ``payload`` where it lies in the stopped bookie's entry logs."""
+    flip_byte_of(bookie.entry_log_files, payload)
 
 
 def test_digest_mismatch_on_one_replica_is_read_from_another(cluster: LedgerCluster) -> None:
