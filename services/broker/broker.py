@@ -41,6 +41,7 @@ from magnetar.broker.topic import NamespaceNotFoundError, PersistentTopic, Topic
 from magnetar.broker.topic_name import TopicName
 from magnetar.common.ledger.client import LedgerClient
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError, MetadataStore, open_store
+from magnetar.common.net import AddressInUseError, listen_error
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +86,21 @@ class Broker:
         # HTTP first: once clients can connect to the Pulsar port, the admin API is up too.
         self._http = web.AppRunner(build_app(self), access_log=None)
         await self._http.setup()
-        site = web.TCPSite(self._http, self.config.bind_address, self.config.http_port)
-        await site.start()
+        host = self.config.bind_address
+        # reuse_port off: a port another process listens on must fail the bind, not be shared.
+        site = web.TCPSite(self._http, host, self.config.http_port, reuse_port=False)
+        try:
+            await site.start()
+        except OSError as e:
+            raise AddressInUseError(listen_error("http_port", host, self.config.http_port, e))
         self.http_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: ServerConnection(self), self.config.bind_address, self.config.port
-        )
+        try:
+            self._server = await loop.create_server(
+                lambda: ServerConnection(self), host, self.config.port, reuse_port=False
+            )
+        except OSError as e:
+            raise AddressInUseError(listen_error("port", host, self.config.port, e)) from None
         self.port = self._server.sockets[0].getsockname()[1]
         self._policy_task = loop.create_task(self._policy_loop(), name="namespace-policies")
         log.info(
@@ -294,6 +303,7 @@ class Broker:
             write_quorum=c.write_quorum,
             ack_quorum=c.ack_quorum,
             max_entries_per_ledger=c.max_entries_per_ledger,
+            max_unacked_ranges_in_metadata=c.managed_ledger_max_unacked_ranges_to_persist_in_metadata_store,
         )
         ml = await ManagedLedger.open(
             name.managed_ledger_name, self.ledger_client, self.store, ml_config

@@ -51,6 +51,11 @@ class TopicSettings:
         "acknowledge an entry no bookie can give back intact instead of waiting at it "
         "(delivery goes on without it; counted in magnetar_broker_skipped_unreadable_entries)",
     )
+    managed_ledger_max_unacked_ranges_to_persist_in_metadata_store: int = setting(
+        1000,
+        "a subscription with more acknowledgement holes (ranges) than this stores its state in "
+        "a cursor ledger on the bookies, and its metadata-store record only names that ledger",
+    )
     keep_alive_interval_seconds: float = setting(
         30.0,
         "send PING to a client silent this long, close it after as long again without an "
@@ -98,6 +103,10 @@ class TopicSettings:
             raise ConfigError("ttl_duration_default_seconds must be 0 (off) or more")
         if self.max_entries_per_ledger < 1:
             raise ConfigError("max_entries_per_ledger must be at least 1")
+        if self.managed_ledger_max_unacked_ranges_to_persist_in_metadata_store < 0:
+            raise ConfigError(
+                "managed_ledger_max_unacked_ranges_to_persist_in_metadata_store must be 0 or more"
+            )
         for name in ("max_unacked_messages_per_consumer", "max_unacked_messages_per_subscription"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be 0 (no bound) or positive")
