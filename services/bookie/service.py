@@ -23,22 +23,11 @@ from magnetar.bookie.server import BookieService, grpc_server_options
 from magnetar.common.ledger.bookies import BookieRegistration, registration_key
 from magnetar.common.ledger.identity import Cookie
 from magnetar.common.metadata import MetadataError, MetadataStore, open_store
+from magnetar.common.net import AddressInUseError, listen_error
 from magnetar.common.proto import bookie_pb2 as pb
 from magnetar.common.proto import bookie_pb2_grpc
 
 log = logging.getLogger(__name__)
-
-
-class AddressInUseError(OSError):
-    """A server socket of the bookie could not be bound (in use, or not an address of ours)."""
-
-
-def listen_error(setting: str, host: str, port: int, cause: object) -> str:
-    return (
-        f"cannot listen on {host}:{port} ({setting}): address already in use or not available "
-        f"({cause}); another process (another bookie?) holds it: stop it or choose another "
-        f"{setting}"
-    )
 
 
 def bind_grpc_port(server: grpc.aio.Server, host: str, port: int) -> int:

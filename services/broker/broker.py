@@ -92,7 +92,9 @@ class Broker:
         try:
             await site.start()
         except OSError as e:
-            raise AddressInUseError(listen_error("http_port", host, self.config.http_port, e))
+            raise AddressInUseError(
+                listen_error("http_port", host, self.config.http_port, e)
+            ) from None
         self.http_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         loop = asyncio.get_running_loop()
         try:
