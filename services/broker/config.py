@@ -74,6 +74,16 @@ class TopicSettings:
     policy_check_interval_seconds: float = setting(
         60.0, "how often retention and TTL are applied to loaded topics"
     )
+    cluster_name: str = setting(
+        "standalone",
+        "name of the cluster the brokers form (Pulsar's clusterName; admin /admin/v2/clusters "
+        "and /admin/v2/brokers/{cluster} use it)",
+    )
+    default_number_of_namespace_bundles: int = setting(
+        4,
+        "default of the namespace policy: bundles a namespace's hash range is split into when "
+        "it is first used",
+    )
 
     def validate_topic_settings(self) -> None:
         if self.max_message_size < 1024:
@@ -114,6 +124,12 @@ class TopicSettings:
             raise ConfigError("keep_alive_interval_seconds must be 0 (off) or positive")
         if self.policy_check_interval_seconds <= 0:
             raise ConfigError("policy_check_interval_seconds must be positive")
+        if not self.cluster_name or "/" in self.cluster_name:
+            raise ConfigError(
+                f"cluster_name must be non-empty and contain no '/', got {self.cluster_name!r}"
+            )
+        if not 1 <= self.default_number_of_namespace_bundles <= 1024:
+            raise ConfigError("default_number_of_namespace_bundles must be between 1 and 1024")
 
 
 @dataclass(slots=True)
@@ -129,6 +145,43 @@ class BrokerConfig(TopicSettings):
     write_quorum: int = setting(2, "copies of each entry (Qw)")
     ack_quorum: int = setting(2, "copies that must be stored before a send is acknowledged (Qa)")
     dispatch_batch: int = setting(100, "entries read from storage per dispatch round at most")
+    broker_session_ttl_seconds: int = setting(
+        10,
+        "TTL in seconds of the broker's metadata session (etcd lease): a broker silent this "
+        "long loses its registration and every bundle it owned, and stops serving them",
+    )
+    load_balancer_enabled: bool = setting(
+        True,
+        "run the load manager on the elected leader broker: place unowned bundles on the "
+        "least-loaded broker, shed bundles from overloaded brokers and split hot bundles",
+    )
+    load_balancer_report_update_interval_seconds: float = setting(
+        10.0, "how often, in seconds, each broker refreshes its load report in the registry"
+    )
+    load_balancer_shedding_interval_seconds: float = setting(
+        60.0,
+        "how often, in seconds, the leader looks for overloaded brokers and hot bundles "
+        "(Pulsar's loadBalancerSheddingIntervalMinutes, in seconds)",
+    )
+    load_balancer_broker_overloaded_threshold_percentage: float = setting(
+        10.0,
+        "a broker whose load exceeds the cluster's average by more than this percentage of "
+        "the average sheds its hottest bundles (Pulsar's threshold shedder)",
+    )
+    load_balancer_shedding_grace_period_seconds: float = setting(
+        1800.0,
+        "a bundle moved by shedding is not moved again for this many seconds, against "
+        "flapping (Pulsar's loadBalancerSheddingGracePeriodMinutes, in seconds)",
+    )
+    load_balancer_auto_bundle_split_enabled: bool = setting(
+        True, "the leader splits a bundle whose topic count or message rate passes the limits"
+    )
+    load_balancer_namespace_bundle_max_topics: int = setting(
+        1000, "split a bundle holding more topics than this (0: no topic limit)"
+    )
+    load_balancer_namespace_bundle_max_msg_rate: float = setting(
+        30000.0, "split a bundle whose messages in + out per second exceed this (0: no limit)"
+    )
 
     def validate(self) -> None:
         for name in ("port", "http_port"):
@@ -136,4 +189,22 @@ class BrokerConfig(TopicSettings):
                 raise ConfigError(f"{name} must be a TCP port (0-65535), got {getattr(self, name)}")
         if not self.ensemble_size >= self.write_quorum >= self.ack_quorum >= 1:
             raise ConfigError("need ensemble_size >= write_quorum >= ack_quorum >= 1")
+        if self.broker_session_ttl_seconds < 2:
+            raise ConfigError(
+                "broker_session_ttl_seconds must be at least 2 (etcd cannot keep a shorter lease)"
+            )
+        for name in (
+            "load_balancer_report_update_interval_seconds",
+            "load_balancer_shedding_interval_seconds",
+        ):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive")
+        for name in (
+            "load_balancer_broker_overloaded_threshold_percentage",
+            "load_balancer_shedding_grace_period_seconds",
+            "load_balancer_namespace_bundle_max_topics",
+            "load_balancer_namespace_bundle_max_msg_rate",
+        ):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be 0 or more")
         self.validate_topic_settings()
