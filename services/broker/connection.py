@@ -578,6 +578,14 @@ class ServerConnection(asyncio.Protocol):
         self.consumers[body.consumer_id] = (subscription, consumer)
         self.send(pb.CommandSuccess(request_id=body.request_id))
 
+    def close_consumer(self, subscription: AnySubscription, consumer: Consumer) -> None:
+        """The broker ends this consumer (its topic is unloaded or sought): CLOSE_CONSUMER
+        tells the client to reconnect."""
+        if self.consumers.get(consumer.consumer_id) == (subscription, consumer):
+            del self.consumers[consumer.consumer_id]
+            subscription.remove_consumer(consumer)
+            self.send(pb.CommandCloseConsumer(consumer_id=consumer.consumer_id, request_id=0))
+
     def _drop_consumer(self, subscription: AnySubscription, consumer: Consumer) -> None:
         subscription.remove_consumer(consumer)
         if not subscription.durable:

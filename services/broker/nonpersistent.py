@@ -160,6 +160,13 @@ class NonPersistentTopic:
             },
         }
 
+    def disconnect_clients(self) -> None:
+        """Unloading: producers and consumers are told to reconnect (to the owner)."""
+        self.producers.close_all()
+        for subscription in self.subscriptions.values():
+            for consumer in list(subscription.consumers):
+                consumer.connection.close_consumer(subscription, consumer)
+
     async def delete(self, *, force: bool) -> None:
         busy = len(self.producers) + sum(len(s.consumers) for s in self.subscriptions.values())
         if busy and not force:

@@ -243,6 +243,14 @@ class PersistentTopic:
             },
         }
 
+    def disconnect_clients(self) -> None:
+        """Unloading: every producer and consumer is told to go (CLOSE_PRODUCER /
+        CLOSE_CONSUMER); the clients look the topic up again and reconnect to its owner."""
+        self.producers.close_all()
+        for subscription in self.subscriptions.values():
+            for consumer in list(subscription.consumers):
+                consumer.connection.close_consumer(subscription, consumer)
+
     async def delete(self, *, force: bool) -> None:
         busy = len(self.producers) + sum(
             len(s.dispatcher.consumers) for s in self.subscriptions.values()
