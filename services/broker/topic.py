@@ -237,6 +237,7 @@ class PersistentTopic:
                     "markDeletePosition": str(sub.cursor.mark_delete_position),
                     "readPosition": str(sub.cursor.read_position),
                     "messagesConsumedCounter": ml.number_of_entries - sub.cursor.backlog,
+                    **sub.cursor.persistence_stats(),
                 }
                 for name, sub in self.subscriptions.items()
                 if sub.durable
