@@ -1,0 +1,329 @@
+"""Bundle ownership (and bundle documents, registry, load-manager election) on both stores.
+
+etcd: each broker is a session of its own on the shared real etcd (and, for lease expiry, a
+separate process paused past its TTL). local: one process is one session, so contenders share
+the store, as brokers in one standalone process would.
+
+Run as ``python -m tests.integration.test_ownership URL NAMESPACE BUNDLE TTL``, this module is
+the paused holder: it acquires the bundle, prints "acquired", and when its session is lost
+prints "lost" and "owns False" (what ``owns()`` says then).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from magnetar.broker import bundles
+from magnetar.broker.bundles import BundleRange, default_ranges
+from magnetar.broker.ownership import BrokerInfo, OwnershipStore, ownership_key
+from magnetar.common.metadata import MetadataStore, open_store
+
+T = TypeVar("T")
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SOON = 10.0
+SHORT_TTL = 2
+BUNDLE = default_ranges(4)[1]
+
+
+def broker(n: int) -> BrokerInfo:
+    return BrokerInfo(f"127.0.0.{n}:8080", f"pulsar://127.0.0.{n}:6650", f"http://127.0.0.{n}:8080")
+
+
+@dataclass(slots=True, frozen=True)
+class Backend:
+    kind: str
+    url: str
+    namespace: str  # unique tenant/namespace of this test
+
+    @property
+    def concurrent_sessions(self) -> bool:
+        return self.kind == "etcd"
+
+    async def open(self, **options: object) -> MetadataStore:
+        return await open_store(self.url, **options)
+
+
+@pytest.fixture(params=["etcd", "local"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    unique = uuid.uuid4().hex[:12]
+    if request.param == "etcd":
+        url = request.getfixturevalue("etcd_server").url
+    else:
+        url = f"local://{tmp_path}/meta.db"
+    return Backend(request.param, url, f"t-{unique}/ns")
+
+
+@dataclass(slots=True)
+class Brokers:
+    stores: list[MetadataStore]
+    a: OwnershipStore
+    b: OwnershipStore
+
+
+@pytest.fixture
+async def brokers(backend: Backend) -> AsyncIterator[Brokers]:
+    first = await backend.open()
+    second = await backend.open() if backend.concurrent_sessions else first
+    a, b = OwnershipStore(first, broker(1)), OwnershipStore(second, broker(2))
+    await a.start()
+    await b.start()
+    yield Brokers([first, second], a, b)
+    for ownership in (a, b):
+        await ownership.close()
+    for store in {id(s): s for s in (first, second)}.values():
+        await store.close()
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], within: float = SOON) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while loop.time() < deadline:
+        if await check():
+            return True
+        await asyncio.sleep(0.02)
+    return False
+
+
+def owner_is(
+    ownership: OwnershipStore, namespace: str, expected: BrokerInfo | None
+) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return await ownership.owner(namespace, BUNDLE) == expected
+
+    return check
+
+
+# -- ownership ----------------------------------------------------------------------------
+
+
+async def test_racing_claims_exactly_one_wins(brokers: Brokers, backend: Backend) -> None:
+    ns = backend.namespace
+    results = await asyncio.gather(
+        brokers.a.try_acquire(ns, BUNDLE), brokers.b.try_acquire(ns, BUNDLE)
+    )
+    assert results[0] == results[1]
+    winner_info = results[0]
+    assert winner_info in (broker(1), broker(2))
+    winner, loser = (brokers.a, brokers.b) if winner_info == broker(1) else (brokers.b, brokers.a)
+    assert winner.owns(ns, BUNDLE) and not loser.owns(ns, BUNDLE)
+    assert winner.owned() == {(ns, BUNDLE)} and loser.owned() == set()
+    assert await eventually(owner_is(loser, ns, winner_info))
+    assert await eventually(owner_is(winner, ns, winner_info))
+    # Claiming again changes nothing.
+    assert await loser.try_acquire(ns, BUNDLE) == winner_info
+    assert await winner.try_acquire(ns, BUNDLE) == winner_info
+
+
+async def test_release_lets_the_other_acquire(brokers: Brokers, backend: Backend) -> None:
+    ns = backend.namespace
+    assert await brokers.a.try_acquire(ns, BUNDLE) == broker(1)
+    await brokers.b.release(ns, BUNDLE)  # not b's: nothing happens
+    assert await brokers.b.try_acquire(ns, BUNDLE) == broker(1)
+    await brokers.a.release(ns, BUNDLE)
+    assert not brokers.a.owns(ns, BUNDLE)
+    assert await eventually(owner_is(brokers.b, ns, None))
+    assert await brokers.b.try_acquire(ns, BUNDLE) == broker(2)
+    assert brokers.b.owns(ns, BUNDLE)
+    assert await eventually(owner_is(brokers.a, ns, broker(2)))
+
+
+async def test_cache_follows_the_watch_without_reads(
+    brokers: Brokers, backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ns = backend.namespace
+    observer_store = await backend.open() if backend.concurrent_sessions else brokers.stores[0]
+    observer = OwnershipStore(observer_store, broker(3))
+    await observer.start()
+    try:
+
+        async def no_reads(key: str) -> None:
+            raise AssertionError(f"owner() read {key} from the store")
+
+        monkeypatch.setattr(observer_store, "get", no_reads)
+        assert await observer.owner(ns, BUNDLE) is None
+        await brokers.a.try_acquire(ns, BUNDLE)
+        assert await eventually(owner_is(observer, ns, broker(1)))
+        assert observer.owners() == {(ns, BUNDLE): broker(1)}
+        await brokers.a.release(ns, BUNDLE)
+        assert await eventually(owner_is(observer, ns, None))
+        await brokers.b.try_acquire(ns, BUNDLE)
+        assert await eventually(owner_is(observer, ns, broker(2)))
+    finally:
+        monkeypatch.undo()
+        await observer.close()
+        if observer_store is not brokers.stores[0]:
+            await observer_store.close()
+
+
+async def test_a_key_deleted_behind_our_back_stops_serving(
+    brokers: Brokers, backend: Backend
+) -> None:
+    ns = backend.namespace
+    lost: list[tuple[str, BundleRange]] = []
+    brokers.a.add_bundle_lost_listener(lambda n, b: lost.append((n, b)))
+    await brokers.a.try_acquire(ns, BUNDLE)
+    await brokers.stores[1].delete(ownership_key(ns, BUNDLE))
+
+    async def gone() -> bool:
+        return not brokers.a.owns(ns, BUNDLE)
+
+    assert await eventually(gone)
+    assert lost == [(ns, BUNDLE)]
+    assert await brokers.b.try_acquire(ns, BUNDLE) == broker(2)
+
+
+async def test_closing_a_session_frees_its_bundles_and_fires_lost(backend: Backend) -> None:
+    ns = backend.namespace
+    store = await backend.open()
+    a = OwnershipStore(store, broker(1))
+    await a.start()
+    lost = asyncio.Event()
+    a.add_lost_listener(lost.set)
+    other = await backend.open() if backend.concurrent_sessions else None
+    try:
+        await a.try_acquire(ns, BUNDLE)
+        await store.close()  # the session ends without a.close(): as if the store died
+        await asyncio.wait_for(lost.wait(), SOON)
+        assert not a.owns(ns, BUNDLE) and a.owned() == set()
+        late = asyncio.Event()
+        a.add_lost_listener(late.set)
+        await asyncio.wait_for(late.wait(), SOON)
+        if other is None:
+            # local: the session was the process's store; a reopened store has no such key.
+            other = await backend.open()
+        b = OwnershipStore(other, broker(2))
+        await b.start()
+        assert await eventually(owner_is(b, ns, None))
+        assert await b.try_acquire(ns, BUNDLE) == broker(2)
+        await b.close()
+    finally:
+        await a.close()
+        if other is not None:
+            await other.close()
+
+
+async def test_close_releases_what_is_held(brokers: Brokers, backend: Backend) -> None:
+    ns = backend.namespace
+    await brokers.a.try_acquire(ns, BUNDLE)
+    await brokers.a.close()
+    assert not brokers.a.owns(ns, BUNDLE)
+    assert await eventually(owner_is(brokers.b, ns, None))
+
+
+async def test_a_previous_session_of_the_same_broker_is_taken_over(backend: Backend) -> None:
+    if not backend.concurrent_sessions:
+        pytest.skip("local: a restarted process's store drops the old session's keys itself")
+    ns = backend.namespace
+    old_store, new_store = await backend.open(), await backend.open()
+    try:
+        old, new = OwnershipStore(old_store, broker(1)), OwnershipStore(new_store, broker(1))
+        await old.try_acquire(ns, BUNDLE)
+        assert await new.try_acquire(ns, BUNDLE) == broker(1)
+        assert new.owns(ns, BUNDLE)
+        await old_store.close()  # the old lease ends; the key is bound to the new one
+        assert await new.owner(ns, BUNDLE) == broker(1)
+        assert (await new_store.get(ownership_key(ns, BUNDLE))) is not None
+    finally:
+        await old_store.close()
+        await new_store.close()
+
+
+# -- lease expiry of a paused owner (etcd only) --------------------------------------------
+
+
+async def test_paused_owner_past_its_ttl_loses_the_bundle(etcd_server: object) -> None:
+    url = etcd_server.url  # type: ignore[attr-defined]
+    ns = f"t-{uuid.uuid4().hex[:12]}/ns"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.integration.test_ownership",
+        url,
+        ns,
+        str(BUNDLE),
+        str(SHORT_TTL),
+        cwd=REPO_ROOT,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert process.stdout is not None and process.stdin is not None
+
+    async def line() -> str:
+        return (await asyncio.wait_for(process.stdout.readline(), SOON)).decode().strip()
+
+    store = await open_store(url)
+    b = OwnershipStore(store, broker(2))
+    await b.start()
+    try:
+        assert await line() == "acquired"
+        assert await eventually(owner_is(b, ns, broker(1)))
+        os.kill(process.pid, signal.SIGSTOP)
+        assert await eventually(owner_is(b, ns, None), SHORT_TTL + 8), "lease did not expire"
+        assert await b.try_acquire(ns, BUNDLE) == broker(2)
+        os.kill(process.pid, signal.SIGCONT)
+        assert await line() == "lost"
+        assert await line() == "owns False"
+        assert await b.owner(ns, BUNDLE) == broker(2)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGCONT)
+        process.stdin.close()
+        try:
+            await asyncio.wait_for(process.wait(), SOON)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+        await b.close()
+        await store.close()
+
+
+async def _hold(url: str, namespace: str, bundle: str, ttl: int) -> None:
+    store = await open_store(url, session_ttl=ttl)
+    ownership = OwnershipStore(store, broker(1))
+    lost = asyncio.Event()
+    ownership.add_lost_listener(lost.set)
+    await ownership.start()
+    assert await ownership.try_acquire(namespace, BundleRange.parse(bundle)) == broker(1)
+    print("acquired", flush=True)
+    stdin_closed = asyncio.create_task(asyncio.to_thread(sys.stdin.read))
+    session_lost = asyncio.create_task(lost.wait())
+    await asyncio.wait({stdin_closed, session_lost}, return_when=asyncio.FIRST_COMPLETED)
+    if lost.is_set():
+        print("lost", flush=True)
+        print(f"owns {ownership.owns(namespace, BundleRange.parse(bundle))}", flush=True)
+        await stdin_closed
+    await ownership.close(release=False)
+    await store.close()
+
+
+# -- bundle documents on two sessions ------------------------------------------------------
+
+
+async def test_concurrent_bundle_creators_on_two_sessions_converge(backend: Backend) -> None:
+    first = await backend.open()
+    second = await backend.open() if backend.concurrent_sessions else first
+    try:
+        results = await asyncio.gather(
+            *(bundles.load_or_create(s, backend.namespace, n) for s, n in ((first, 4), (second, 8)))
+        )
+        assert results[0] == results[1]
+    finally:
+        await first.close()
+        if second is not first:
+            await second.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(_hold(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])))
