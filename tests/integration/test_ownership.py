@@ -26,8 +26,11 @@ import pytest
 
 from magnetar.broker import bundles
 from magnetar.broker.bundles import BundleRange, default_ranges
+from magnetar.broker.config import BrokerConfig
+from magnetar.broker.load_manager import LoadManager
 from magnetar.broker.ownership import BrokerInfo, OwnershipStore, ownership_key
-from magnetar.common.metadata import MetadataStore, open_store
+from magnetar.broker.registry import BrokerRegistry, BundleStats, LoadReport
+from magnetar.common.metadata import MetadataError, MetadataStore, open_store
 
 T = TypeVar("T")
 
@@ -323,6 +326,212 @@ async def test_concurrent_bundle_creators_on_two_sessions_converge(backend: Back
         await first.close()
         if second is not first:
             await second.close()
+
+
+# -- registry -------------------------------------------------------------------------------
+
+
+async def test_registry_lists_live_brokers_and_drops_closed_ones(backend: Backend) -> None:
+    if not backend.concurrent_sessions:
+        pytest.skip("local: one session per process")
+    first, second = await backend.open(), await backend.open()
+    try:
+        one, two = BrokerRegistry(first, broker(1)), BrokerRegistry(second, broker(2))
+        await one.start()
+        await one.register(LoadReport(topics=1))
+        await two.register(LoadReport(topics=2))
+
+        async def both() -> bool:
+            active = await one.active()
+            return {b: r.topics for b, (_, r) in active.items()} == {
+                broker(1).broker_id: 1,
+                broker(2).broker_id: 2,
+            }
+
+        assert await eventually(both)
+        await two.update(LoadReport(topics=5, msg_rate_in=3.0))
+
+        async def updated() -> bool:
+            return (await one.active())[broker(2).broker_id][1].topics == 5
+
+        assert await eventually(updated)
+        await second.close()  # its lease ends: it is no longer active
+
+        async def dropped() -> bool:
+            return set(await one.active()) == {broker(1).broker_id}
+
+        assert await eventually(dropped)
+        # Another broker claiming our id with other addresses is refused.
+        impostor_store = await backend.open()
+        impostor = BrokerRegistry(
+            impostor_store, BrokerInfo(broker(1).broker_id, "pulsar://elsewhere:1", "http://x:1")
+        )
+        with pytest.raises(MetadataError, match="already registered"):
+            await impostor.register(LoadReport())
+        await impostor_store.close()
+        await one.close()
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_registry_on_the_local_store(backend: Backend) -> None:
+    if backend.concurrent_sessions:
+        pytest.skip("etcd: covered above")
+    store = await backend.open()
+    try:
+        registry = BrokerRegistry(store, broker(1))
+        await registry.register(LoadReport(topics=3))
+        assert (await registry.active())[broker(1).broker_id] == (broker(1), LoadReport(topics=3))
+        await registry.unregister()
+        assert await registry.active() == {}
+    finally:
+        await store.close()
+
+
+# -- load manager --------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Node:
+    store: MetadataStore
+    registry: BrokerRegistry
+    ownership: OwnershipStore
+    manager: LoadManager
+    unloaded: list[tuple[str, str, BundleRange]]
+
+    async def close(self) -> None:
+        await self.manager.close()
+        await self.ownership.close()
+        await self.registry.close()
+        await self.store.close()
+
+
+async def node(url: str, n: int, config: BrokerConfig) -> Node:
+    store = await open_store(url)
+    info = broker(n)
+    registry = BrokerRegistry(store, info)
+    ownership = OwnershipStore(store, info)
+    unloaded: list[tuple[str, str, BundleRange]] = []
+
+    async def unload(owner: BrokerInfo, namespace: str, bundle: BundleRange) -> None:
+        unloaded.append((owner.broker_id, namespace, bundle))
+
+    await registry.start()
+    await ownership.start()
+    await registry.register(LoadReport())
+    manager = LoadManager(store, registry, ownership, config, unload)
+    return Node(store, registry, ownership, manager, unloaded)
+
+
+async def test_one_leader_and_a_fast_handover(etcd_server: object) -> None:
+    url = etcd_server.url  # type: ignore[attr-defined]
+    config = BrokerConfig(load_balancer_shedding_interval_seconds=3600)
+    nodes = [await node(url, 1, config), await node(url, 2, config)]
+    try:
+        for n in nodes:
+            n.manager.start()
+
+        async def one_leader() -> bool:
+            return sum(n.manager.is_leader for n in nodes) == 1
+
+        assert await eventually(one_leader)
+        leader = next(n for n in nodes if n.manager.is_leader)
+        follower = next(n for n in nodes if not n.manager.is_leader)
+        assert await follower.manager.leader_info() == leader.ownership.me
+        await asyncio.sleep(0.5)
+        assert await one_leader()  # still exactly one
+
+        await leader.close()
+        nodes.remove(leader)
+
+        async def took_over() -> bool:
+            return follower.manager.is_leader
+
+        assert await eventually(took_over, 5.0)
+        assert await follower.manager.leader_info() == follower.ownership.me
+    finally:
+        for n in nodes:
+            await n.close()
+
+
+async def test_leader_places_spreads_and_sheds(etcd_server: object) -> None:
+    url = etcd_server.url  # type: ignore[attr-defined]
+    config = BrokerConfig(load_balancer_shedding_grace_period_seconds=60)
+    nodes = [await node(url, i, config) for i in (1, 2)]
+    namespace = f"t-{uuid.uuid4().hex[:12]}/ns"
+    try:
+        leader = nodes[0].manager
+        nodes[0].manager.start()
+
+        async def leading() -> bool:
+            return leader.is_leader
+
+        assert await eventually(leading)
+        # Eight bundles placed in a burst spread four and four; the chosen broker claims.
+        by_id = {n.ownership.me.broker_id: n for n in nodes}
+        ranges = await bundles.load_or_create(nodes[0].store, namespace, 8)
+        for bundle in ranges:
+            chosen = await leader.select(namespace, bundle)
+            assert await by_id[chosen.broker_id].ownership.try_acquire(namespace, bundle) == chosen
+        counts = [len(n.ownership.owned()) for n in nodes]
+        assert counts == [4, 4]
+        assert await leader.select(namespace, ranges[0]) == await nodes[0].ownership.owner(
+            namespace, ranges[0]
+        )
+
+        # A third, empty broker joins: an idle cluster balances bundle counts toward it.
+        nodes.append(await node(url, 3, config))
+
+        async def sees_three() -> bool:
+            return len(await nodes[0].registry.active()) == 3
+
+        assert await eventually(sees_three)
+        _, shed = await leader.run_once()
+        assert sorted(s.from_broker for s in shed) == [broker(1).broker_id, broker(2).broker_id]
+        unloaded = nodes[0].unloaded
+        assert [(b, ns, r) for b, ns, r in unloaded] == [
+            (s.from_broker, s.namespace, s.bundle) for s in shed
+        ]
+        # Within the grace period the same bundles are not moved again.
+        _, again = await leader.run_once()
+        assert not {(s.namespace, s.bundle) for s in again} & {
+            (s.namespace, s.bundle) for s in shed
+        }
+
+        # A hot bundle with many topics is split (the leader unloads it, then splits the
+        # document on the condition that nobody owns it).
+        hot = ranges[1]
+        owner = next(n for n in nodes if n.ownership.owns(namespace, hot))
+        await owner.registry.update(
+            LoadReport(bundle_stats=(BundleStats(namespace, hot, 10.0, 5000),))
+        )
+        await owner.ownership.release(namespace, hot)  # as the unload would
+
+        async def reported() -> bool:
+            active = await nodes[0].registry.active()
+            return bool(active[owner.ownership.me.broker_id][1].bundle_stats)
+
+        assert await eventually(reported)
+        await owner.ownership.try_acquire(namespace, hot)
+
+        async def visible() -> bool:
+            return (namespace, hot) in nodes[0].ownership.owners()
+
+        assert await eventually(visible)
+        real_unload = leader._unload
+
+        async def unload_and_release(o: BrokerInfo, ns: str, b: BundleRange) -> None:
+            await real_unload(o, ns, b)
+            await owner.ownership.release(ns, b)
+
+        leader._unload = unload_and_release
+        split_done, _ = await leader.run_once()
+        assert split_done == [(namespace, hot)]
+        assert len(await bundles.load_or_create(nodes[0].store, namespace, 8)) == 9
+    finally:
+        for n in nodes:
+            await n.close()
 
 
 if __name__ == "__main__":
