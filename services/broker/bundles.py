@@ -274,6 +274,23 @@ async def replace_with_split(
     document is read back and the split retried while ``old`` is still a bundle; BundleError
     when it is not (any more), BadVersionError when one of ``conditions`` fails.
     """
+    updated, _ = await split_document(
+        store, namespace, old, new_pair, conditions=conditions, operations=operations
+    )
+    return updated
+
+
+async def split_document(
+    store: MetadataStore,
+    namespace: str,
+    old: BundleRange,
+    new_pair: Sequence[BundleRange],
+    *,
+    conditions: Sequence[Expect] = (),
+    operations: Sequence[Operation] = (),
+) -> tuple[list[BundleRange], int]:
+    """:func:`replace_with_split`, also returning the transaction's revision (the version of
+    every key it put)."""
     key = bundles_key(namespace)
     while True:
         loaded = await load(store, namespace)
@@ -282,7 +299,7 @@ async def replace_with_split(
         ranges, version = loaded
         updated = replace(ranges, old, new_pair)
         try:
-            await store.transaction(
+            revision = await store.transaction(
                 [Expect(key, version), *conditions], [Put(key, encode(updated)), *operations]
             )
         except BadVersionError as e:
@@ -290,4 +307,4 @@ async def replace_with_split(
                 continue  # the document changed under us: split again on the new one
             raise
         log.info("namespace %s: bundle %s split into %s and %s", namespace, old, *new_pair)
-        return updated
+        return updated, revision

@@ -28,10 +28,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from magnetar.broker.bundles import BundleRange, bundles_key
+from magnetar.broker.bundles import BundleRange, bundles_key, split_document
 from magnetar.common.metadata import (
     NOT_EXISTS,
     BadVersionError,
+    Delete,
     EventType,
     Expect,
     MetadataError,
@@ -282,6 +283,45 @@ class OwnershipStore:
             self._cache.apply(key, value, version)
             log.info("bundle %s/%s: now owned by this broker", namespace, bundle)
             return self.me
+
+    async def split(
+        self, namespace: str, bundle: BundleRange, new_pair: tuple[BundleRange, BundleRange]
+    ) -> list[BundleRange]:
+        """Split a bundle we own and keep both halves (Pulsar's ``splitAndOwnBundle``); return
+        the namespace's new bundles.
+
+        One transaction: the bundles document is replaced (CAS), our key of ``bundle`` is
+        deleted on the condition that it is still ours, and the halves' keys are created
+        (must not exist) under our session. Topics keep being served here; unload the halves
+        afterwards to let them move. BadVersionError if ``bundle`` is no longer ours.
+        """
+        version = self._owned.get((namespace, bundle))
+        if version is None or self.session_may_be_lost:
+            raise BadVersionError(f"bundle {namespace}/{bundle} is not owned by this broker")
+        old_key = ownership_key(namespace, bundle)
+        new_keys = [ownership_key(namespace, half) for half in new_pair]
+        value = self.me.to_json()
+        # Not ours while the transaction runs: its delete event must not look like a theft.
+        del self._owned[(namespace, bundle)]
+        try:
+            updated, revision = await split_document(
+                self._store,
+                namespace,
+                bundle,
+                new_pair,
+                conditions=[Expect(old_key, version), *(Expect(k, NOT_EXISTS) for k in new_keys)],
+                operations=[Delete(old_key), *(Put(k, value, ephemeral=True) for k in new_keys)],
+            )
+        except BaseException:
+            if self._cache.version(old_key) == version and not self.session_may_be_lost:
+                self._owned[(namespace, bundle)] = version
+            raise
+        for half, key in zip(new_pair, new_keys, strict=True):
+            self._owned[(namespace, half)] = revision
+            self._cache.apply(key, value, revision)
+        self._cache.apply(old_key, None, revision)
+        log.info("bundle %s/%s: split into %s and %s, both kept", namespace, bundle, *new_pair)
+        return updated
 
     async def release(self, namespace: str, bundle: BundleRange) -> None:
         """Give up the bundle (after unloading it): delete its key if it is ours."""

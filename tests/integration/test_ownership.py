@@ -30,7 +30,7 @@ from magnetar.broker.config import BrokerConfig
 from magnetar.broker.load_manager import LoadManager
 from magnetar.broker.ownership import BrokerInfo, OwnershipStore, ownership_key
 from magnetar.broker.registry import BrokerRegistry, BundleStats, LoadReport
-from magnetar.common.metadata import MetadataError, MetadataStore, open_store
+from magnetar.common.metadata import BadVersionError, MetadataError, MetadataStore, open_store
 
 T = TypeVar("T")
 
@@ -241,6 +241,26 @@ async def test_a_previous_session_of_the_same_broker_is_taken_over(backend: Back
     finally:
         await old_store.close()
         await new_store.close()
+
+
+async def test_owner_splits_and_keeps_both_halves(brokers: Brokers, backend: Backend) -> None:
+    ns = backend.namespace
+    ranges = await bundles.load_or_create(brokers.stores[0], ns, 4)
+    lost: list[tuple[str, BundleRange]] = []
+    brokers.a.add_bundle_lost_listener(lambda n, b: lost.append((n, b)))
+    await brokers.a.try_acquire(ns, BUNDLE)
+    with pytest.raises(BadVersionError):  # not b's to split
+        await brokers.b.split(ns, BUNDLE, bundles.split(BUNDLE))
+    low, high = bundles.split(BUNDLE)
+    updated = await brokers.a.split(ns, BUNDLE, (low, high))
+    assert updated == [ranges[0], low, high, *ranges[2:]]
+    assert brokers.a.owned() == {(ns, low), (ns, high)}
+    assert await bundles.load_or_create(brokers.stores[1], ns, 4) == updated
+    assert await eventually(owner_is(brokers.b, ns, None))
+    for half in (low, high):
+        assert await brokers.b.try_acquire(ns, half) == broker(1)
+    await asyncio.sleep(0.2)  # let the watch deliver the split's events
+    assert lost == [] and brokers.a.owns(ns, low) and brokers.a.owns(ns, high)
 
 
 # -- lease expiry of a paused owner (etcd only) --------------------------------------------
