@@ -1,7 +1,15 @@
-"""The broker: accepts Pulsar-protocol connections and serves the topics it has loaded.
+"""The broker: accepts Pulsar-protocol connections and serves the topics of the namespace
+bundles it owns.
 
-This first version serves every topic itself (a single broker, as in standalone mode): lookups
-answer with its own address. Bundle ownership and the load manager come later.
+Cluster membership (``ownership.py``, ``registry.py``, ``load_manager.py``): the broker registers
+itself under its metadata session, campaigns for the load manager's leadership, and owns a
+bundle while it holds the bundle's ownership key. It loads a topic only in a bundle it owns
+(``lookup.py`` decides who owns what); commands for other topics get ServiceNotReady, so the
+client looks the topic up again. Unloading a bundle disconnects its topics' clients, closes the
+topics (cursors persisted) and releases the key; the next owner opens each topic's last ledger
+with recovery, which fences this broker out for good. If the session is lost, the broker stops
+serving everything at once (another broker may own the bundles as soon as the keys expire) and
+joins again with a new session. A standalone is a cluster of one through the same code.
 """
 
 from __future__ import annotations
@@ -9,9 +17,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Coroutine, Mapping
+from typing import Any
 
-from aiohttp import web
+from aiohttp import ClientSession, ClientTimeout, web
 
 from magnetar.broker.admin import (
     NAMESPACES_PATH,
@@ -22,14 +32,18 @@ from magnetar.broker.admin import (
     partitioned_key,
     partitioned_topics,
 )
+from magnetar.broker.bundles import BundleRange, bundle_for, load_or_create, topic_hash
 from magnetar.broker.config import BrokerConfig
 from magnetar.broker.connection import ServerConnection
 from magnetar.broker.deduplication import Deduplication
 from magnetar.broker.dispatch_limits import DispatchLimits
 from magnetar.broker.keys import MANAGED_LEDGERS_PATH, decode_name, managed_ledger_key
+from magnetar.broker.load_manager import LoadManager
+from magnetar.broker.lookup import LookupKind, lookup
 from magnetar.broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from magnetar.broker.metrics import BrokerMetrics
 from magnetar.broker.nonpersistent import NonPersistentTopic
+from magnetar.broker.ownership import BrokerInfo, OwnershipStore
 from magnetar.broker.policies import (
     PartitionCountError,
     Policies,
@@ -37,7 +51,13 @@ from magnetar.broker.policies import (
     effective,
     parse_document,
 )
-from magnetar.broker.topic import NamespaceNotFoundError, PersistentTopic, TopicNotFoundError
+from magnetar.broker.registry import BrokerRegistry, BundleStats, LoadReport, cpu_and_memory
+from magnetar.broker.topic import (
+    NamespaceNotFoundError,
+    PersistentTopic,
+    TopicNotFoundError,
+    TopicNotOwnedError,
+)
 from magnetar.broker.topic_name import TopicName
 from magnetar.common.ledger.client import LedgerClient
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError, MetadataStore, open_store
@@ -71,6 +91,16 @@ class Broker:
         self.http_port = config.http_port
         self._policy_task: asyncio.Task[None] | None = None
         self._policy_wake = asyncio.Event()
+        self.info = BrokerInfo("", "", "")
+        self.ownership: OwnershipStore | None = None
+        self.registry: BrokerRegistry | None = None
+        self.load_manager: LoadManager | None = None
+        self._bundles: dict[str, list[BundleRange]] = {}
+        #: Bundles being unloaded: their topics are not loaded again meanwhile.
+        self._unloading: set[tuple[str, BundleRange]] = set()
+        self._report_task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._last_report: tuple[float, dict[str, tuple[int, int]]] = (time.monotonic(), {})
 
     @property
     def service_url(self) -> str:
@@ -78,7 +108,7 @@ class Broker:
 
     async def start(self) -> None:
         if self.store is None:
-            self.store = await open_store(self.config.metadata_url)
+            self.store = await open_store(self.config.metadata_url, **self._store_options())
         self.ledger_client = LedgerClient(self.store)
         for address, client in self.local_bookies.items():
             self.ledger_client.add_local_bookie(address, client)
@@ -104,6 +134,13 @@ class Broker:
         except OSError as e:
             raise AddressInUseError(listen_error("port", host, self.config.port, e)) from None
         self.port = self._server.sockets[0].getsockname()[1]
+        advertised = self.config.advertised_address
+        self.info = BrokerInfo(
+            broker_id=f"{advertised}:{self.http_port}",
+            service_url=self.service_url,
+            http_url=f"http://{advertised}:{self.http_port}",
+        )
+        await self._join_cluster()
         self._policy_task = loop.create_task(self._policy_loop(), name="namespace-policies")
         log.info(
             "broker serving %s (admin http://%s:%d)",
@@ -113,11 +150,22 @@ class Broker:
         )
 
     async def stop(self) -> None:
+        """Unload everything (clients told to reconnect elsewhere, cursors persisted, bundles
+        released), then close."""
         if self._policy_task is not None:
             self._policy_task.cancel()
             await asyncio.gather(self._policy_task, return_exceptions=True)
         if self._server is not None:
             self._server.close()
+        if self.load_manager is not None:
+            await self.load_manager.close()
+        if self.ownership is not None and self.store is not None and not self.store.session_lost:
+            for namespace, bundle in sorted(self.ownership.owned()):
+                try:
+                    await self.unload_bundle(namespace, bundle)
+                except Exception as e:
+                    log.warning("bundle %s/%s did not unload cleanly: %s", namespace, bundle, e)
+        await self._leave_cluster()
         if self._http is not None:
             await self._http.cleanup()
         for connection in list(self.connections):
@@ -133,6 +181,224 @@ class Broker:
         if self._owns_store and self.store is not None:
             await self.store.close()
         log.info("broker stopped")
+
+    # -- cluster membership ----------------------------------------------------------------------
+
+    def _store_options(self) -> dict[str, object]:
+        if self.config.metadata_url.startswith("etcd://"):
+            return {"session_ttl": self.config.broker_session_ttl_seconds}
+        return {}
+
+    async def _join_cluster(self) -> None:
+        assert self.store is not None
+        self.ownership = OwnershipStore(self.store, self.info)
+        self.ownership.add_lost_listener(self._session_lost)
+        await self.ownership.start()
+        self.registry = BrokerRegistry(self.store, self.info)
+        await self.registry.start()
+        await self.registry.register(self.load_report())
+        self.load_manager = LoadManager(
+            self.store, self.registry, self.ownership, self.config, self._request_unload
+        )
+        self.load_manager.start()
+        self._report_task = asyncio.get_running_loop().create_task(
+            self._report_loop(), name="load-report"
+        )
+
+    async def _leave_cluster(self) -> None:
+        if self._report_task is not None:
+            self._report_task.cancel()
+            await asyncio.gather(self._report_task, return_exceptions=True)
+        if self.load_manager is not None:
+            await self.load_manager.close()
+        if self.registry is not None:
+            await self.registry.close()
+        if self.ownership is not None:
+            await self.ownership.close()
+
+    def load_report(self) -> LoadReport:
+        """Rates since the previous report, from the topics' own counters, per owned bundle."""
+        now = time.monotonic()
+        elapsed = max(now - self._last_report[0], 1e-3)
+        previous = self._last_report[1]
+        counters = {key: (t.msg_in, t.bytes_in) for key, t in self.topics.items()}
+        self._last_report = (now, counters)
+
+        def delta(key: str, index: int) -> float:
+            before = previous.get(key, (0, 0))[index]
+            return max(counters[key][index] - before, 0) / elapsed
+
+        per_bundle: dict[tuple[str, BundleRange], list[float]] = {}
+        owned = self.ownership.owned() if self.ownership is not None else set()
+        for namespace, bundle in owned:
+            per_bundle[(namespace, bundle)] = [0.0, 0]
+        for key, topic in self.topics.items():
+            namespace = topic.name.namespace_name
+            h = topic_hash(key)
+            for (ns, bundle), stats in per_bundle.items():
+                if ns == namespace and bundle.contains(h):
+                    stats[0] += delta(key, 0)
+                    stats[1] += 1
+                    break
+        cpu, memory = cpu_and_memory()
+        return LoadReport(
+            msg_rate_in=sum(delta(key, 0) for key in counters),
+            msg_rate_out=0.0,
+            throughput_in=sum(delta(key, 1) for key in counters),
+            throughput_out=0.0,
+            topics=len(counters),
+            bundles=len(owned),
+            cpu_percent=cpu,
+            memory_mb=memory,
+            timestamp_ms=int(time.time() * 1000),
+            bundle_stats=tuple(
+                BundleStats(ns, bundle, rate, int(topics))
+                for (ns, bundle), (rate, topics) in sorted(per_bundle.items())
+            ),
+        )
+
+    async def _report_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.load_balancer_report_update_interval_seconds)
+            try:
+                assert self.registry is not None
+                await self.registry.update(self.load_report())
+            except Exception as e:
+                log.warning("load report not written: %s", e)
+
+    def _session_lost(self) -> None:
+        """The metadata session is gone: another broker may own our bundles any moment. Stop
+        serving at once, then join again under a new session."""
+        log.error("metadata session lost: unloading every topic and joining the cluster again")
+        for topic in list(self.topics.values()):
+            topic.disconnect_clients()
+        self._spawn(self._rejoin())
+
+    async def _rejoin(self) -> None:
+        for topic in list(self.topics.values()):
+            self.topics.pop(str(topic.name), None)
+            try:
+                await topic.close()
+            except Exception as e:
+                log.warning("topic %s closed after session loss: %s", topic.name, e)
+        await self._leave_cluster()
+        if not self._owns_store:
+            return  # a store we were given (tests, standalone) is not ours to reopen
+        assert self.store is not None
+        old, self.store = self.store, None
+        try:
+            await old.close()
+        except Exception as e:
+            log.warning("closing the lost metadata session: %s", e)
+        while True:
+            try:
+                self.store = await open_store(self.config.metadata_url, **self._store_options())
+                if self.ledger_client is not None:
+                    await self.ledger_client.close()
+                self.ledger_client = LedgerClient(self.store)
+                await self._join_cluster()
+                log.info("joined the cluster again with a new metadata session")
+                return
+            except Exception as e:
+                log.error("joining the cluster again failed (%s); retrying in 2 s", e)
+                await asyncio.sleep(2)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+
+        def done(task: asyncio.Task[None]) -> None:
+            self._tasks.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                log.error("broker task failed", exc_info=task.exception())
+
+        task.add_done_callback(done)
+
+    async def _request_unload(self, owner: BrokerInfo, namespace: str, bundle: BundleRange) -> None:
+        """The load manager sheds a bundle: its owner unloads it (through its admin API)."""
+        if owner.broker_id == self.info.broker_id:
+            await self.unload_bundle(namespace, bundle)
+            return
+        url = f"{owner.http_url}/admin/v2/namespaces/{namespace}/{bundle}/unload"
+        async with ClientSession(timeout=ClientTimeout(total=30)) as session:
+            async with session.put(url) as response:
+                if response.status >= 300:
+                    raise RuntimeError(
+                        f"unload of {namespace}/{bundle} at {owner.broker_id}: "
+                        f"HTTP {response.status}"
+                    )
+
+    # -- bundles -----------------------------------------------------------------------------
+
+    async def namespace_bundles(self, namespace: str) -> list[BundleRange]:
+        ranges = self._bundles.get(namespace)
+        if ranges is None:
+            assert self.store is not None
+            ranges = await load_or_create(
+                self.store, namespace, self.config.default_number_of_namespace_bundles
+            )
+            self._bundles[namespace] = ranges
+        return ranges
+
+    def forget_bundles(self, namespace: str) -> None:
+        """The namespace's bundles changed (split): read them again."""
+        self._bundles.pop(namespace, None)
+
+    async def bundle_of(self, name: TopicName) -> BundleRange:
+        return bundle_for(await self.namespace_bundles(name.namespace_name), str(name))
+
+    async def check_owner(self, name: TopicName) -> None:
+        """Raise TopicNotOwnedError unless this broker serves ``name`` now (taking the bundle
+        if the load manager gives it to this broker)."""
+        if self.ownership is None:
+            raise TopicNotOwnedError(f"broker {self.info.broker_id} is not in the cluster yet")
+        namespace = name.namespace_name
+        bundle = await self.bundle_of(name)
+        if (namespace, bundle) in self._unloading:
+            raise TopicNotOwnedError(f"bundle {namespace}/{bundle} is being unloaded")
+        if self.ownership.owns(namespace, bundle):
+            return
+        answer = await lookup(self, name)
+        if answer.kind is LookupKind.CONNECT and answer.broker.broker_id == self.info.broker_id:
+            return
+        raise TopicNotOwnedError(
+            f"topic {name} is served by {answer.broker.broker_id}, not {self.info.broker_id}"
+        )
+
+    async def unload_bundle(self, namespace: str, bundle: BundleRange) -> int:
+        """Unload a bundle: its topics' clients are told to reconnect, the topics close (cursors
+        persisted, ledgers closed), then the ownership key is released. Returns the topics."""
+        key = (namespace, bundle)
+        self._unloading.add(key)
+        try:
+            unloaded = 0
+            for topic in list(self.topics.values()):
+                if topic.name.namespace_name == namespace and bundle.contains(
+                    topic_hash(str(topic.name))
+                ):
+                    await self.unload_topic(topic)
+                    unloaded += 1
+            assert self.ownership is not None
+            await self.ownership.release(namespace, bundle)
+            log.info("bundle %s/%s unloaded (%d topics)", namespace, bundle, unloaded)
+            return unloaded
+        finally:
+            self._unloading.discard(key)
+
+    async def unload_topic(self, topic: PersistentTopic | NonPersistentTopic) -> None:
+        if self.topics.get(str(topic.name)) is topic:
+            del self.topics[str(topic.name)]
+        topic.disconnect_clients()
+        try:
+            await topic.close()
+        except Exception as e:
+            log.warning("topic %s did not close cleanly while unloading: %s", topic.name, e)
+
+    def topic_fenced(self, topic: PersistentTopic | NonPersistentTopic) -> None:
+        """Another broker took the topic's ledger (recovery fenced it): stop serving it here."""
+        if self.topics.get(str(topic.name)) is topic:
+            log.warning("topic %s: fenced by another broker; unloading it here", topic.name)
+            self._spawn(self.unload_topic(topic))
 
     async def get_topic(
         self, name: TopicName, *, auto: bool = False
@@ -287,6 +553,7 @@ class Broker:
         return 0
 
     async def _load(self, name: TopicName, auto: bool) -> PersistentTopic | NonPersistentTopic:
+        await self.check_owner(name)
         assert self.ledger_client is not None and self.store is not None
         policies = await self.namespace_policies(name.namespace_name)
         if auto and not policies.auto_topic_creation.allow and not await self.topic_exists(name):

@@ -24,13 +24,19 @@ from typing import TYPE_CHECKING, Any
 
 from magnetar.broker.consumer import Consumer
 from magnetar.broker.dispatchers.base import ConsumerBusyError
-from magnetar.broker.managed_ledger import EntryTooLargeForLedgerError
+from magnetar.broker.lookup import LookupKind, lookup
+from magnetar.broker.managed_ledger import EntryTooLargeForLedgerError, ManagedLedgerFencedError
 from magnetar.broker.message_id import EARLIEST, LATEST, to_wire
 from magnetar.broker.nonpersistent import NonPersistentSubscription, NonPersistentTopic
 from magnetar.broker.position import Position
 from magnetar.broker.producers import ProducerBusyError, ProducerFencedError
 from magnetar.broker.subscription import Subscription, SubscriptionTypeError
-from magnetar.broker.topic import NamespaceNotFoundError, PersistentTopic, TopicNotFoundError
+from magnetar.broker.topic import (
+    NamespaceNotFoundError,
+    PersistentTopic,
+    TopicNotFoundError,
+    TopicNotOwnedError,
+)
 from magnetar.broker.topic_name import InvalidTopicNameError, TopicName
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
@@ -325,8 +331,12 @@ class ServerConnection(asyncio.Protocol):
         self.send(reply(request_id=body.request_id, partitions=partitions, response=reply.Success))
 
     def _lookup(self, body: pb.CommandLookupTopic, frame: codec.Frame) -> None:
+        self._spawn(self._answer_lookup(body), body, pb.CommandLookupTopicResponse)
+
+    async def _answer_lookup(self, body: pb.CommandLookupTopic) -> None:
         reply = pb.CommandLookupTopicResponse
-        if self._topic_name(body.topic, body.request_id, reply) is None:
+        name = self._topic_name(body.topic, body.request_id, reply)
+        if name is None:
             return
         listener = body.advertised_listener_name
         if listener and listener not in self.broker.listener_names:
@@ -337,12 +347,21 @@ class ServerConnection(asyncio.Protocol):
                 reply,
             )
             return
+        try:
+            answer = await lookup(self.broker, name, body.authoritative)
+        except NamespaceNotFoundError as e:
+            self._error(body.request_id, pb.TopicNotFound, str(e), reply)
+            return
+        except Exception as e:  # no leader yet, the store failing: the client retries
+            log.warning("lookup of %s: %s", name, e)
+            self._error(body.request_id, pb.ServiceNotReady, f"lookup of {name}: {e}", reply)
+            return
         self.send(
             reply(
                 request_id=body.request_id,
-                response=reply.Connect,
-                brokerServiceUrl=self.broker.service_url,
-                authoritative=True,
+                response=reply.Connect if answer.kind is LookupKind.CONNECT else reply.Redirect,
+                brokerServiceUrl=answer.broker.service_url,
+                authoritative=answer.authoritative,
             )
         )
 
@@ -408,6 +427,9 @@ class ServerConnection(asyncio.Protocol):
             topic = await self.broker.get_topic(name, auto=True)
         except (NamespaceNotFoundError, TopicNotFoundError) as e:
             self._error(body.request_id, pb.TopicNotFound, str(e))
+            return
+        except TopicNotOwnedError as e:
+            self._error(body.request_id, pb.ServiceNotReady, str(e))
             return
         except Exception as e:  # any storage failure: the client gets the reason, not a timeout
             log.warning("topic %s cannot be loaded: %s", name, e)
@@ -492,6 +514,8 @@ class ServerConnection(asyncio.Protocol):
                 return
             error = done.exception()
             if error is not None:
+                if isinstance(error, ManagedLedgerFencedError):
+                    self.broker.topic_fenced(topic)
                 log.warning("topic %s: send failed: %s", topic.name, error)
                 self.broker.metrics.send_errors.labels(type(error).__name__).inc()
                 self._send_error(
@@ -567,6 +591,9 @@ class ServerConnection(asyncio.Protocol):
             return
         except (NamespaceNotFoundError, TopicNotFoundError) as e:
             self._error(body.request_id, pb.TopicNotFound, str(e))
+            return
+        except TopicNotOwnedError as e:
+            self._error(body.request_id, pb.ServiceNotReady, str(e))
             return
         except Exception as e:  # any storage failure: the client gets the reason, not a timeout
             log.warning("topic %s cannot be loaded: %s", name, e)

@@ -33,6 +33,11 @@ class TopicNotFoundError(Exception):
     """The topic does not exist and may not be created automatically."""
 
 
+class TopicNotOwnedError(Exception):
+    """This broker does not serve the topic now (another owns its bundle, or it is moving):
+    the client gets ServiceNotReady and looks the topic up again."""
+
+
 class DuplicateInFlightError(Exception):
     """Deduplication cannot tell yet whether a resent message is a duplicate: its first copy
     is still being stored (Pulsar's MessageDupUnknown). The client sends it again."""

@@ -1,0 +1,70 @@
+"""The one lookup path: which broker serves a topic, for the binary protocol's LOOKUP, the HTTP
+lookup and the check every PRODUCER / SUBSCRIBE makes.
+
+Pulsar's rules (TopicLookupBase / NamespaceService.findBrokerServiceUrl):
+
+* the topic's bundle is owned: answer **Connect** to the owner (this broker or another);
+* nobody owns it and this broker may decide (it is the load manager's leader, or the client was
+  sent here by the leader with ``authoritative``): the leader picks the least-loaded broker; if
+  that is this broker it takes the bundle's ownership key and answers Connect to itself,
+  otherwise it answers **Redirect** to the chosen broker with ``authoritative`` set, and that
+  broker takes the bundle when the client asks it;
+* nobody owns it and this broker may not decide: **Redirect** to the leader, not
+  authoritative.
+
+A lookup for a bundle whose owner has just gone (its session expired) finds no owner once the
+ownership key is gone, and the bundle is assigned again.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from magnetar.broker.bundles import BundleRange
+from magnetar.broker.ownership import BrokerInfo
+from magnetar.broker.topic_name import TopicName
+
+if TYPE_CHECKING:
+    from magnetar.broker.broker import Broker
+
+
+class LookupKind(enum.Enum):
+    CONNECT = "connect"
+    REDIRECT = "redirect"
+
+
+@dataclass(slots=True, frozen=True)
+class LookupAnswer:
+    kind: LookupKind
+    broker: BrokerInfo
+    authoritative: bool
+    namespace: str
+    bundle: BundleRange
+
+
+class NoLeaderError(Exception):
+    """Nobody owns the bundle and no load-manager leader is known yet: ask again shortly."""
+
+
+async def lookup(broker: Broker, name: TopicName, authoritative: bool = False) -> LookupAnswer:
+    namespace = name.namespace_name
+    bundle = await broker.bundle_of(name)
+    me = broker.info
+    owner = await broker.ownership.owner(namespace, bundle)
+    if owner is not None:
+        return LookupAnswer(LookupKind.CONNECT, owner, True, namespace, bundle)
+    manager = broker.load_manager
+    if authoritative or manager.is_leader:
+        target = me if authoritative else await manager.select(namespace, bundle)
+        if target.broker_id == me.broker_id:
+            winner = await broker.ownership.try_acquire(namespace, bundle)
+            return LookupAnswer(LookupKind.CONNECT, winner, True, namespace, bundle)
+        return LookupAnswer(LookupKind.REDIRECT, target, True, namespace, bundle)
+    leader = await manager.leader_info()
+    if leader is None:
+        raise NoLeaderError(f"bundle {namespace}/{bundle} has no owner and no leader is elected")
+    if leader.broker_id == me.broker_id:  # elected meanwhile
+        return await lookup(broker, name, authoritative)
+    return LookupAnswer(LookupKind.REDIRECT, leader, False, namespace, bundle)
