@@ -35,6 +35,7 @@ from aiohttp import web
 from prometheus_client import generate_latest
 
 from magnetar.broker import policies
+from magnetar.broker.admin_cluster import ClusterAdminError, add_cluster_routes
 from magnetar.broker.config import TopicSettings
 from magnetar.broker.keys import managed_ledger_key
 from magnetar.broker.policies import PartitionCountError, PolicyError, parse_document
@@ -43,6 +44,7 @@ from magnetar.broker.topic import (
     PersistentTopic,
     TopicBusyError,
     TopicNotFoundError,
+    TopicNotOwnedError,
 )
 from magnetar.broker.topic_name import PARTITION_SUFFIX, InvalidTopicNameError, TopicName
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError
@@ -127,7 +129,7 @@ async def _errors(
     """The one error path: every failure becomes Pulsar's status and ``{"reason": ...}``."""
     try:
         return await handler(request)
-    except AdminError as e:
+    except (AdminError, ClusterAdminError) as e:
         return _error(e.status, e.reason)
     except InvalidTopicNameError as e:
         return _error(412, f"Topic name is not valid: {e}")
@@ -135,6 +137,11 @@ async def _errors(
         return _error(404, f"Namespace does not exist: {e}")
     except TopicNotFoundError as e:
         return _error(404, str(e))
+    except TopicNotOwnedError as e:
+        # Pulsar: a topic's admin calls are answered by its owner; others redirect there.
+        if e.owner is None:
+            return _error(503, str(e))
+        raise web.HTTPTemporaryRedirect(f"{e.owner.http_url}{request.path_qs}") from None
     except web.HTTPException as e:
         if e.status < 400:
             raise
@@ -221,6 +228,7 @@ def _partition_count_body(value: Any, limit: int) -> int:
 def build_app(broker: Broker) -> web.Application:
     routes = web.RouteTableDef()
     base = "/admin/v2/{domain:persistent|non-persistent}/{tenant}/{namespace}"
+    add_cluster_routes(routes, broker)  # first: their paths are more specific than policies'
 
     @routes.get("/health")
     @routes.get("/admin/v2/brokers/health")

@@ -32,7 +32,15 @@ from magnetar.broker.admin import (
     partitioned_key,
     partitioned_topics,
 )
-from magnetar.broker.bundles import BundleRange, bundle_for, load_or_create, topic_hash
+from magnetar.broker.bundles import (
+    BUNDLES_ROOT,
+    BundleRange,
+    bundle_for,
+    load_or_create,
+    replace_with_split,
+    split,
+    topic_hash,
+)
 from magnetar.broker.config import BrokerConfig
 from magnetar.broker.connection import ServerConnection
 from magnetar.broker.deduplication import Deduplication
@@ -99,6 +107,7 @@ class Broker:
         #: Bundles being unloaded: their topics are not loaded again meanwhile.
         self._unloading: set[tuple[str, BundleRange]] = set()
         self._report_task: asyncio.Task[None] | None = None
+        self._bundles_watch: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_report: tuple[float, dict[str, tuple[int, int]]] = (time.monotonic(), {})
 
@@ -198,14 +207,30 @@ class Broker:
         await self.registry.start()
         await self.registry.register(self.load_report())
         self.load_manager = LoadManager(
-            self.store, self.registry, self.ownership, self.config, self._request_unload
+            self.store, self.registry, self.ownership, self.config, self.request_unload
         )
         self.load_manager.start()
         self._report_task = asyncio.get_running_loop().create_task(
             self._report_loop(), name="load-report"
         )
+        self._bundles_watch = asyncio.get_running_loop().create_task(
+            self._follow_bundles(self.store), name="bundles-watch"
+        )
+
+    async def _follow_bundles(self, store: MetadataStore) -> None:
+        """Forget a namespace's cached bundles as soon as they change (a split anywhere)."""
+        try:
+            async for event in store.watch(BUNDLES_ROOT + "/", prefix=True):
+                namespace = event.key[len(BUNDLES_ROOT) + 1 :]
+                self._bundles.pop(namespace, None)
+        except Exception as e:  # the session ended: rejoining starts a new watch
+            log.info("bundles watch ended: %s", e)
+            self._bundles.clear()
 
     async def _leave_cluster(self) -> None:
+        if self._bundles_watch is not None:
+            self._bundles_watch.cancel()
+            await asyncio.gather(self._bundles_watch, return_exceptions=True)
         if self._report_task is not None:
             self._report_task.cancel()
             await asyncio.gather(self._report_task, return_exceptions=True)
@@ -314,7 +339,7 @@ class Broker:
 
         task.add_done_callback(done)
 
-    async def _request_unload(self, owner: BrokerInfo, namespace: str, bundle: BundleRange) -> None:
+    async def request_unload(self, owner: BrokerInfo, namespace: str, bundle: BundleRange) -> None:
         """The load manager sheds a bundle: its owner unloads it (through its admin API)."""
         if owner.broker_id == self.info.broker_id:
             await self.unload_bundle(namespace, bundle)
@@ -362,7 +387,8 @@ class Broker:
         if answer.kind is LookupKind.CONNECT and answer.broker.broker_id == self.info.broker_id:
             return
         raise TopicNotOwnedError(
-            f"topic {name} is served by {answer.broker.broker_id}, not {self.info.broker_id}"
+            f"topic {name} is served by {answer.broker.broker_id}, not {self.info.broker_id}",
+            answer.broker,
         )
 
     async def unload_bundle(self, namespace: str, bundle: BundleRange) -> int:
@@ -384,6 +410,31 @@ class Broker:
             return unloaded
         finally:
             self._unloading.discard(key)
+
+    async def split_bundle(
+        self, namespace: str, bundle: BundleRange, algorithm: str, *, unload: bool
+    ) -> tuple[BundleRange, BundleRange]:
+        """Split a bundle in two (Pulsar's split algorithms). Owned here: both halves stay ours
+        in the same transaction as the split (then unloaded if asked); owned by nobody: only
+        the namespace's bundles change."""
+        assert self.store is not None and self.ownership is not None
+        hashes = [
+            topic_hash(name)
+            for name in await self.list_topics(namespace, ("persistent", "non-persistent"))
+            if bundle.contains(topic_hash(name))
+        ]
+        pair = split(bundle, algorithm=algorithm, topic_hashes=hashes)  # type: ignore[arg-type]
+        if self.ownership.owns(namespace, bundle):
+            await self.ownership.split(namespace, bundle, pair)
+        else:
+            await replace_with_split(self.store, namespace, bundle, pair)
+        self.forget_bundles(namespace)
+        log.info("bundle %s/%s split into %s and %s", namespace, bundle, *pair)
+        if unload:
+            for half in pair:
+                if self.ownership.owns(namespace, half):
+                    await self.unload_bundle(namespace, half)
+        return pair
 
     async def unload_topic(self, topic: PersistentTopic | NonPersistentTopic) -> None:
         if self.topics.get(str(topic.name)) is topic:

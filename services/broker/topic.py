@@ -14,6 +14,7 @@ from magnetar.broker.entry import entry_metadata, message_count
 from magnetar.broker.managed_ledger import ManagedLedger
 from magnetar.broker.message_id import LATEST, from_wire, to_wire
 from magnetar.broker.metrics import BrokerMetrics
+from magnetar.broker.ownership import BrokerInfo
 from magnetar.broker.policies import Policies
 from magnetar.broker.position import Position
 from magnetar.broker.producers import ProducerSet
@@ -35,7 +36,12 @@ class TopicNotFoundError(Exception):
 
 class TopicNotOwnedError(Exception):
     """This broker does not serve the topic now (another owns its bundle, or it is moving):
-    the client gets ServiceNotReady and looks the topic up again."""
+    the client gets ServiceNotReady and looks the topic up again; an admin call is redirected
+    (307) to ``owner`` (the owner, or the broker that decides) when it is known."""
+
+    def __init__(self, message: str, owner: BrokerInfo | None = None) -> None:
+        super().__init__(message)
+        self.owner = owner
 
 
 class DuplicateInFlightError(Exception):
@@ -62,16 +68,28 @@ class PersistentTopic:
         self.subscriptions: dict[str, Subscription] = {}
         self.producers = ProducerSet()
         self.loaded_at = time.monotonic()
+        #: Plain counters since the topic was loaded (metrics and load reports take rates from
+        #: their deltas): entries and bytes stored, messages stored (a batch counts each of its
+        #: messages), messages and bytes dispatched to consumers (redeliveries included).
         self.msg_in = 0
         self.bytes_in = 0
+        self.messages_in = 0
+        self.msg_out = 0
+        self.bytes_out = 0
         self.deduplication: Deduplication | None = None  # set by the broker when enabled
         self._subscribe_lock = asyncio.Lock()
 
     def publish(
-        self, stored: bytes, producer_name: str = "", sequence_id: int = -1, highest: int = -1
+        self,
+        stored: bytes,
+        producer_name: str = "",
+        sequence_id: int = -1,
+        highest: int = -1,
+        messages: int | None = None,
     ) -> asyncio.Future[Position | None]:
         """Append one entry (a producer's payload section); resolves once it is durable, to
-        None for a duplicate that deduplication dropped."""
+        None for a duplicate that deduplication dropped. ``messages``: the entry's messages when
+        the caller knows them (SEND's ``num_messages``); else they are read from its metadata."""
         dedup = self.deduplication
         if dedup is not None:
             status = dedup.check(producer_name, sequence_id, highest)
@@ -91,6 +109,7 @@ class PersistentTopic:
         future.add_done_callback(self._published)
         self.msg_in += 1
         self.bytes_in += len(stored)
+        self.messages_in += message_count(stored) if messages is None else messages
         if dedup is not None:
             last = max(sequence_id, highest)
             future.add_done_callback(lambda f: self._persisted(f, producer_name, last))
