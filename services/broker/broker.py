@@ -91,6 +91,7 @@ class Broker:
         self._loading: dict[str, asyncio.Task[PersistentTopic | NonPersistentTopic]] = {}
         self.connections: set[ServerConnection] = set()
         self.metrics = BrokerMetrics()
+        self.metrics.bind(self)  # Pulsar's families, computed from the topics when scraped
         #: Advertised listener names a client may ask for in a lookup (none are configured yet).
         self.listener_names: frozenset[str] = frozenset()
         self._server: asyncio.AbstractServer | None = None

@@ -193,6 +193,11 @@ class LoadManager:
         #: Placements whose ownership key may not be visible yet -> (broker id, until).
         self._pending: dict[tuple[str, BundleRange], tuple[str, float]] = {}
         self._last_round: float | None = None
+        #: This broker's decisions as leader, for metrics (Pulsar's pulsar_lb_*_total): bundles
+        #: unloaded by shedding, brokers shed from, bundles split.
+        self.bundles_unloaded = 0
+        self.brokers_unloaded = 0
+        self.bundles_split = 0
 
     @property
     def is_leader(self) -> bool:
@@ -265,6 +270,7 @@ class LoadManager:
                 owner = owners.get((namespace, bundle))
                 if owner is not None and await self._split_bundle(owner, namespace, bundle):
                     split_done.append((namespace, bundle))
+                    self.bundles_split += 1
         if split_done:
             return split_done, []  # loads change with the split: shed on the next round
         now = self._clock()
@@ -276,6 +282,7 @@ class LoadManager:
             self._config.load_balancer_broker_overloaded_threshold_percentage,
             self._moved.keys(),
         )
+        shed_from: set[str] = set()
         for item in shed:
             log.info(
                 "shedding bundle %s/%s from overloaded broker %s",
@@ -289,6 +296,9 @@ class LoadManager:
                 log.exception("unloading bundle %s/%s failed", item.namespace, item.bundle)
                 continue
             self._moved[(item.namespace, item.bundle)] = now
+            self.bundles_unloaded += 1
+            shed_from.add(item.from_broker)
+        self.brokers_unloaded += len(shed_from)
         return split_done, shed
 
     @staticmethod

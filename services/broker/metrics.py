@@ -1,9 +1,46 @@
 """Prometheus metrics of one broker, in a registry of its own (a standalone process holds a
-bookie's registry too)."""
+bookie's registry too).
+
+Two kinds live here. :class:`BrokerMetrics` holds the broker's own ``magnetar_broker_*``
+counters. Once bound to a broker (:meth:`BrokerMetrics.bind`), a :class:`PulsarCollector` in
+the same registry yields Pulsar's metric families at scrape time, computed from the plain
+counters the topics and subscriptions keep (``messages_in``, ``bytes_in``, ``msg_out``,
+``bytes_out``): nothing is added per message beyond those integer increments, and the rates are
+counter deltas between scrapes (:class:`CounterRates`).
+
+Names and labels follow Pulsar's reference (``exposeTopicLevelMetricsInPrometheus=true``, its
+default): topic families carry ``cluster``, ``namespace``, ``topic``; subscription families add
+``subscription``; ``pulsar_topics_count`` is per namespace; ``pulsar_broker_*`` per cluster;
+bundle families (``pulsar_bundle_*``) carry ``cluster``, ``broker``, ``bundle``; the load
+manager's decisions are ``pulsar_lb_*_total`` with Pulsar's ``metric`` label. With topic-level
+metrics off, the topic families are summed per namespace (labels ``cluster``, ``namespace``)
+and subscription families are left out, as Pulsar does. Ownership and leadership, which
+Pulsar has no family for, are ``magnetar_broker_owned_bundles`` and
+``magnetar_load_manager_leader``. See docs/operations.md, "Broker metrics".
+"""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence, Sized
+from typing import TYPE_CHECKING, Protocol, cast
+
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from magnetar.broker.bundles import BundleRange, topic_hash
+
+if TYPE_CHECKING:
+    from magnetar.broker.broker import Broker
+    from magnetar.broker.consumer import Consumer
+    from magnetar.broker.cursor import ManagedCursor
+    from magnetar.broker.managed_ledger import ManagedLedger
+    from magnetar.broker.topic_name import TopicName
+
+#: Rates are recomputed at most this often, so scrapes close together (two Prometheus servers,
+#: a person with curl) do not make them noisy: a scrape sooner gets the previous rates.
+MIN_RATE_WINDOW_S = 1.0
 
 
 class BrokerMetrics:
@@ -42,3 +79,387 @@ class BrokerMetrics:
         self.connections = Gauge(
             "magnetar_broker_connections", "Client connections open", registry=r
         )
+        self.collector: PulsarCollector | None = None
+
+    def bind(self, broker: Broker, *, topic_level: bool = True) -> PulsarCollector:
+        """Expose Pulsar's families for ``broker`` in this registry (once; later calls return
+        the collector already bound)."""
+        if self.collector is None:
+            self.collector = PulsarCollector(broker, topic_level=topic_level)
+            self.registry.register(self.collector)
+        return self.collector
+
+
+# -- rates from counters ----------------------------------------------------------------------
+
+
+class CounterRates:
+    """Per-second rates of counters that only grow, from their deltas between scrapes.
+
+    Keyed by the counting object itself (a topic or subscription): one unloaded and loaded
+    again is a new object whose counters start at 0, so no delta ever spans two lives. The
+    first time an object is seen its rate is the average since ``since`` (when it was loaded).
+    Rates are recomputed once at least ``min_window_s`` passed since the last computation.
+    """
+
+    def __init__(
+        self, min_window_s: float = MIN_RATE_WINDOW_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._min_window_s = min_window_s
+        self._clock = clock
+        #: key -> (when, counters then, rates computed then)
+        self._last: dict[Hashable, tuple[float, tuple[int, ...], tuple[float, ...]]] = {}
+        self._seen: set[Hashable] = set()
+
+    def rates(self, key: Hashable, counters: tuple[int, ...], since: float) -> tuple[float, ...]:
+        now = self._clock()
+        self._seen.add(key)
+        last = self._last.get(key)
+        if last is not None and now - last[0] < self._min_window_s:
+            return last[2]
+        then, before = (since, (0,) * len(counters)) if last is None else last[:2]
+        elapsed = max(now - then, 1e-3)
+        rates = tuple(max(c - b, 0) / elapsed for c, b in zip(counters, before, strict=True))
+        self._last[key] = (now, counters, rates)
+        return rates
+
+    def forget_unseen(self) -> None:
+        """Drop what was not asked about since the previous call (unloaded topics, removed
+        subscriptions), so their objects are not kept alive here."""
+        for key in self._last.keys() - self._seen:
+            del self._last[key]
+        self._seen.clear()
+
+
+# -- what the collector reads -----------------------------------------------------------------
+
+
+class CountedSubscription(Protocol):
+    """What a subscription (persistent or not) exposes to metrics."""
+
+    name: str
+    msg_out: int
+    bytes_out: int
+
+    @property
+    def consumers(self) -> Sequence[Consumer]: ...
+
+
+class StoredSubscription(CountedSubscription, Protocol):
+    """A persistent topic's subscription: it has a cursor (and so a backlog)."""
+
+    cursor: ManagedCursor
+
+
+class CountedTopic(Protocol):
+    """What a topic (persistent or not) exposes to metrics."""
+
+    name: TopicName
+    loaded_at: float
+    msg_in: int
+    bytes_in: int
+    messages_in: int
+    msg_out: int
+    bytes_out: int
+
+    @property
+    def producers(self) -> Sized: ...
+
+    @property
+    def subscriptions(self) -> Mapping[str, CountedSubscription]: ...
+
+
+class StoredTopic(CountedTopic, Protocol):
+    """A persistent topic (``name.persistent``): its managed ledger, cursored subscriptions."""
+
+    ml: ManagedLedger
+
+    @property
+    def subscriptions(self) -> Mapping[str, StoredSubscription]: ...
+
+
+# -- the collector ----------------------------------------------------------------------------
+
+#: Topic families: (name, help, is_counter). Values per topic in this order (see _topic_values).
+TOPIC_FAMILIES: tuple[tuple[str, str, bool], ...] = (
+    ("pulsar_subscriptions_count", "Subscriptions of the topic on this broker", False),
+    ("pulsar_producers_count", "Producers of the topic connected to this broker", False),
+    ("pulsar_consumers_count", "Consumers of the topic connected to this broker", False),
+    ("pulsar_rate_in", "Messages per second coming into the topic", False),
+    ("pulsar_rate_out", "Messages per second dispatched from the topic", False),
+    ("pulsar_throughput_in", "Bytes per second coming into the topic", False),
+    ("pulsar_throughput_out", "Bytes per second dispatched from the topic", False),
+    ("pulsar_storage_size", "Bytes of the topic's ledgers (one copy)", False),
+    (
+        "pulsar_msg_backlog",
+        "Backlog of the topic: the sum of its subscriptions' backlogs (entries)",
+        False,
+    ),
+    ("pulsar_storage_write_rate", "Entries per second written to storage", False),
+    ("pulsar_in_bytes", "Bytes received for the topic since it was loaded", True),
+    ("pulsar_in_messages", "Messages received for the topic since it was loaded", True),
+    ("pulsar_out_bytes", "Bytes dispatched from the topic since it was loaded", True),
+    ("pulsar_out_messages", "Messages dispatched from the topic since it was loaded", True),
+)
+
+#: Broker-wide sums (label ``cluster``): Pulsar's pulsar_broker_* of the topic families above.
+BROKER_FAMILIES: tuple[tuple[str, int], ...] = (
+    ("pulsar_broker_subscriptions_count", 0),
+    ("pulsar_broker_producers_count", 1),
+    ("pulsar_broker_consumers_count", 2),
+    ("pulsar_broker_rate_in", 3),
+    ("pulsar_broker_rate_out", 4),
+    ("pulsar_broker_throughput_in", 5),
+    ("pulsar_broker_throughput_out", 6),
+    ("pulsar_broker_storage_size", 7),
+    ("pulsar_broker_msg_backlog", 8),
+)
+
+SUBSCRIPTION_FAMILIES: tuple[tuple[str, str], ...] = (
+    ("pulsar_subscription_back_log", "Backlog of the subscription (entries)"),
+    ("pulsar_subscription_unacked_messages", "Messages dispatched and not yet acknowledged"),
+    ("pulsar_subscription_msg_rate_out", "Messages per second dispatched to the subscription"),
+    ("pulsar_subscription_msg_throughput_out", "Bytes per second dispatched to it"),
+    ("pulsar_subscription_consumers_count", "Consumers of the subscription"),
+)
+
+BUNDLE_FAMILIES: tuple[tuple[str, str], ...] = (
+    ("pulsar_bundle_msg_rate_in", "Messages per second into the bundle's topics"),
+    ("pulsar_bundle_msg_rate_out", "Messages per second out of the bundle's topics"),
+    ("pulsar_bundle_msg_throughput_in", "Bytes per second into the bundle's topics"),
+    ("pulsar_bundle_msg_throughput_out", "Bytes per second out of the bundle's topics"),
+    ("pulsar_bundle_topics_count", "Topics of the bundle loaded on this broker"),
+    ("pulsar_bundle_producer_count", "Producers of the bundle's topics"),
+    ("pulsar_bundle_consumer_count", "Consumers of the bundle's topics"),
+)
+
+
+class PulsarCollector(Collector):
+    """Pulsar's families for one broker, computed when scraped (see the module docstring)."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        *,
+        topic_level: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._broker = broker
+        self.topic_level = topic_level
+        self._rates = CounterRates(clock=clock)
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # families depend on what is loaded; describing them would mean scraping
+
+    def collect(self) -> Iterator[Metric]:
+        broker = self._broker
+        cluster = broker.config.cluster_name
+        topics: list[CountedTopic] = list(broker.topics.values())
+        values = {id(t): self._topic_values(t) for t in topics}
+        yield from self._topic_families(cluster, topics, values)
+        yield from self._broker_families(cluster, topics, values)
+        if self.topic_level:
+            yield from self._subscription_families(cluster, topics)
+        yield from self._bundle_families(cluster, topics, values)
+        yield from self._load_manager_families(cluster)
+        self._rates.forget_unseen()
+
+    # -- topics --------------------------------------------------------------------------------
+
+    def _topic_values(self, topic: CountedTopic) -> list[float]:
+        rate_in, throughput_in, rate_out, throughput_out, write_rate = self._rates.rates(
+            topic,
+            (topic.messages_in, topic.bytes_in, topic.msg_out, topic.bytes_out, topic.msg_in),
+            topic.loaded_at,
+        )
+        subscriptions = list(topic.subscriptions.values())
+        stored = cast(StoredTopic, topic) if topic.name.persistent else None
+        return [
+            len(subscriptions),
+            len(topic.producers),
+            sum(len(s.consumers) for s in subscriptions),
+            rate_in,
+            rate_out,
+            throughput_in,
+            throughput_out,
+            stored.ml.total_size if stored is not None else 0,
+            _backlog(stored),
+            write_rate,
+            topic.bytes_in,
+            topic.messages_in,
+            topic.bytes_out,
+            topic.msg_out,
+        ]
+
+    def _topic_families(
+        self, cluster: str, topics: list[CountedTopic], values: dict[int, list[float]]
+    ) -> Iterator[Metric]:
+        per_namespace: dict[str, list[float]] = {}
+        topics_count: dict[str, int] = {}
+        for topic in topics:
+            namespace = topic.name.namespace_name
+            topics_count[namespace] = topics_count.get(namespace, 0) + 1
+            sums = per_namespace.setdefault(namespace, [0.0] * len(TOPIC_FAMILIES))
+            for i, v in enumerate(values[id(topic)]):
+                sums[i] += v
+        count = GaugeMetricFamily(
+            "pulsar_topics_count", "Topics of the namespace on this broker", labels=_NS_LABELS
+        )
+        for namespace, n in sorted(topics_count.items()):
+            count.add_metric([cluster, namespace], n)
+        yield count
+        labels = _TOPIC_LABELS if self.topic_level else _NS_LABELS
+        for i, (name, documentation, is_counter) in enumerate(TOPIC_FAMILIES):
+            family = _family(name, documentation, is_counter, labels)
+            if self.topic_level:
+                for topic in topics:
+                    family.add_metric(
+                        [cluster, topic.name.namespace_name, str(topic.name)], values[id(topic)][i]
+                    )
+            else:
+                for namespace, sums in sorted(per_namespace.items()):
+                    family.add_metric([cluster, namespace], sums[i])
+            yield family
+
+    def _broker_families(
+        self, cluster: str, topics: list[CountedTopic], values: dict[int, list[float]]
+    ) -> Iterator[Metric]:
+        topics_count = GaugeMetricFamily(
+            "pulsar_broker_topics_count", "Topics loaded on this broker", labels=["cluster"]
+        )
+        topics_count.add_metric([cluster], len(topics))
+        yield topics_count
+        for name, index in BROKER_FAMILIES:
+            family = GaugeMetricFamily(
+                name, f"This broker's sum of {TOPIC_FAMILIES[index][0]}", labels=["cluster"]
+            )
+            family.add_metric([cluster], sum(values[id(t)][index] for t in topics))
+            yield family
+
+    # -- subscriptions -------------------------------------------------------------------------
+
+    def _subscription_families(self, cluster: str, topics: list[CountedTopic]) -> Iterator[Metric]:
+        families = [
+            GaugeMetricFamily(name, documentation, labels=_SUBSCRIPTION_LABELS)
+            for name, documentation in SUBSCRIPTION_FAMILIES
+        ]
+        back_log, unacked, rate_out, throughput_out, consumers = families
+        for topic in topics:
+            labels_of_topic = [cluster, topic.name.namespace_name, str(topic.name)]
+            for subscription in topic.subscriptions.values():
+                labels = [*labels_of_topic, subscription.name]
+                rate, throughput = self._rates.rates(
+                    subscription, (subscription.msg_out, subscription.bytes_out), topic.loaded_at
+                )
+                if topic.name.persistent:
+                    back_log.add_metric(
+                        labels, cast(StoredSubscription, subscription).cursor.backlog
+                    )
+                    unacked.add_metric(labels, sum(c.unacked for c in subscription.consumers))
+                rate_out.add_metric(labels, rate)
+                throughput_out.add_metric(labels, throughput)
+                consumers.add_metric(labels, len(subscription.consumers))
+        yield from families
+
+    # -- bundles and the load manager ------------------------------------------------------------
+
+    def _bundle_families(
+        self, cluster: str, topics: list[CountedTopic], values: dict[int, list[float]]
+    ) -> Iterator[Metric]:
+        broker = self._broker
+        me = broker.info.broker_id
+        owned = sorted(broker.ownership.owned()) if broker.ownership is not None else []
+        owned_gauge = GaugeMetricFamily(
+            "magnetar_broker_owned_bundles",
+            "Namespace bundles this broker owns (holds the ownership key of)",
+            labels=["cluster", "broker"],
+        )
+        owned_gauge.add_metric([cluster, me], len(owned))
+        yield owned_gauge
+        # rate in, rate out, throughput in, throughput out, topics, producers, consumers
+        per_bundle: dict[tuple[str, BundleRange], list[float]] = {b: [0.0] * 7 for b in owned}
+        by_namespace: dict[str, list[BundleRange]] = {}
+        for namespace, bundle in owned:
+            by_namespace.setdefault(namespace, []).append(bundle)
+        for topic in topics:
+            ranges = by_namespace.get(topic.name.namespace_name, ())
+            h = topic_hash(str(topic.name))
+            bundle = next((b for b in ranges if b.contains(h)), None)
+            if bundle is None:
+                continue
+            v = values[id(topic)]
+            sums = per_bundle[(topic.name.namespace_name, bundle)]
+            for i, x in enumerate((v[3], v[4], v[5], v[6], 1, v[1], v[2])):
+                sums[i] += x
+        families = [
+            GaugeMetricFamily(name, documentation, labels=["cluster", "broker", "bundle"])
+            for name, documentation in BUNDLE_FAMILIES
+        ]
+        for (namespace, bundle), sums in per_bundle.items():
+            for family, x in zip(families, sums, strict=True):
+                family.add_metric([cluster, me, f"{namespace}/{bundle}"], x)
+        yield from families
+
+    def _load_manager_families(self, cluster: str) -> Iterator[Metric]:
+        broker = self._broker
+        manager = broker.load_manager
+        leader = GaugeMetricFamily(
+            "magnetar_load_manager_leader",
+            "1 while this broker is the elected load manager leader, else 0",
+            labels=["cluster", "broker"],
+        )
+        leader.add_metric(
+            [cluster, broker.info.broker_id],
+            1 if manager is not None and manager.is_leader else 0,
+        )
+        yield leader
+        unloading = ["cluster", "metric"]
+        counts = (
+            (manager.bundles_unloaded, manager.brokers_unloaded, manager.bundles_split)
+            if manager is not None
+            else (0, 0, 0)
+        )
+        for name, documentation, metric, value in (
+            (
+                "pulsar_lb_unload_bundle",
+                "Bundles this broker unloaded by shedding while leader",
+                "bundleUnloading",
+                counts[0],
+            ),
+            (
+                "pulsar_lb_unload_broker",
+                "Brokers this broker shed bundles from, per shedding round, while leader",
+                "bundleUnloading",
+                counts[1],
+            ),
+            (
+                "pulsar_lb_bundles_split",
+                "Bundles this broker split while leader",
+                "bundlesSplit",
+                counts[2],
+            ),
+        ):
+            family = CounterMetricFamily(name, documentation, labels=unloading)
+            family.add_metric([cluster, metric], value)
+            yield family
+
+
+_NS_LABELS = ["cluster", "namespace"]
+_TOPIC_LABELS = ["cluster", "namespace", "topic"]
+_SUBSCRIPTION_LABELS = ["cluster", "namespace", "topic", "subscription"]
+
+
+def _family(
+    name: str, documentation: str, is_counter: bool, labels: list[str]
+) -> GaugeMetricFamily | CounterMetricFamily:
+    if is_counter:
+        return CounterMetricFamily(name, documentation, labels=labels)
+    return GaugeMetricFamily(name, documentation, labels=labels)
+
+
+def _backlog(topic: StoredTopic | None) -> int:
+    """A topic's backlog as Pulsar sums it: over all its subscriptions (0 when nothing is
+    stored)."""
+    if topic is None:
+        return 0
+    return sum(s.cursor.backlog for s in topic.subscriptions.values())

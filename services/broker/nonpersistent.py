@@ -42,6 +42,9 @@ class NonPersistentSubscription:
         self.sub_type = sub_type
         self.dispatcher: LiveDispatcher = for_live_mode(sub_type, topic.name, name)
         self.dropped = 0
+        #: Messages and bytes sent to consumers, for metrics.
+        self.msg_out = 0
+        self.bytes_out = 0
 
     def __str__(self) -> str:
         return f"{self.topic.name}/{self.name}"
@@ -73,6 +76,10 @@ class NonPersistentSubscription:
             return
         consumer.send(position, stored, count)
         consumer.clear_pending()  # nothing to acknowledge on a non-persistent topic
+        self.msg_out += count
+        self.bytes_out += len(stored)
+        self.topic.msg_out += count
+        self.topic.bytes_out += len(stored)
 
     def flow(self, consumer: Consumer, permits: int) -> None:
         consumer.permits += permits
@@ -100,8 +107,12 @@ class NonPersistentTopic:
         self.producers = ProducerSet()
         self.deduplication = None  # not for a topic that stores nothing
         self.loaded_at = time.monotonic()
+        #: Counters as PersistentTopic's (entries, bytes, messages in; messages, bytes out).
         self.msg_in = 0
         self.bytes_in = 0
+        self.messages_in = 0
+        self.msg_out = 0
+        self.bytes_out = 0
         self._entry_ids = itertools.count()
 
     def publish(
@@ -112,6 +123,7 @@ class NonPersistentTopic:
         count = message_count(metadata)
         self.msg_in += 1
         self.bytes_in += len(stored)
+        self.messages_in += count
         for subscription in list(self.subscriptions.values()):
             subscription.deliver(position, stored, metadata, count)
         done: asyncio.Future[Position | None] = asyncio.get_running_loop().create_future()

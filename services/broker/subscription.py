@@ -48,6 +48,9 @@ class Subscription:
         #: from the official client carry no batch size).
         self.batch_sizes: dict[Position, int] = {}
         self.durable = True  # False for a reader's subscription
+        #: Messages and bytes dispatched (redeliveries included), for metrics.
+        self.msg_out = 0
+        self.bytes_out = 0
         self.dispatcher = dispatchers.for_mode(sub_type, self)
 
     def __str__(self) -> str:

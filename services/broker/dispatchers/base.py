@@ -157,6 +157,10 @@ class Dispatcher(abc.ABC):
             self.subscription.batch_sizes[position] = count
         sub = self.subscription
         sub.messages_per_entry += (count - sub.messages_per_entry) * 0.1
+        sub.msg_out += count
+        sub.bytes_out += len(stored)
+        sub.topic.msg_out += count
+        sub.topic.bytes_out += len(stored)
         consumer.send(
             position,
             stored,
