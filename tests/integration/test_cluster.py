@@ -1,0 +1,192 @@
+"""The cluster as a user meets it: three ``magnetar broker`` processes, three bookie processes and
+one etcd, the official Pulsar client given only one broker's URL.
+
+- every broker registers and exactly one is the load manager's leader;
+- 32 topics in four namespaces each round-trip through the one URL (lookups redirect to the
+  owners) and their bundles are spread over all three brokers;
+- a producer and a consumer keep working, without a single error seen by the application,
+  while their bundle is unloaded again and again by the admin API; the pause is printed.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Iterator
+
+import pulsar
+import pytest
+
+from magnetar.broker.bundles import BundleRange, topic_hash
+from tests.support.cluster import (
+    BrokerProcess,
+    ConsumerThread,
+    MagnetarCluster,
+    PacedProducer,
+    assert_no_traceback,
+    cluster_fixture,
+    wait_delivered,
+)
+from tests.support.standalone import QUIET
+
+TENANT = "cluster-it"
+NAMESPACES = [f"{TENANT}/ns{i}" for i in range(4)]
+TOPICS_PER_NAMESPACE = 8
+MESSAGES_PER_TOPIC = 20
+UNLOADS = 6
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MagnetarCluster]:
+    yield from cluster_fixture(tmp_path_factory.mktemp("cluster"), bookies=3, brokers=3)
+
+
+@pytest.fixture(scope="module")
+def entry(cluster: MagnetarCluster) -> BrokerProcess:
+    """The one broker the clients are given: not the leader, so lookups of unowned bundles
+    must be redirected to the leader and on to the chosen broker."""
+    leader = cluster.leader()
+    return next(b for b in cluster.brokers if b.broker_id != leader)
+
+
+def client_for(broker: BrokerProcess) -> pulsar.Client:
+    return pulsar.Client(broker.url, operation_timeout_seconds=30, logger=QUIET)
+
+
+def test_every_broker_registers_and_exactly_one_leads(cluster: MagnetarCluster) -> None:
+    ids = {b.broker_id for b in cluster.brokers}
+    registered = cluster.registered()
+    assert set(registered) == ids, registered
+    for broker_id, document in registered.items():
+        assert document["info"]["serviceUrl"] == cluster.broker(broker_id).url, document
+
+    leader = cluster.leader()
+    assert leader in ids, f"leader {leader!r} is not one of the brokers {ids}"
+    # Every broker, asked through the admin API, names the same brokers and the same leader.
+    for broker in cluster.brokers:
+        status, raw = broker.http("GET", "/admin/v2/brokers/standalone")
+        assert status == 200, (broker.broker_id, status, raw)
+        assert sorted(ids) == sorted(json.loads(raw)), raw
+        status, raw = broker.http("GET", "/admin/v2/brokers/leaderBroker")
+        assert status == 200, (broker.broker_id, status, raw)
+        assert json.loads(raw)["brokerId"] == leader, raw
+    print(f"brokers {sorted(ids)}; leader {leader}")
+
+
+def test_topics_round_trip_through_one_broker_url_and_bundles_spread(
+    cluster: MagnetarCluster, entry: BrokerProcess
+) -> None:
+    for namespace in NAMESPACES:
+        cluster.create_namespace(*namespace.split("/"))
+    topics = [
+        f"persistent://{namespace}/topic-{i}"
+        for namespace in NAMESPACES
+        for i in range(TOPICS_PER_NAMESPACE)
+    ]
+    client = client_for(entry)
+    started = time.monotonic()
+    try:
+        consumers = {t: client.subscribe(t, "round-trip") for t in topics}
+        producers = {t: client.create_producer(t, batching_enabled=False) for t in topics}
+        for topic, producer in producers.items():
+            for n in range(MESSAGES_PER_TOPIC):
+                producer.send(f"{topic}#{n}".encode())
+        for topic, consumer in consumers.items():
+            got = []
+            for _ in range(MESSAGES_PER_TOPIC):
+                message = consumer.receive(timeout_millis=10_000)
+                got.append(message.data().decode())
+                consumer.acknowledge(message)
+            assert got == [f"{topic}#{n}" for n in range(MESSAGES_PER_TOPIC)], (topic, got)
+        print(
+            f"{len(topics)} topics x {MESSAGES_PER_TOPIC} messages round-tripped through "
+            f"{entry.broker_id} in {time.monotonic() - started:.1f}s"
+        )
+        for p in producers.values():
+            p.close()
+        for c in consumers.values():
+            c.close()
+    finally:
+        client.close()
+
+    ownership = cluster.ownership()
+    ids = {b.broker_id for b in cluster.brokers}
+    owners_of_topics = {t: cluster.owner_of_topic(t) for t in topics}
+    assert all(o in ids for o in owners_of_topics.values()), owners_of_topics
+    ours = {k: v for k, v in ownership.items() if k[0] in NAMESPACES}
+    per_broker = {b: sorted(f"{ns}/{r}" for (ns, r), o in ours.items() if o == b) for b in ids}
+    print("bundles per broker:", {b: len(v) for b, v in per_broker.items()})
+    assert len(set(ours.values())) == 3, f"bundles not spread over all three brokers: {per_broker}"
+
+    # The admin API tells the same: each namespace has its four bundles, and the HTTP lookup
+    # on the entry broker answers each topic's owner.
+    for namespace in NAMESPACES:
+        bundles = cluster.admin_json("GET", f"/admin/v2/namespaces/{namespace}/bundles")
+        assert bundles["numBundles"] == 4, bundles
+    for topic in topics[:: TOPICS_PER_NAMESPACE // 2]:
+        answer = cluster.http_lookup(topic, entry)
+        owner = cluster.broker(owners_of_topics[topic])
+        assert answer["brokerUrl"] == owner.url, (topic, answer, owner.broker_id)
+        assert answer["httpUrl"] == owner.http_url, (topic, answer)
+    for broker in cluster.brokers:
+        assert_no_traceback(broker)
+
+
+def test_producer_and_consumer_work_across_bundle_unloads(
+    cluster: MagnetarCluster, entry: BrokerProcess
+) -> None:
+    namespace = f"{TENANT}/unload"
+    cluster.create_namespace(*namespace.split("/"))
+    topic = f"persistent://{namespace}/steady"
+    client = client_for(entry)
+    consumer = ConsumerThread(client, topic, "steady", pulsar.ConsumerType.Exclusive).start()
+    producer = PacedProducer(client, topic, interval=0.01).start()
+    pauses = []
+    moves = []
+    try:
+        producer.wait_for(50)
+        for _ in range(UNLOADS):
+            owner = cluster.owner_of_topic(topic)
+            assert owner is not None
+            bundle = _bundle_of(cluster, namespace, topic)
+            before = len(producer.receipted)
+            unloaded_at = time.monotonic()
+            cluster.unload_bundle(namespace, bundle)
+            producer.wait_for(20)
+            first = min(t for t in producer.receipted.values() if t > unloaded_at)
+            pauses.append(first - unloaded_at)
+            moves.append((owner, cluster.owner_of_topic(topic)))
+            assert len(producer.receipted) > before
+        producer.stop()
+        missing = wait_delivered([consumer], set(producer.receipted))
+    finally:
+        consumer.close()
+        producer.close()
+        client.close()
+
+    print(
+        f"{UNLOADS} unloads: pause (unload -> next receipt) p50 "
+        f"{statistics.median(pauses) * 1000:.0f} ms, max {max(pauses) * 1000:.0f} ms; "
+        f"moves {moves}; {len(producer.receipted)} messages"
+    )
+    assert producer.errors == [], producer.errors[:10]
+    assert producer.raised == [], producer.raised[:10]
+    assert consumer.errors == [], consumer.errors[:10]
+    assert len(producer.receipted) == len(producer.sent)
+    assert not missing, f"{len(missing)} receipted messages never delivered: {sorted(missing)[:10]}"
+    # Exclusive subscription: in order, each message at least once.
+    payloads = [d.payload for d in consumer.deliveries]
+    first_seen = list(dict.fromkeys(payloads))
+    assert first_seen == sorted(first_seen), "delivery order broken across unloads"
+    for broker in cluster.brokers:
+        assert_no_traceback(broker)
+
+
+def _bundle_of(cluster: MagnetarCluster, namespace: str, topic: str) -> str:
+    """The bundle (range text) of ``namespace`` holding ``topic`` that has an owner now."""
+    h = topic_hash(topic)
+    for ns, bundle in cluster.ownership():
+        if ns == namespace and BundleRange.parse(bundle).contains(h):
+            return bundle
+    raise AssertionError(f"no owned bundle of {namespace} holds {topic}")
