@@ -131,6 +131,8 @@ class EtcdMetadataStore(MetadataStore):
         self._listeners: list[Callable[[], None]] = []
         self._lost = False
         self._closed = False
+        # The lease was granted just before this store was built: valid for a TTL from then.
+        self._valid_until = time.monotonic() + session_ttl
         self._keepalive_task = asyncio.create_task(
             self._keepalive(), name=f"etcd-lease-keepalive-{lease_id:x}"
         )
@@ -327,6 +329,10 @@ class EtcdMetadataStore(MetadataStore):
     def session_lost(self) -> bool:
         return self._lost or self._closed
 
+    @property
+    def session_valid_until(self) -> float:
+        return -1.0 if self._lost or self._closed else self._valid_until
+
     def election(self, name: str) -> LeaderElection:
         return StoreLeaderElection(self, name)
 
@@ -454,6 +460,7 @@ class EtcdMetadataStore(MetadataStore):
             await asyncio.sleep(_KEEPALIVE_RETRY_SECONDS if failing else self._ttl / 3)
             if self._closed:
                 return
+            sent = time.monotonic()
             try:
                 reply = await self._call(
                     "lease keepalive",
@@ -491,6 +498,8 @@ class EtcdMetadataStore(MetadataStore):
                 log.info("etcd lease %x keepalive works again", self._lease_id)
             failing = False
             last_ok = time.monotonic()
+            # etcd renews the lease when the keepalive arrives, which is after it was sent.
+            self._valid_until = sent + reply.TTL
 
     def _keepalive_ended(self, task: asyncio.Task[None]) -> None:
         # Without keepalives the lease runs out silently: a keepalive loop that died of a bug

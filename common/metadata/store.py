@@ -207,6 +207,14 @@ class MetadataStore(abc.ABC):
     @abc.abstractmethod
     def session_lost(self) -> bool: ...
 
+    @property
+    def session_valid_until(self) -> float:
+        """``time.monotonic()`` before which the session surely still holds its ephemeral keys
+        (the last keepalive's send time plus the TTL). Past it, another process may already own
+        what this session held, even before ``session_lost`` says so. Sessions that cannot
+        expire while the process runs (the local store) never end."""
+        return float("inf")
+
     @abc.abstractmethod
     def election(self, name: str) -> LeaderElection: ...
 

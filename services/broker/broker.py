@@ -73,6 +73,11 @@ from magnetar.common.net import AddressInUseError, listen_error
 
 log = logging.getLogger(__name__)
 
+#: A broker stops serving this long before its metadata session could expire.
+SESSION_SAFETY_MARGIN_S = 1.0
+#: How often the broker checks that its session is still surely alive.
+SESSION_CHECK_INTERVAL_S = 0.25
+
 
 class Broker:
     def __init__(
@@ -109,6 +114,7 @@ class Broker:
         self._unloading: set[tuple[str, BundleRange]] = set()
         self._report_task: asyncio.Task[None] | None = None
         self._bundles_watch: asyncio.Task[None] | None = None
+        self._session_watch: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_report: tuple[float, dict[str, tuple[int, int]]] = (time.monotonic(), {})
 
@@ -217,6 +223,9 @@ class Broker:
         self._bundles_watch = asyncio.get_running_loop().create_task(
             self._follow_bundles(self.store), name="bundles-watch"
         )
+        self._session_watch = asyncio.get_running_loop().create_task(
+            self._watch_session(), name="session-watch"
+        )
 
     async def _follow_bundles(self, store: MetadataStore) -> None:
         """Forget a namespace's cached bundles as soon as they change (a split anywhere)."""
@@ -229,6 +238,10 @@ class Broker:
             self._bundles.clear()
 
     async def _leave_cluster(self) -> None:
+        for task in (self._session_watch,):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self._bundles_watch is not None:
             self._bundles_watch.cancel()
             await asyncio.gather(self._bundles_watch, return_exceptions=True)
@@ -247,7 +260,7 @@ class Broker:
         now = time.monotonic()
         elapsed = max(now - self._last_report[0], 1e-3)
         previous = self._last_report[1]
-        counters = {key: (t.msg_in, t.bytes_in) for key, t in self.topics.items()}
+        counters = {key: (t.messages_in, t.bytes_in) for key, t in self.topics.items()}
         self._last_report = (now, counters)
 
         def delta(key: str, index: int) -> float:
@@ -292,21 +305,49 @@ class Broker:
             except Exception as e:
                 log.warning("load report not written: %s", e)
 
-    def _session_lost(self) -> None:
-        """The metadata session is gone: another broker may own our bundles any moment. Stop
-        serving at once, then join again under a new session."""
-        log.error("metadata session lost: unloading every topic and joining the cluster again")
-        for topic in list(self.topics.values()):
-            topic.disconnect_clients()
-        self._spawn(self._rejoin())
+    def may_serve(self) -> bool:
+        """Whether this broker's session surely still holds its ownership keys: until the last
+        keepalive's deadline, less a margin. After a pause (SIGSTOP, a frozen VM) this turns
+        false before the metadata client has even noticed, so nothing is served meanwhile."""
+        store = self.store
+        return (
+            store is not None
+            and time.monotonic() < store.session_valid_until - SESSION_SAFETY_MARGIN_S
+        )
 
-    async def _rejoin(self) -> None:
-        for topic in list(self.topics.values()):
-            self.topics.pop(str(topic.name), None)
+    def _stop_serving(self, reason: str) -> None:
+        """Another broker may own our bundles any moment: every client is told to go, every
+        topic closes; ownership keys are not touched (they are, or are about to be, gone)."""
+        if not self.topics:
+            return
+        log.error("%s: stopping to serve every topic at once", reason)
+        topics = list(self.topics.values())
+        self.topics.clear()
+        for topic in topics:
+            topic.disconnect_clients()
+        self._spawn(self._close_topics(topics))
+
+    async def _close_topics(self, topics: list[PersistentTopic | NonPersistentTopic]) -> None:
+        for topic in topics:
             try:
                 await topic.close()
             except Exception as e:
-                log.warning("topic %s closed after session loss: %s", topic.name, e)
+                log.warning("topic %s closed after losing the session: %s", topic.name, e)
+
+    async def _watch_session(self) -> None:
+        while True:
+            await asyncio.sleep(SESSION_CHECK_INTERVAL_S)
+            if not self.may_serve():
+                self._stop_serving("the metadata session may have expired (no keepalive in time)")
+
+    def _session_lost(self) -> None:
+        """The metadata session is gone: stop serving at once, then join again under a new
+        session."""
+        self._stop_serving("metadata session lost")
+        log.error("metadata session lost: joining the cluster again")
+        self._spawn(self._rejoin())
+
+    async def _rejoin(self) -> None:
         await self._leave_cluster()
         if not self._owns_store:
             return  # a store we were given (tests, standalone) is not ours to reopen

@@ -500,12 +500,17 @@ class ServerConnection(asyncio.Protocol):
             )
             return
         topic, producer_name = found
+        if not self.broker.may_serve():
+            # Our bundles may belong to another broker already: store nothing more here.
+            self._send_error(body, pb.ServiceNotReady, "the broker's metadata session expired")
+            return
         highest = body.highest_sequence_id if body.HasField("highest_sequence_id") else None
         future = topic.publish(
             frame.headers_and_payload,
             producer_name,
             body.sequence_id,
             -1 if highest is None else highest,
+            max(body.num_messages, 1),
         )
         producer_id, sequence_id = body.producer_id, body.sequence_id
 

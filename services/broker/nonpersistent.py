@@ -116,8 +116,15 @@ class NonPersistentTopic:
         self._entry_ids = itertools.count()
 
     def publish(
-        self, stored: bytes, producer_name: str = "", sequence_id: int = -1, highest: int = -1
+        self,
+        stored: bytes,
+        producer_name: str = "",
+        sequence_id: int = -1,
+        highest: int = -1,
+        messages: int | None = None,
     ) -> asyncio.Future[Position | None]:
+        """Deliver one entry to each subscription's chosen consumer now (``messages``: taken
+        from the entry's metadata, which is decoded here anyway)."""
         position = Position(0, next(self._entry_ids))
         metadata = entry_metadata(stored)  # once, for every subscription
         count = message_count(metadata)

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,9 @@ from magnetar.common.metadata import (
 from magnetar.common.metadata.election import cancel_and_wait
 
 log = logging.getLogger(__name__)
+
+#: Ownership is taken as gone this long before the session could expire.
+SESSION_SAFETY_MARGIN_S = 1.0
 
 OWNERSHIP_ROOT = "/magnetar/ownership"
 
@@ -240,7 +244,12 @@ class OwnershipStore:
 
     @property
     def session_may_be_lost(self) -> bool:
-        return self._lost or self._closed or self._store.session_lost
+        return (
+            self._lost
+            or self._closed
+            or self._store.session_lost
+            or time.monotonic() >= self._store.session_valid_until - SESSION_SAFETY_MARGIN_S
+        )
 
     # -- changes --------------------------------------------------------------------------
 
