@@ -209,6 +209,7 @@ class Broker:
         assert self.store is not None
         self.ownership = OwnershipStore(self.store, self.info)
         self.ownership.add_lost_listener(self._session_lost)
+        self.ownership.add_bundle_lost_listener(self._bundle_lost)
         await self.ownership.start()
         self.registry = BrokerRegistry(self.store, self.info)
         await self.registry.start()
@@ -490,8 +491,25 @@ class Broker:
     def topic_fenced(self, topic: PersistentTopic | NonPersistentTopic) -> None:
         """Another broker took the topic's ledger (recovery fenced it): stop serving it here."""
         if self.topics.get(str(topic.name)) is topic:
+            del self.topics[str(topic.name)]  # at once: the other failed sends find it gone
             log.warning("topic %s: fenced by another broker; unloading it here", topic.name)
             self._spawn(self.unload_topic(topic))
+
+    def _bundle_lost(self, namespace: str, bundle: BundleRange) -> None:
+        """Our ownership key of ``bundle`` was deleted or taken: stop serving its topics now."""
+        doomed = [
+            t
+            for t in self.topics.values()
+            if t.name.namespace_name == namespace and bundle.contains(topic_hash(str(t.name)))
+        ]
+        for topic in doomed:
+            del self.topics[str(topic.name)]
+            topic.disconnect_clients()
+        if doomed:
+            log.warning(
+                "bundle %s/%s is no longer ours: %d topics unloaded", namespace, bundle, len(doomed)
+            )
+            self._spawn(self._close_topics(doomed))
 
     async def get_topic(
         self, name: TopicName, *, auto: bool = False

@@ -31,7 +31,7 @@ from typing import NamedTuple
 from magnetar.broker import bundles
 from magnetar.broker.bundles import BundleRange
 from magnetar.broker.config import BrokerConfig
-from magnetar.broker.ownership import BrokerInfo, OwnershipStore, ownership_key
+from magnetar.broker.ownership import BrokerInfo, OwnershipStore, ownership_key, unloaded_from
 from magnetar.broker.registry import BrokerRegistry, BundleStats, LoadReport
 from magnetar.common.metadata import (
     NOT_EXISTS,
@@ -235,7 +235,11 @@ class LoadManager:
         pending = self._pending.get((namespace, bundle))
         if pending is not None and pending[0] in active:
             return active[pending[0]][0]
-        chosen = select_broker({b: report for b, (_, report) in active.items()}, counts)
+        candidates = {b: report for b, (_, report) in active.items()}
+        left = await unloaded_from(self._store, namespace, bundle)
+        if left in candidates and len(candidates) > 1:
+            del candidates[left]  # an unloaded (or shed) bundle moves to another broker
+        chosen = select_broker(candidates, counts)
         self._pending[(namespace, bundle)] = (chosen, now + PENDING_PLACEMENT_SECONDS)
         log.info("bundle %s/%s: placed on broker %s", namespace, bundle, chosen)
         return active[chosen][0]

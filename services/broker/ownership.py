@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 SESSION_SAFETY_MARGIN_S = 1.0
 
 OWNERSHIP_ROOT = "/magnetar/ownership"
+UNLOADED_ROOT = "/magnetar/unloaded"
+#: How long a released bundle avoids the broker that released it.
+UNLOADED_MEMORY_S = 60
 
 
 @dataclass(slots=True, frozen=True)
@@ -88,6 +91,25 @@ class BrokerInfo:
 def ownership_key(namespace: str, bundle: BundleRange) -> str:
     # bundles_key checks the namespace is tenant/ns.
     return OWNERSHIP_ROOT + bundles_key(namespace).removeprefix("/magnetar/bundles") + f"/{bundle}"
+
+
+def unloaded_key(namespace: str, bundle: BundleRange) -> str:
+    """Where a release notes which broker the bundle left (the leader places it elsewhere)."""
+    return UNLOADED_ROOT + bundles_key(namespace).removeprefix("/magnetar/bundles") + f"/{bundle}"
+
+
+async def unloaded_from(store: MetadataStore, namespace: str, bundle: BundleRange) -> str | None:
+    """The broker ``bundle`` was last released by, if that was less than a minute ago."""
+    found = await store.get(unloaded_key(namespace, bundle))
+    if found is None:
+        return None
+    try:
+        note = json.loads(found.value)
+        if time.time() * 1000 - int(note["atMs"]) < UNLOADED_MEMORY_S * 1000:
+            return str(note["from"])
+    except (ValueError, KeyError, TypeError):
+        pass
+    return None
 
 
 def parse_ownership_key(key: str) -> tuple[str, BundleRange]:
@@ -202,6 +224,9 @@ class OwnershipStore:
         self._closed = False
         self._lost_listeners: list[Callable[[], None]] = []
         self._bundle_lost_listeners: list[Callable[[str, BundleRange], None]] = []
+        #: One claim at a time per bundle: concurrent lookups of an unowned bundle must not
+        #: take each other's fresh key for one left by a previous session.
+        self._claims: dict[tuple[str, BundleRange], asyncio.Lock] = {}
         store.add_session_listener(self._session_lost)
 
     async def start(self) -> None:
@@ -260,6 +285,11 @@ class OwnershipStore:
         from a previous session of this broker (restarted before its lease expired): it is
         rebound to our session by a compare-and-set, since that old session serves nothing.
         """
+        claim = self._claims.setdefault((namespace, bundle), asyncio.Lock())
+        async with claim:
+            return await self._claim(namespace, bundle)
+
+    async def _claim(self, namespace: str, bundle: BundleRange) -> BrokerInfo:
         key = ownership_key(namespace, bundle)
         if (namespace, bundle) in self._owned and not self.session_may_be_lost:
             return self.me
@@ -333,7 +363,8 @@ class OwnershipStore:
         return updated
 
     async def release(self, namespace: str, bundle: BundleRange) -> None:
-        """Give up the bundle (after unloading it): delete its key if it is ours."""
+        """Give up the bundle (after unloading it): delete its key if it is ours, and note that
+        it left this broker (``unloaded_key``) so the leader places it on another one."""
         key = ownership_key(namespace, bundle)
         version = self._owned.pop((namespace, bundle), None)
         if version is None:
@@ -344,8 +375,12 @@ class OwnershipStore:
             version = current.version
         if self._store.session_lost:
             return  # the key went with the session
+        note = json.dumps({"from": self.me.broker_id, "atMs": int(time.time() * 1000)}).encode()
         with contextlib.suppress(BadVersionError, NoSuchKeyError):
-            await self._store.delete(key, version)
+            await self._store.transaction(
+                [Expect(key, version)],
+                [Delete(key), Put(unloaded_key(namespace, bundle), note)],
+            )
             log.info("bundle %s/%s: released", namespace, bundle)
 
     def add_lost_listener(self, callback: Callable[[], None]) -> None:
