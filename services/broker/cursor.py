@@ -170,6 +170,10 @@ class ManagedCursor:
             state = CursorState.of(self._mark_delete, self._acked, self._batch_acks)
             try:
                 await self._store(state)
+            except asyncio.CancelledError:
+                # close() cancels a periodic write in flight: it persists this state itself.
+                self._dirty = True
+                raise
             except Exception as e:
                 self._dirty = True  # retried at the next interval
                 self._failed(
