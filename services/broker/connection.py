@@ -458,6 +458,14 @@ class ServerConnection(asyncio.Protocol):
         except ProducerBusyError as e:
             self._error(body.request_id, pb.ProducerBusy, f"topic {name}: {e}")
             return
+        if mode != pb.Shared:
+            try:
+                await topic.store_epoch(epoch)
+            except Exception as e:  # the epoch must survive a move before the producer has it
+                topic.producers.remove((id(self), body.producer_id))
+                log.warning("topic %s: topic epoch not stored: %s", name, e)
+                self._error(body.request_id, pb.ServiceNotReady, f"topic {name}: {e}")
+                return
         if self.state is ConnectionState.CLOSED:
             topic.producers.remove((id(self), body.producer_id))
             return

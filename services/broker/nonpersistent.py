@@ -179,6 +179,9 @@ class NonPersistentTopic:
             },
         }
 
+    async def store_epoch(self, epoch: int) -> None:
+        pass  # nothing outlives a non-persistent topic's owner
+
     def disconnect_clients(self) -> None:
         """Unloading: producers and consumers are told to reconnect (to the owner)."""
         self.producers.close_all()

@@ -26,6 +26,10 @@ from magnetar.common.protocol import codec
 log = logging.getLogger(__name__)
 
 
+#: Managed-ledger property holding the topic epoch (exclusive producer generations).
+TOPIC_EPOCH_PROPERTY = "topic-epoch"
+
+
 class NamespaceNotFoundError(Exception):
     """A topic was asked for in a namespace that does not exist."""
 
@@ -67,6 +71,7 @@ class PersistentTopic:
         self.metrics = metrics or BrokerMetrics()
         self.subscriptions: dict[str, Subscription] = {}
         self.producers = ProducerSet()
+        self.producers.topic_epoch = int(ml.properties.get(TOPIC_EPOCH_PROPERTY, "0"))
         self.loaded_at = time.monotonic()
         #: Plain counters since the topic was loaded (metrics and load reports take rates from
         #: their deltas): entries and bytes stored, messages stored (a batch counts each of its
@@ -267,6 +272,12 @@ class PersistentTopic:
                 if sub.durable
             },
         }
+
+    async def store_epoch(self, epoch: int) -> None:
+        """Keep the topic epoch with the managed ledger, so it survives a move: a producer
+        fenced here stays fenced on the next owner."""
+        if int(self.ml.properties.get(TOPIC_EPOCH_PROPERTY, "0")) < epoch:
+            await self.ml.set_property(TOPIC_EPOCH_PROPERTY, str(epoch))
 
     def disconnect_clients(self) -> None:
         """Unloading: every producer and consumer is told to go (CLOSE_PRODUCER /
