@@ -233,6 +233,10 @@ def build_app(broker: Broker) -> web.Application:
     @routes.get("/health")
     @routes.get("/admin/v2/brokers/health")
     async def health(request: web.Request) -> web.Response:
+        # Unhealthy once this broker can no longer write safely: its metadata session may
+        # have expired (its bundles may be someone else's).
+        if not broker.may_serve():
+            raise AdminError(503, "the broker's metadata session expired or is not open")
         return web.Response(text="ok")
 
     @routes.get("/admin/v2/tenants")
