@@ -36,6 +36,7 @@ from prometheus_client import generate_latest
 
 from magnetar.broker import policies
 from magnetar.broker.admin_cluster import ClusterAdminError, add_cluster_routes
+from magnetar.broker.bundles import load_or_create
 from magnetar.broker.config import TopicSettings
 from magnetar.broker.keys import managed_ledger_key
 from magnetar.broker.policies import PartitionCountError, PolicyError, parse_document
@@ -212,6 +213,20 @@ async def _existing_topic(broker: Broker, name: TopicName) -> PersistentTopic | 
     return await broker.get_topic(name)
 
 
+async def _bundle_count_body(request: web.Request) -> int | None:
+    """``bundles.numBundles`` of a namespace-creation body, if one was sent (1..1024)."""
+    if not request.can_read_body:
+        return None
+    body = await _json_body(request)
+    bundles = body.get("bundles") if isinstance(body, dict) else None
+    if bundles is None:
+        return None
+    count = bundles.get("numBundles") if isinstance(bundles, dict) else None
+    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 1024:
+        raise AdminError(412, f"bundles.numBundles must be between 1 and 1024, got {count!r}")
+    return count
+
+
 def _limit(broker: Broker) -> int:
     return broker.config.max_num_partitions_per_partitioned_topic
 
@@ -270,10 +285,13 @@ def build_app(broker: Broker) -> web.Application:
         tenant = request.match_info["tenant"]
         if await broker.store.get(f"{TENANTS_PATH}/{tenant}") is None:
             raise AdminError(404, f"Tenant does not exist: {tenant}")
+        count = await _bundle_count_body(request)
         try:
             await broker.store.put(f"{NAMESPACES_PATH}/{namespace}", b"{}", NOT_EXISTS)
         except BadVersionError:
             raise AdminError(409, "Namespace already exists") from None
+        if count is not None:  # Pulsar's policies body: {"bundles": {"numBundles": n}}
+            await load_or_create(broker.store, namespace, count)
         return web.Response(status=204)
 
     @routes.get("/admin/v2/namespaces/{tenant}/{namespace}")

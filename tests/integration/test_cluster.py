@@ -279,3 +279,18 @@ def test_owner_stops_serving_a_bundle_whose_key_was_deleted(cluster: MagnetarClu
         f"{owner} kept serving {topic} after its bundle's ownership key was deleted: the store "
         f"shows no owner; owner log lines about unloading: {disconnected}"
     )
+
+
+def test_namespace_created_with_its_own_bundle_count(cluster: MagnetarCluster) -> None:
+    cluster.admin_json("PUT", "/admin/v2/tenants/sized")
+    status, _ = cluster.admin(
+        "PUT", "/admin/v2/namespaces/sized/eight", {"bundles": {"numBundles": 8}}
+    )
+    assert status == 204
+    bundles = cluster.admin_json("GET", "/admin/v2/namespaces/sized/eight/bundles")
+    assert bundles["numBundles"] == 8
+    assert bundles["boundaries"][:2] == ["0x00000000", "0x20000000"]
+    status, body = cluster.admin(
+        "PUT", "/admin/v2/namespaces/sized/none", {"bundles": {"numBundles": 0}}
+    )
+    assert status == 412 and "numBundles" in body["reason"]
