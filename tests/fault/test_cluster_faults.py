@@ -172,6 +172,9 @@ def test_paused_owner_past_its_lease_appends_nothing_after_the_move(
 ) -> None:
     namespace = f"{TENANT}/pause"
     cluster.create_namespace(*namespace.split("/"))
+    # A send whose entry reached the bookies but whose receipt never left the paused broker is
+    # sent again by the client; only deduplication keeps the recovered copy from being doubled.
+    cluster.admin_json("POST", f"/admin/v2/namespaces/{namespace}/deduplication", True)
     leader = cluster.leader()
     others = [b for b in cluster.brokers if b.broker_id != leader]
     entry = others[0]
