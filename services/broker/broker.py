@@ -75,6 +75,8 @@ log = logging.getLogger(__name__)
 
 #: A broker stops serving this long before its metadata session could expire.
 SESSION_SAFETY_MARGIN_S = 1.0
+#: Longest an unload waits for the receipts of sends in flight.
+UNLOAD_DRAIN_TIMEOUT_S = 10.0
 #: How often the broker checks that its session is still surely alive.
 SESSION_CHECK_INTERVAL_S = 0.25
 
@@ -482,6 +484,10 @@ class Broker:
     async def unload_topic(self, topic: PersistentTopic | NonPersistentTopic) -> None:
         if self.topics.get(str(topic.name)) is topic:
             del self.topics[str(topic.name)]
+        try:
+            await asyncio.wait_for(topic.stop_publishing(), UNLOAD_DRAIN_TIMEOUT_S)
+        except TimeoutError:
+            log.warning("topic %s: sends still in flight at unload; closing anyway", topic.name)
         topic.disconnect_clients()
         try:
             await topic.close()

@@ -36,6 +36,7 @@ from magnetar.broker.topic import (
     PersistentTopic,
     TopicNotFoundError,
     TopicNotOwnedError,
+    TopicUnloadingError,
 )
 from magnetar.broker.topic_name import InvalidTopicNameError, TopicName
 from magnetar.common.proto import pulsar_api_pb2 as pb
@@ -535,6 +536,8 @@ class ServerConnection(asyncio.Protocol):
                     body,
                     pb.NotAllowedError
                     if isinstance(error, EntryTooLargeForLedgerError)
+                    else pb.ServiceNotReady
+                    if isinstance(error, TopicUnloadingError)
                     else pb.PersistenceError,
                     str(error),
                 )

@@ -232,11 +232,11 @@ class LoadManager:
         active = await self._registry.active()
         now = self._clock()
         counts = self._bundle_counts(now)
+        left = await unloaded_from(self._store, namespace, bundle)
         pending = self._pending.get((namespace, bundle))
-        if pending is not None and pending[0] in active:
+        if pending is not None and pending[0] in active and pending[0] != left:
             return active[pending[0]][0]
         candidates = {b: report for b, (_, report) in active.items()}
-        left = await unloaded_from(self._store, namespace, bundle)
         if left in candidates and len(candidates) > 1:
             del candidates[left]  # an unloaded (or shed) bundle moves to another broker
         chosen = select_broker(candidates, counts)

@@ -53,6 +53,10 @@ async def lookup(broker: Broker, name: TopicName, authoritative: bool = False) -
     bundle = await broker.bundle_of(name)
     me = broker.info
     owner = await broker.ownership.owner(namespace, bundle)
+    if owner is not None and owner.broker_id != me.broker_id:
+        # Sending a client to another broker: make sure it still owns the bundle (a cached
+        # owner that died would send the client to a dead address until the cache catches up).
+        owner = await broker.ownership.read_owner(namespace, bundle)
     if owner is not None:
         return LookupAnswer(LookupKind.CONNECT, owner, True, namespace, bundle)
     manager = broker.load_manager

@@ -179,6 +179,9 @@ class NonPersistentTopic:
             },
         }
 
+    async def stop_publishing(self) -> None:
+        pass  # a send is acknowledged at once: nothing is ever in flight
+
     async def store_epoch(self, epoch: int) -> None:
         pass  # nothing outlives a non-persistent topic's owner
 

@@ -244,6 +244,15 @@ class OwnershipStore:
             value = current.value if current is not None else None
         return _decode(key, value)
 
+    async def read_owner(self, namespace: str, bundle: BundleRange) -> BrokerInfo | None:
+        """The owner as the store says now, not as the cache last heard."""
+        key = ownership_key(namespace, bundle)
+        found = await self._store.get(key)
+        if found is None:
+            return None  # the cache's watch delivers the delete too
+        self._cache.apply(key, found.value, found.version)
+        return _decode(key, found.value)
+
     def owners(self) -> dict[tuple[str, BundleRange], BrokerInfo]:
         """Every owned bundle of the cluster with its owner (from the cache; empty before
         ``start()``)."""

@@ -53,6 +53,10 @@ class DuplicateInFlightError(Exception):
     is still being stored (Pulsar's MessageDupUnknown). The client sends it again."""
 
 
+class TopicUnloadingError(Exception):
+    """The topic is being unloaded from this broker: the client sends again to the next owner."""
+
+
 class TopicBusyError(Exception):
     """The topic still has producers or consumers (delete without force)."""
 
@@ -83,6 +87,9 @@ class PersistentTopic:
         self.bytes_out = 0
         self.deduplication: Deduplication | None = None  # set by the broker when enabled
         self._subscribe_lock = asyncio.Lock()
+        #: Unloading: new sends are refused while those in flight get their receipts.
+        self.unloading = False
+        self._last_publish: asyncio.Future[Position] | None = None
 
     def publish(
         self,
@@ -95,6 +102,10 @@ class PersistentTopic:
         """Append one entry (a producer's payload section); resolves once it is durable, to
         None for a duplicate that deduplication dropped. ``messages``: the entry's messages when
         the caller knows them (SEND's ``num_messages``); else they are read from its metadata."""
+        if self.unloading:
+            refused: asyncio.Future[Position | None] = asyncio.get_running_loop().create_future()
+            refused.set_exception(TopicUnloadingError(f"topic {self.name} is being unloaded"))
+            return refused
         dedup = self.deduplication
         if dedup is not None:
             status = dedup.check(producer_name, sequence_id, highest)
@@ -111,6 +122,7 @@ class PersistentTopic:
                     )
                 return done
         future = self.ml.add_entry_async(stored)
+        self._last_publish = future
         future.add_done_callback(self._published)
         self.msg_in += 1
         self.bytes_in += len(stored)
@@ -272,6 +284,14 @@ class PersistentTopic:
                 if sub.durable
             },
         }
+
+    async def stop_publishing(self) -> None:
+        """Refuse new sends and wait until those in flight are stored (or failed), so every
+        receipt leaves before the producers are told to go. Adds complete in order, so the
+        last one is enough to wait for."""
+        self.unloading = True
+        if self._last_publish is not None:
+            await asyncio.gather(self._last_publish, return_exceptions=True)
 
     async def store_epoch(self, epoch: int) -> None:
         """Keep the topic epoch with the managed ledger, so it survives a move: a producer
