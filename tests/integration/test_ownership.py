@@ -58,14 +58,30 @@ class Backend:
         return await open_store(self.url, **options)
 
 
-@pytest.fixture(params=["etcd", "local"])
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+def make_backend(request: pytest.FixtureRequest, tmp_path: Path, kind: str) -> Backend:
     unique = uuid.uuid4().hex[:12]
-    if request.param == "etcd":
+    if kind == "etcd":
         url = request.getfixturevalue("etcd_server").url
     else:
         url = f"local://{tmp_path}/meta.db"
-    return Backend(request.param, url, f"t-{unique}/ns")
+    return Backend(kind, url, f"t-{unique}/ns")
+
+
+@pytest.fixture(params=["etcd", "local"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    return make_backend(request, tmp_path, request.param)
+
+
+@pytest.fixture
+def etcd_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    """Only etcd: tests that need two live sessions at once (the local store has one per
+    process)."""
+    return make_backend(request, tmp_path, "etcd")
+
+
+@pytest.fixture
+def local_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    return make_backend(request, tmp_path, "local")
 
 
 @dataclass(slots=True)
@@ -225,9 +241,11 @@ async def test_close_releases_what_is_held(brokers: Brokers, backend: Backend) -
     assert await eventually(owner_is(brokers.b, ns, None))
 
 
-async def test_a_previous_session_of_the_same_broker_is_taken_over(backend: Backend) -> None:
-    if not backend.concurrent_sessions:
-        pytest.skip("local: a restarted process's store drops the old session's keys itself")
+async def test_a_previous_session_of_the_same_broker_is_taken_over(
+    etcd_backend: Backend,
+) -> None:
+    # etcd only: a restarted process's local store drops the old session's keys itself.
+    backend = etcd_backend
     ns = backend.namespace
     old_store, new_store = await backend.open(), await backend.open()
     try:
@@ -351,9 +369,8 @@ async def test_concurrent_bundle_creators_on_two_sessions_converge(backend: Back
 # -- registry -------------------------------------------------------------------------------
 
 
-async def test_registry_lists_live_brokers_and_drops_closed_ones(backend: Backend) -> None:
-    if not backend.concurrent_sessions:
-        pytest.skip("local: one session per process")
+async def test_registry_lists_live_brokers_and_drops_closed_ones(etcd_backend: Backend) -> None:
+    backend = etcd_backend  # two live sessions at once: etcd only
     first, second = await backend.open(), await backend.open()
     try:
         one, two = BrokerRegistry(first, broker(1)), BrokerRegistry(second, broker(2))
@@ -395,9 +412,8 @@ async def test_registry_lists_live_brokers_and_drops_closed_ones(backend: Backen
         await second.close()
 
 
-async def test_registry_on_the_local_store(backend: Backend) -> None:
-    if backend.concurrent_sessions:
-        pytest.skip("etcd: covered above")
+async def test_registry_on_the_local_store(local_backend: Backend) -> None:
+    backend = local_backend
     store = await backend.open()
     try:
         registry = BrokerRegistry(store, broker(1))
