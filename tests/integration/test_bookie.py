@@ -19,6 +19,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from magnetar.common.ledger.bookie_client import BookieClient, BookieError, BookieUnavailableError
 from magnetar.common.ledger.bookies import BookieRegistration, list_bookies, registration_key
@@ -33,6 +34,8 @@ from tests.support.bookie import (
 from tests.support.etcd import EtcdServer, free_port
 
 FAST = {"journal_sync": False}
+#: The journal's fsync histogram (its buckets are timings: measured in bench/, not asserted).
+FSYNC_HISTOGRAM = "magnetar_bookie_journal_fsync_latency_seconds"
 
 
 @pytest.fixture
@@ -680,8 +683,12 @@ async def test_registration_health_metrics_and_bookiesanity(
     assert status == 200
     text = body.decode()
     assert metric_value(text, "magnetar_bookie_add_entries_total", 'status="OK"') >= 20
-    assert metric_value(text, "magnetar_bookie_journal_fsync_latency_seconds_count") >= 1
-    assert "magnetar_bookie_journal_fsync_latency_seconds_bucket" in text
+    # The fsync histogram is exported and has observations; its figures are bench/'s business
+    # (bench/bookie_bench.py, docs/performance.md).
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    fsync = families[FSYNC_HISTOGRAM]
+    assert fsync.type == "histogram"
+    assert any(s.name.endswith("_count") and s.value >= 1 for s in fsync.samples)
 
     # Clean shutdown takes the registration away at once.
     assert bookie.stop() == 0
