@@ -70,6 +70,7 @@ from magnetar.broker.topic_name import TopicName
 from magnetar.common.ledger.client import LedgerClient
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError, MetadataStore, open_store
 from magnetar.common.net import AddressInUseError, listen_error
+from magnetar.common.tasks import spawn_logged
 
 log = logging.getLogger(__name__)
 
@@ -270,18 +271,12 @@ class Broker:
             before = previous.get(key, (0, 0))[index]
             return max(counters[key][index] - before, 0) / elapsed
 
-        per_bundle: dict[tuple[str, BundleRange], list[float]] = {}
         owned = self.ownership.owned() if self.ownership is not None else set()
-        for namespace, bundle in owned:
-            per_bundle[(namespace, bundle)] = [0.0, 0]
-        for key, topic in self.topics.items():
-            namespace = topic.name.namespace_name
-            h = topic_hash(key)
-            for (ns, bundle), stats in per_bundle.items():
-                if ns == namespace and bundle.contains(h):
-                    stats[0] += delta(key, 0)
-                    stats[1] += 1
-                    break
+        bundle_stats = []
+        for namespace, bundle in sorted(owned):
+            topics = [str(t.name) for t in self.topics_in(namespace, bundle)]
+            rate = sum(delta(key, 0) for key in topics)
+            bundle_stats.append(BundleStats(namespace, bundle, rate, len(topics)))
         cpu, memory = cpu_and_memory()
         return LoadReport(
             msg_rate_in=sum(delta(key, 0) for key in counters),
@@ -293,10 +288,7 @@ class Broker:
             cpu_percent=cpu,
             memory_mb=memory,
             timestamp_ms=int(time.time() * 1000),
-            bundle_stats=tuple(
-                BundleStats(ns, bundle, rate, int(topics))
-                for (ns, bundle), (rate, topics) in sorted(per_bundle.items())
-            ),
+            bundle_stats=tuple(bundle_stats),
         )
 
     async def _report_loop(self) -> None:
@@ -374,15 +366,7 @@ class Broker:
                 await asyncio.sleep(2)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-
-        def done(task: asyncio.Task[None]) -> None:
-            self._tasks.discard(task)
-            if not task.cancelled() and task.exception() is not None:
-                log.error("broker task failed", exc_info=task.exception())
-
-        task.add_done_callback(done)
+        spawn_logged(coro, log, "broker task", tracked=self._tasks, level=logging.ERROR)
 
     async def request_unload(self, owner: BrokerInfo, namespace: str, bundle: BundleRange) -> None:
         """The load manager sheds a bundle: its owner unloads it (through its admin API)."""
@@ -436,19 +420,26 @@ class Broker:
             answer.broker,
         )
 
+    def topics_in(
+        self, namespace: str, bundle: BundleRange
+    ) -> list[PersistentTopic | NonPersistentTopic]:
+        """The loaded topics of ``bundle``."""
+        return [
+            topic
+            for key, topic in self.topics.items()
+            if topic.name.namespace_name == namespace and bundle.contains(topic_hash(key))
+        ]
+
     async def unload_bundle(self, namespace: str, bundle: BundleRange) -> int:
         """Unload a bundle: its topics' clients are told to reconnect, the topics close (cursors
         persisted, ledgers closed), then the ownership key is released. Returns the topics."""
         key = (namespace, bundle)
         self._unloading.add(key)
         try:
-            unloaded = 0
-            for topic in list(self.topics.values()):
-                if topic.name.namespace_name == namespace and bundle.contains(
-                    topic_hash(str(topic.name))
-                ):
-                    await self.unload_topic(topic)
-                    unloaded += 1
+            topics = self.topics_in(namespace, bundle)
+            for topic in topics:
+                await self.unload_topic(topic)
+            unloaded = len(topics)
             assert self.ownership is not None
             await self.ownership.release(namespace, bundle)
             log.info("bundle %s/%s unloaded (%d topics)", namespace, bundle, unloaded)
@@ -503,11 +494,7 @@ class Broker:
 
     def _bundle_lost(self, namespace: str, bundle: BundleRange) -> None:
         """Our ownership key of ``bundle`` was deleted or taken: stop serving its topics now."""
-        doomed = [
-            t
-            for t in self.topics.values()
-            if t.name.namespace_name == namespace and bundle.contains(topic_hash(str(t.name)))
-        ]
+        doomed = self.topics_in(namespace, bundle)
         for topic in doomed:
             del self.topics[str(topic.name)]
             topic.disconnect_clients()

@@ -88,14 +88,18 @@ class BrokerInfo:
         return cls.from_dict(document)
 
 
-def ownership_key(namespace: str, bundle: BundleRange) -> str:
+def _bundle_key(root: str, namespace: str, bundle: BundleRange) -> str:
     # bundles_key checks the namespace is tenant/ns.
-    return OWNERSHIP_ROOT + bundles_key(namespace).removeprefix("/magnetar/bundles") + f"/{bundle}"
+    return root + bundles_key(namespace).removeprefix("/magnetar/bundles") + f"/{bundle}"
+
+
+def ownership_key(namespace: str, bundle: BundleRange) -> str:
+    return _bundle_key(OWNERSHIP_ROOT, namespace, bundle)
 
 
 def unloaded_key(namespace: str, bundle: BundleRange) -> str:
     """Where a release notes which broker the bundle left (the leader places it elsewhere)."""
-    return UNLOADED_ROOT + bundles_key(namespace).removeprefix("/magnetar/bundles") + f"/{bundle}"
+    return _bundle_key(UNLOADED_ROOT, namespace, bundle)
 
 
 async def unloaded_from(store: MetadataStore, namespace: str, bundle: BundleRange) -> str | None:

@@ -22,6 +22,7 @@ from magnetar.broker.subscription import Subscription
 from magnetar.broker.topic_name import TopicName
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
+from magnetar.common.tasks import spawn_logged
 
 log = logging.getLogger(__name__)
 
@@ -141,15 +142,8 @@ class PersistentTopic:
             self.deduplication.failed(producer_name)
             return
         if self.deduplication.persisted_up_to(producer_name, sequence_id):
-            task = asyncio.get_running_loop().create_task(self.deduplication.snapshot())
-            task.add_done_callback(
-                lambda t: (
-                    t.cancelled()
-                    or t.exception() is None
-                    or log.warning(
-                        "topic %s: deduplication snapshot failed: %s", self.name, t.exception()
-                    )
-                )
+            spawn_logged(
+                self.deduplication.snapshot(), log, f"topic {self.name}: deduplication snapshot"
             )
 
     def _published(self, future: asyncio.Future[Position]) -> None:
@@ -212,17 +206,10 @@ class PersistentTopic:
         """Remove a reader's subscription after ``delay_s`` if no reader attached again."""
 
         def remove() -> None:
-            task = asyncio.get_running_loop().create_task(
-                self.remove_subscription_if_unused(subscription)
-            )
-            task.add_done_callback(
-                lambda t: (
-                    t.cancelled()
-                    or t.exception() is None
-                    or log.warning(
-                        "topic %s: removing %s: %s", self.name, subscription, t.exception()
-                    )
-                )
+            spawn_logged(
+                self.remove_subscription_if_unused(subscription),
+                log,
+                f"topic {self.name}: removing {subscription}",
             )
 
         asyncio.get_running_loop().call_later(delay_s, remove)

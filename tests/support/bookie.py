@@ -16,7 +16,6 @@ twice in one test run.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -28,9 +27,9 @@ from pathlib import Path
 from types import TracebackType
 
 from tests.support.etcd import free_port
+from tests.support.process import ServiceProcess
 
 START_TIMEOUT_SECONDS = 20.0
-STOP_TIMEOUT_SECONDS = 15.0
 
 _PORTS_HANDED_OUT: set[int] = set()
 _PORTS_LOCK = threading.Lock()  # clusters start bookies from a thread pool
@@ -51,7 +50,7 @@ class BookieStartError(RuntimeError):
     """The bookie exited or did not answer ``/ready`` in time; the message holds its log."""
 
 
-class BookieProcess:
+class BookieProcess(ServiceProcess):
     """One bookie process.
 
     ``settings`` are extra ``magnetar bookie`` options, keyed by config field name
@@ -155,50 +154,8 @@ class BookieProcess:
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def kill(self) -> None:
-        """Crash it (SIGKILL): nothing is flushed, nothing is unregistered."""
-        process, self.process = self.process, None
-        if process is None:
-            return
-        if process.poll() is None:
-            process.send_signal(signal.SIGCONT)  # a paused process must still die
-            process.kill()
-        process.wait()
-
-    def stop(self) -> int:
-        """Clean shutdown (SIGTERM, wait); returns the exit code. SIGKILL if it hangs."""
-        process, self.process = self.process, None
-        if process is None:
-            return 0
-        if process.poll() is None:
-            process.send_signal(signal.SIGCONT)
-            process.terminate()
-            try:
-                return process.wait(timeout=STOP_TIMEOUT_SECONDS)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-                raise AssertionError(
-                    f"bookie {self.address} did not stop within {STOP_TIMEOUT_SECONDS}s of "
-                    f"SIGTERM:\n{self.log_tail()}"
-                ) from None
-        return process.returncode
-
-    def restart(self, *, kill: bool = False) -> BookieProcess:
-        """Stop (or kill) and start again on the same directories and ports."""
-        if kill:
-            self.kill()
-        else:
-            self.stop()
-        return self.start()
-
-    def pause(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGCONT)
+    def describe(self) -> str:
+        return f"bookie {self.address}"
 
     # -- HTTP --------------------------------------------------------------------------
 

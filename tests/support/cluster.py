@@ -16,7 +16,6 @@ import asyncio
 import itertools
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -39,18 +38,18 @@ from magnetar.broker.ownership import OWNERSHIP_ROOT, BrokerInfo
 from magnetar.broker.registry import BROKERS_ROOT
 from magnetar.common.metadata import open_store
 from magnetar.common.metadata.election import leader_key
-from tests.support.bookie import BookieFactory, BookieProcess, bookie_port
-from tests.support.etcd import REPO_ROOT, EtcdServer
-from tests.support.ledger_cluster import FAST_BOOKIE, start_bookie
+from tests.support.bookie import bookie_port
+from tests.support.etcd import REPO_ROOT
+from tests.support.ledger_cluster import LedgerCluster
+from tests.support.process import ServiceProcess
 
 START_TIMEOUT_SECONDS = 30.0
-STOP_TIMEOUT_SECONDS = 30.0
 LEADER_ELECTION = "load-manager"
 
 T = TypeVar("T")
 
 
-class BrokerProcess:
+class BrokerProcess(ServiceProcess):
     """One ``python -m magnetar.cli broker`` process.
 
     ``settings`` are extra ``magnetar broker`` options keyed by config field name; a bool
@@ -116,6 +115,11 @@ class BrokerProcess:
                 cmd += [option, str(value)]
         return cmd
 
+    stop_timeout = 30.0  # SIGTERM unloads every bundle first
+
+    def describe(self) -> str:
+        return f"broker {self.broker_id}"
+
     @property
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -164,50 +168,6 @@ class BrokerProcess:
         self.spawn()
         self.wait_serving()
         return self
-
-    def kill(self) -> None:
-        """Crash it (SIGKILL): nothing is unloaded, its lease expires by itself."""
-        process, self.process = self.process, None
-        if process is None:
-            return
-        if process.poll() is None:
-            process.send_signal(signal.SIGKILL)
-        process.wait()
-
-    def stop(self) -> int:
-        """Graceful shutdown (SIGTERM unloads every bundle); returns the exit code."""
-        process, self.process = self.process, None
-        if process is None:
-            return 0
-        if process.poll() is None:
-            process.send_signal(signal.SIGCONT)
-            process.terminate()
-            try:
-                return process.wait(timeout=STOP_TIMEOUT_SECONDS)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-                raise AssertionError(
-                    f"broker {self.broker_id} did not stop within {STOP_TIMEOUT_SECONDS}s of "
-                    f"SIGTERM:\n{self.log_tail()}"
-                ) from None
-        return process.returncode
-
-    def restart(self, *, kill: bool = False) -> BrokerProcess:
-        if kill:
-            self.kill()
-        else:
-            self.stop()
-        return self.start()
-
-    def pause(self) -> None:
-        """SIGSTOP: the process keeps its sockets but answers nothing (keepalives stop too)."""
-        assert self.process is not None
-        self.process.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGCONT)
 
     # -- HTTP --------------------------------------------------------------------------
 
@@ -282,8 +242,8 @@ def _run(coro_factory: Callable[[], Any]) -> Any:
         return pool.submit(lambda: asyncio.run(coro_factory())).result()
 
 
-class MagnetarCluster:
-    """etcd + ``bookies`` bookie processes + ``brokers`` broker processes."""
+class MagnetarCluster(LedgerCluster):
+    """etcd + ``bookies`` bookie processes (a LedgerCluster) + ``brokers`` broker processes."""
 
     def __init__(
         self,
@@ -294,31 +254,14 @@ class MagnetarCluster:
         broker_settings: Mapping[str, object] | None = None,
         bookie_settings: Mapping[str, object] | None = None,
     ) -> None:
+        super().__init__(base_dir / "bookies", bookies, **(bookie_settings or {}))
         self.base_dir = base_dir
-        self.etcd = EtcdServer(name="cluster")
-        self.factory = BookieFactory(base_dir / "bookies")
-        self.bookie_count = bookies
-        self.bookie_settings = {**FAST_BOOKIE, **(bookie_settings or {})}
         self.broker_settings = {**TEST_BROKER_SETTINGS, **(broker_settings or {})}
         self.brokers: list[BrokerProcess] = []
         self._broker_count = brokers
 
-    @property
-    def url(self) -> str:
-        return self.etcd.url
-
-    @property
-    def bookies(self) -> list[BookieProcess]:
-        return self.factory.bookies
-
     def start(self) -> MagnetarCluster:
-        self.etcd.start()
-        created = [
-            self.factory.create(metadata_url=self.url, **self.bookie_settings)
-            for _ in range(self.bookie_count)
-        ]
-        with ThreadPoolExecutor(len(created)) as pool:
-            list(pool.map(start_bookie, created))
+        super().start()
         for _ in range(self._broker_count):
             self.add_broker(start=False)
         for broker in self.brokers:
@@ -353,10 +296,7 @@ class MagnetarCluster:
                 except AssertionError:
                     pass  # stop() fell back to SIGKILL
         finally:
-            try:
-                self.factory.close()
-            finally:
-                self.etcd.close()
+            super().close()
 
     def __enter__(self) -> MagnetarCluster:
         try:
