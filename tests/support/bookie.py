@@ -85,10 +85,6 @@ class BookieProcess(ServiceProcess):
         return f"127.0.0.1:{self.port}"
 
     @property
-    def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
-
-    @property
     def log_path(self) -> Path:
         return self.base_dir / "bookie.log"
 
@@ -149,10 +145,6 @@ class BookieProcess(ServiceProcess):
             )
         self._wait_ready()
         return self
-
-    @property
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
 
     def describe(self) -> str:
         return f"bookie {self.address}"

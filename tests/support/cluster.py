@@ -82,10 +82,6 @@ class BrokerProcess(ServiceProcess):
         return f"pulsar://127.0.0.1:{self.port}"
 
     @property
-    def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
-
-    @property
     def broker_id(self) -> str:
         """The id the broker registers under and lookups name (Pulsar's ``host:http_port``)."""
         return f"127.0.0.1:{self.http_port}"
@@ -119,10 +115,6 @@ class BrokerProcess(ServiceProcess):
 
     def describe(self) -> str:
         return f"broker {self.broker_id}"
-
-    @property
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
 
     def spawn(self) -> None:
         """Start the process without waiting for it to serve."""

@@ -13,11 +13,20 @@ class ServiceProcess:
     ``describe`` (how error messages name the process)."""
 
     process: subprocess.Popen[bytes] | None
+    http_port: int
     #: How long a SIGTERM may take before the process is killed and the test fails.
     stop_timeout: float = 15.0
 
     def describe(self) -> str:
         raise NotImplementedError
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
 
     def start(self) -> Self:
         raise NotImplementedError
