@@ -69,6 +69,7 @@ T = TypeVar("T")
 # Pause between keepalive attempts while etcd does not answer (shorter than ttl/3 so a short
 # outage does not eat the whole TTL).
 _KEEPALIVE_RETRY_SECONDS = 0.5
+_FAILOVER_PASS_PAUSE_SECONDS = 0.2  # between passes over the members while none answers
 
 # gRPC channel options of every member connection.
 _CHANNEL_OPTIONS = {
@@ -422,19 +423,18 @@ class EtcdMetadataStore(MetadataStore):
             if self._client is not failed or self._closed:
                 return
             old = self.endpoint
-            errors: list[str] = []
-            # The others in URL order after the failed one, then the failed one itself last
-            # (it may be back, or be the only one).
-            for step in range(1, len(self._endpoints) + 1):
-                index = (self._index + step) % len(self._endpoints)
+            # A killed leader leaves the others without a quorum until they elect a new one
+            # (etcd's election timeout, a second or more on a loaded machine): keep probing
+            # for up to one session TTL, past which the session is lost anyway.
+            deadline = time.monotonic() + self._ttl
+            while True:
+                found, errors = await self._probe_members()
+                if found is not None or time.monotonic() >= deadline:
+                    break
+                await asyncio.sleep(_FAILOVER_PASS_PAUSE_SECONDS)
+            if found is not None:
+                client, index = found
                 endpoint = self._endpoints[index]
-                client = _new_client(endpoint, self._request_timeout)
-                try:
-                    await _bounded(_revision(client), self._probe_timeout)
-                except (aetcd.exceptions.ClientError, TimeoutError) as e:
-                    errors.append(f"{endpoint}: {_describe(e)}")
-                    await _close_client(client)
-                    continue
                 self._client, self._index = client, index
                 log.warning(
                     "etcd %s failed (%s); metadata session (lease %x) %s etcd %s",
@@ -448,9 +448,27 @@ class EtcdMetadataStore(MetadataStore):
                 await _close_client(failed)
                 return
             raise MetadataError(
-                f"etcd {old} failed ({reason}) and no other member answers "
-                f"({'; '.join(errors)}); check that a quorum of the cluster is up"
+                f"etcd {old} failed ({reason}) and no other member answered within "
+                f"{self._ttl}s ({'; '.join(errors)}); check that a quorum of the cluster is up"
             )
+
+    async def _probe_members(self) -> tuple[tuple[aetcd.Client, int] | None, list[str]]:
+        """One pass over the members: the others in URL order after the current one, then
+        the current one last (it may be back, or be the only one). Returns the first that
+        answers a linearizable read (client, index), and what the others said."""
+        errors: list[str] = []
+        for step in range(1, len(self._endpoints) + 1):
+            index = (self._index + step) % len(self._endpoints)
+            endpoint = self._endpoints[index]
+            client = _new_client(endpoint, self._request_timeout)
+            try:
+                await _bounded(_revision(client), self._probe_timeout)
+            except (aetcd.exceptions.ClientError, TimeoutError) as e:
+                errors.append(f"{endpoint}: {_describe(e)}")
+                await _close_client(client)
+                continue
+            return (client, index), errors
+        return None, errors
 
     async def _keepalive(self) -> None:
         """Refresh the lease every ttl/3 until it is gone or etcd was silent for a whole TTL."""
