@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from magnetar.common.ledger.bookie_client import BookieError, BookieUnavailableError
 from magnetar.common.ledger.distribution import AckSet
+from magnetar.common.ledger.ensemble import commit_change, plan_change
 from magnetar.common.ledger.entry import HEADER_SIZE, decode_header, encode_entry
 from magnetar.common.ledger.errors import (
     EntryTooLargeError,
@@ -334,30 +335,34 @@ class LedgerHandle:
                 failed = sorted(self._failed_positions)
                 try:
                     bookies = await self.client.registered_bookies()
-                    replacements = self.client.placement.choose(
-                        len(failed), bookies, exclude=set(self._ensemble)
+                    change = plan_change(
+                        self._ensemble,
+                        self.last_add_confirmed + 1,
+                        failed,
+                        bookies,
+                        self.client.placement,
                     )
                 except NotEnoughBookiesError as e:
                     self._fail_handle(
                         LedgerError(f"ledger {self.ledger_id}: cannot replace failed bookies: {e}")
                     )
                     return
-                ensemble = list(self._ensemble)
-                for position, address in zip(failed, replacements, strict=True):
-                    ensemble[position] = address
-                first = self.last_add_confirmed + 1
-                if not await self._cas_fragment(first, tuple(ensemble)):
+                try:
+                    self.metadata, self._version = await commit_change(
+                        self.client.store,
+                        self.ledger_id,
+                        self.metadata,
+                        self._version,
+                        change,
+                        read_metadata=functools.partial(self.client.read_metadata, self.ledger_id),
+                        on_conflict=self._still_open,
+                    )
+                except LedgerFencedError as e:
+                    self._fail_handle(e)
                     return
-                log.info(
-                    "ledger %d: ensemble change from entry %d: %s -> %s",
-                    self.ledger_id,
-                    first,
-                    [self._ensemble[p] for p in failed],
-                    replacements,
-                )
-                self._ensemble = ensemble
+                self._ensemble = list(change.new)
                 self.max_entry_size = min(
-                    self.max_entry_size, self.client.entry_size_limit(ensemble, bookies)
+                    self.max_entry_size, self.client.entry_size_limit(change.new, bookies)
                 )
                 self._failed_positions.difference_update(failed)
                 self._resend_pending()
@@ -366,27 +371,13 @@ class LedgerHandle:
         finally:
             self._changing = None
 
-    async def _cas_fragment(self, first: int, ensemble: tuple[str, ...]) -> bool:
-        store = self.client.store
-        metadata = self.metadata
-        while True:
-            updated = metadata.with_fragment(first, ensemble)
-            try:
-                self._version = await store.put(
-                    ledger_key(self.ledger_id), updated.to_bytes(), self._version
-                )
-            except BadVersionError:
-                metadata, self._version = await self.client.read_metadata(self.ledger_id)
-                if metadata.state is not LedgerState.OPEN:
-                    self._fail_handle(
-                        LedgerFencedError(
-                            f"ledger {self.ledger_id} is {metadata.state.name} (taken over by recovery)"
-                        )
-                    )
-                    return False
-                continue  # changed by someone else while open (e.g. an older fragment repaired)
-            self.metadata = updated
-            return True
+    def _still_open(self, metadata: LedgerMetadata) -> None:
+        """A concurrent metadata change is fine while the ledger is open (e.g. the replication
+        worker repaired an older fragment); anything else means recovery took the ledger."""
+        if metadata.state is not LedgerState.OPEN:
+            raise LedgerFencedError(
+                f"ledger {self.ledger_id} is {metadata.state.name} (taken over by recovery)"
+            )
 
     def _resend_pending(self) -> None:
         for op in list(self._pending):

@@ -71,6 +71,14 @@ class LedgerMetadata:
         kept = tuple(f for f in self.fragments if f.first_entry_id < first_entry_id)
         return replace(self, fragments=(*kept, Fragment(first_entry_id, bookies)))
 
+    def with_ensemble_from(self, first_entry_id: int, bookies: tuple[str, ...]) -> LedgerMetadata:
+        """``bookies`` serve the entries from ``first_entry_id`` until the next fragment: the
+        fragment starting there gets them, or a new one starts there (splitting the fragment
+        that served it). Fragments starting later are kept."""
+        before = tuple(f for f in self.fragments if f.first_entry_id < first_entry_id)
+        after = tuple(f for f in self.fragments if f.first_entry_id > first_entry_id)
+        return replace(self, fragments=(*before, Fragment(first_entry_id, bookies), *after))
+
     def to_bytes(self) -> bytes:
         msg = ledger_pb2.LedgerMetadata(
             ensemble_size=self.ensemble_size,

@@ -19,12 +19,14 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from magnetar.common.ledger.bookie_client import BookieError
 from magnetar.common.ledger.distribution import Quorum
+from magnetar.common.ledger.ensemble import EnsembleChangeConflict, commit_change, plan_change
 from magnetar.common.ledger.entry import (
     DigestMismatchError,
     EntryFormatError,
@@ -263,28 +265,32 @@ class _RecoveryWriter:
     async def _replace(self, first_entry_id: int, positions: list[int]) -> None:
         for position in positions:
             self._failed.add(self.ensemble[position])
-        bookies = await self.client.registered_bookies()
-        replacements = self.client.placement.choose(
-            len(positions), bookies, exclude=set(self.ensemble) | self._failed
-        )
-        ensemble = list(self.ensemble)
-        for position, address in zip(positions, replacements, strict=True):
-            ensemble[position] = address
-        updated = self.metadata.with_fragment(first_entry_id, tuple(ensemble))
-        try:
-            self.version = await self.client.store.put(
-                ledger_key(self.ledger_id), updated.to_bytes(), self.version
-            )
-        except BadVersionError:
-            raise _ConcurrentChange() from None
-        log.info(
-            "ledger %d: recovery ensemble change from entry %d: %s -> %s",
-            self.ledger_id,
+        change = plan_change(
+            self.ensemble,
             first_entry_id,
-            [self.ensemble[p] for p in positions],
-            replacements,
+            positions,
+            await self.client.registered_bookies(),
+            self.client.placement,
+            exclude=self._failed,
         )
-        self.metadata, self.ensemble = updated, ensemble
+        try:
+            self.metadata, self.version = await commit_change(
+                self.client.store,
+                self.ledger_id,
+                self.metadata,
+                self.version,
+                change,
+                read_metadata=functools.partial(self.client.read_metadata, self.ledger_id),
+                on_conflict=_restart,
+            )
+        except EnsembleChangeConflict:
+            raise _ConcurrentChange() from None
+        self.ensemble = list(change.new)
+
+
+def _restart(metadata: LedgerMetadata) -> None:
+    """Any metadata change by someone else during recovery: recover again from it."""
+    raise _ConcurrentChange()
 
 
 async def _length_through(
