@@ -113,7 +113,19 @@ def add_cluster_routes(routes: web.RouteTableDef, broker: Broker) -> None:
             return web.Response(status=204)  # nobody serves it: nothing to unload
         if owner.broker_id != broker.info.broker_id:
             raise web.HTTPTemporaryRedirect(owner_url(owner.http_url, request))
-        await broker.unload_bundle(namespace, bundle)
+        receiver = None
+        destination = request.query.get("destinationBroker")
+        if destination:
+            assert broker.registry is not None
+            found = (await broker.registry.active()).get(destination)
+            if found is None:
+                raise ClusterAdminError(404, f"Broker {destination} is not active")
+            if destination == broker.info.broker_id:
+                raise ClusterAdminError(
+                    412, f"The bundle is already owned by destination broker {destination}"
+                )
+            receiver = found[0]
+        await broker.unload_bundle(namespace, bundle, receiver)
         return web.Response(status=204)
 
     @routes.put("/admin/v2/namespaces/{tenant}/{namespace}/{bundle}/split")

@@ -430,22 +430,42 @@ class Broker:
             if topic.name.namespace_name == namespace and bundle.contains(topic_hash(key))
         ]
 
-    async def unload_bundle(self, namespace: str, bundle: BundleRange) -> int:
-        """Unload a bundle: its topics' clients are told to reconnect, the topics close (cursors
-        persisted, ledgers closed), then the ownership key is released. Returns the topics."""
+    async def unload_bundle(
+        self, namespace: str, bundle: BundleRange, receiver: BrokerInfo | None = None
+    ) -> int:
+        """Unload a bundle and hand it to ``receiver`` (default: the least loaded other broker,
+        if any). The hand-over is noted first; then each topic's clients are told to reconnect
+        to the receiver (CLOSE_PRODUCER / CLOSE_CONSUMER with its URL), the topic closes
+        (cursors persisted, ledgers closed); last the ownership key is released, and the
+        receiver, which was waiting for that, takes the bundle. Returns the topics."""
+        assert self.ownership is not None and self.load_manager is not None
         key = (namespace, bundle)
         self._unloading.add(key)
+        handed = False
         try:
+            if receiver is None:
+                receiver = await self.load_manager.select_receiver(self.info.broker_id)
+            if receiver is not None:
+                await self.ownership.hand_over(namespace, bundle, receiver.broker_id)
+                handed = True
             topics = self.topics_in(namespace, bundle)
             for topic in topics:
-                await self.unload_topic(topic)
-            unloaded = len(topics)
-            assert self.ownership is not None
-            await self.ownership.release(namespace, bundle)
-            log.info("bundle %s/%s unloaded (%d topics)", namespace, bundle, unloaded)
-            return unloaded
+                await self.unload_topic(topic, receiver)
+            to = receiver.broker_id if receiver is not None else None
+            await self.ownership.release(namespace, bundle, to)
+            handed = False
+            log.info(
+                "bundle %s/%s unloaded (%d topics)%s",
+                namespace,
+                bundle,
+                len(topics),
+                f", handed to {to}" if to else "",
+            )
+            return len(topics)
         finally:
             self._unloading.discard(key)
+            if handed:  # failed before the release: the note must not send clients away
+                await self.ownership.release_note(namespace, bundle)
 
     async def split_bundle(
         self, namespace: str, bundle: BundleRange, algorithm: str, *, unload: bool
@@ -472,14 +492,18 @@ class Broker:
                     await self.unload_bundle(namespace, half)
         return pair
 
-    async def unload_topic(self, topic: PersistentTopic | NonPersistentTopic) -> None:
+    async def unload_topic(
+        self, topic: PersistentTopic | NonPersistentTopic, receiver: BrokerInfo | None = None
+    ) -> None:
+        """Stop serving ``topic``: drain the sends in flight, tell its clients to go (to
+        ``receiver`` if the topic is handed there), close it."""
         if self.topics.get(str(topic.name)) is topic:
             del self.topics[str(topic.name)]
         try:
             await asyncio.wait_for(topic.stop_publishing(), UNLOAD_DRAIN_TIMEOUT_S)
         except TimeoutError:
             log.warning("topic %s: sends still in flight at unload; closing anyway", topic.name)
-        topic.disconnect_clients()
+        topic.disconnect_clients(receiver.service_url if receiver is not None else None)
         try:
             await topic.close()
         except Exception as e:

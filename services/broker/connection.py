@@ -450,7 +450,7 @@ class ServerConnection(asyncio.Protocol):
             epoch = await topic.producers.add(
                 (id(self), body.producer_id),
                 mode,
-                lambda: self._fence_producer(body.producer_id),
+                lambda assigned_url: self._fence_producer(body.producer_id, assigned_url),
                 epoch,
             )
         except ProducerFencedError as e:
@@ -488,10 +488,14 @@ class ServerConnection(asyncio.Protocol):
         success.topic_epoch = topic.producers.topic_epoch if epoch is None else epoch
         self.send(success)
 
-    def _fence_producer(self, producer_id: int) -> None:
-        """Another producer took the topic with ExclusiveWithFencing, or the topic went away."""
+    def _fence_producer(self, producer_id: int, assigned_url: str | None) -> None:
+        """Another producer took the topic with ExclusiveWithFencing, or the topic went away
+        (to the broker at ``assigned_url``, when it was handed over)."""
         if self.producers.pop(producer_id, None) is not None:
-            self.send(pb.CommandCloseProducer(producer_id=producer_id, request_id=0))
+            close = pb.CommandCloseProducer(producer_id=producer_id, request_id=0)
+            if assigned_url is not None and self.knows_assigned_broker:
+                close.assignedBrokerServiceUrl = assigned_url
+            self.send(close)
 
     def _close_producer(self, body: pb.CommandCloseProducer, frame: codec.Frame) -> None:
         found = self.producers.pop(body.producer_id, None)
@@ -621,13 +625,25 @@ class ServerConnection(asyncio.Protocol):
         self.consumers[body.consumer_id] = (subscription, consumer)
         self.send(pb.CommandSuccess(request_id=body.request_id))
 
-    def close_consumer(self, subscription: AnySubscription, consumer: Consumer) -> None:
+    def close_consumer(
+        self, subscription: AnySubscription, consumer: Consumer, assigned_url: str | None = None
+    ) -> None:
         """The broker ends this consumer (its topic is unloaded or sought): CLOSE_CONSUMER
-        tells the client to reconnect."""
+        tells the client to reconnect (to the broker at ``assigned_url``, when the topic was
+        handed over)."""
         if self.consumers.get(consumer.consumer_id) == (subscription, consumer):
             del self.consumers[consumer.consumer_id]
             subscription.remove_consumer(consumer)
-            self.send(pb.CommandCloseConsumer(consumer_id=consumer.consumer_id, request_id=0))
+            close = pb.CommandCloseConsumer(consumer_id=consumer.consumer_id, request_id=0)
+            if assigned_url is not None and self.knows_assigned_broker:
+                close.assignedBrokerServiceUrl = assigned_url
+            self.send(close)
+
+    @property
+    def knows_assigned_broker(self) -> bool:
+        """Whether the client reads the new owner's URL in CLOSE_PRODUCER / CLOSE_CONSUMER
+        (clients of protocol version 20 and later; older ones look the topic up again)."""
+        return self.protocol_version >= pb.v20
 
     def _drop_consumer(self, subscription: AnySubscription, consumer: Consumer) -> None:
         subscription.remove_consumer(consumer)

@@ -31,7 +31,7 @@ from typing import NamedTuple
 from magnetar.broker import bundles
 from magnetar.broker.bundles import BundleRange
 from magnetar.broker.config import BrokerConfig
-from magnetar.broker.ownership import BrokerInfo, OwnershipStore, ownership_key, unloaded_from
+from magnetar.broker.ownership import BrokerInfo, OwnershipStore, ownership_key, read_unload_note
 from magnetar.broker.registry import BrokerRegistry, BundleStats, LoadReport
 from magnetar.common.metadata import (
     NOT_EXISTS,
@@ -232,7 +232,10 @@ class LoadManager:
         active = await self._registry.active()
         now = self._clock()
         counts = self._bundle_counts(now)
-        left = await unloaded_from(self._store, namespace, bundle)
+        note = await read_unload_note(self._store, namespace, bundle)
+        left = note.source if note is not None else None
+        if note is not None and note.to in active:  # handed over by its last owner
+            return active[note.to][0]
         pending = self._pending.get((namespace, bundle))
         if pending is not None and pending[0] in active and pending[0] != left:
             return active[pending[0]][0]
@@ -243,6 +246,15 @@ class LoadManager:
         self._pending[(namespace, bundle)] = (chosen, now + PENDING_PLACEMENT_SECONDS)
         log.info("bundle %s/%s: placed on broker %s", namespace, bundle, chosen)
         return active[chosen][0]
+
+    async def select_receiver(self, leaving: str) -> BrokerInfo | None:
+        """Where a bundle that broker ``leaving`` unloads should go: the least loaded of the
+        other brokers (None when there is no other)."""
+        active = await self._registry.active()
+        candidates = {b: report for b, (_, report) in active.items() if b != leaving}
+        if not candidates:
+            return None
+        return active[select_broker(candidates, self._bundle_counts(self._clock()))][0]
 
     def _bundle_counts(self, now: float) -> dict[str, int]:
         owners = self._ownership.owners()

@@ -185,12 +185,13 @@ class NonPersistentTopic:
     async def store_epoch(self, epoch: int) -> None:
         pass  # nothing outlives a non-persistent topic's owner
 
-    def disconnect_clients(self) -> None:
-        """Unloading: producers and consumers are told to reconnect (to the owner)."""
-        self.producers.close_all()
+    def disconnect_clients(self, assigned_url: str | None = None) -> None:
+        """Unloading: producers and consumers are told to reconnect (to the owner; the
+        broker at ``assigned_url`` when the topic is handed over)."""
+        self.producers.close_all(assigned_url)
         for subscription in self.subscriptions.values():
             for consumer in list(subscription.consumers):
-                consumer.connection.close_consumer(subscription, consumer)
+                consumer.connection.close_consumer(subscription, consumer, assigned_url)
 
     async def delete(self, *, force: bool) -> None:
         busy = len(self.producers) + sum(len(s.consumers) for s in self.subscriptions.values())

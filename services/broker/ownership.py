@@ -102,16 +102,34 @@ def unloaded_key(namespace: str, bundle: BundleRange) -> str:
     return _bundle_key(UNLOADED_ROOT, namespace, bundle)
 
 
-async def unloaded_from(store: MetadataStore, namespace: str, bundle: BundleRange) -> str | None:
-    """The broker ``bundle`` was last released by, if that was less than a minute ago."""
+@dataclass(slots=True, frozen=True)
+class UnloadNote:
+    """Where a bundle is going: written when its owner starts unloading it (``to`` is the
+    broker it is handed to, when one was chosen) and kept after the release, so the leader
+    places it elsewhere and the chosen broker may take it while clients reconnect to it."""
+
+    source: str  # broker id it leaves
+    to: str | None  # broker id it is handed to, if chosen
+    at_ms: int
+
+    def to_json(self) -> bytes:
+        return json.dumps({"from": self.source, "to": self.to, "atMs": self.at_ms}).encode()
+
+
+async def read_unload_note(
+    store: MetadataStore, namespace: str, bundle: BundleRange
+) -> UnloadNote | None:
+    """The bundle's unload note, if it was written less than a minute ago."""
     found = await store.get(unloaded_key(namespace, bundle))
     if found is None:
         return None
     try:
         note = json.loads(found.value)
-        if time.time() * 1000 - int(note["atMs"]) < UNLOADED_MEMORY_S * 1000:
-            return str(note["from"])
-    except (ValueError, KeyError, TypeError):
+        at_ms = int(note["atMs"])
+        to = note.get("to")
+        if time.time() * 1000 - at_ms < UNLOADED_MEMORY_S * 1000:
+            return UnloadNote(str(note["from"]), str(to) if to else None, at_ms)
+    except (ValueError, KeyError, TypeError, AttributeError):
         pass
     return None
 
@@ -228,6 +246,8 @@ class OwnershipStore:
         self._closed = False
         self._lost_listeners: list[Callable[[], None]] = []
         self._bundle_lost_listeners: list[Callable[[str, BundleRange], None]] = []
+        #: Set (and replaced) on every change of an ownership key: wait_released waits on it.
+        self._change = asyncio.Event()
         #: One claim at a time per bundle: concurrent lookups of an unowned bundle must not
         #: take each other's fresh key for one left by a previous session.
         self._claims: dict[tuple[str, BundleRange], asyncio.Lock] = {}
@@ -375,9 +395,10 @@ class OwnershipStore:
         log.info("bundle %s/%s: split into %s and %s, both kept", namespace, bundle, *new_pair)
         return updated
 
-    async def release(self, namespace: str, bundle: BundleRange) -> None:
+    async def release(self, namespace: str, bundle: BundleRange, to: str | None = None) -> None:
         """Give up the bundle (after unloading it): delete its key if it is ours, and note that
-        it left this broker (``unloaded_key``) so the leader places it on another one."""
+        it left this broker (``unloaded_key``) so the leader places it on another one: on
+        broker ``to`` if the unload handed it there."""
         key = ownership_key(namespace, bundle)
         version = self._owned.pop((namespace, bundle), None)
         if version is None:
@@ -388,13 +409,44 @@ class OwnershipStore:
             version = current.version
         if self._store.session_lost:
             return  # the key went with the session
-        note = json.dumps({"from": self.me.broker_id, "atMs": int(time.time() * 1000)}).encode()
+        note = UnloadNote(self.me.broker_id, to, int(time.time() * 1000)).to_json()
         with contextlib.suppress(BadVersionError, NoSuchKeyError):
             await self._store.transaction(
                 [Expect(key, version)],
                 [Delete(key), Put(unloaded_key(namespace, bundle), note)],
             )
             log.info("bundle %s/%s: released", namespace, bundle)
+
+    async def hand_over(self, namespace: str, bundle: BundleRange, to: str) -> None:
+        """Note, before unloading ``bundle``, that it goes to broker ``to``: clients told to
+        reconnect there find it ready to take the bundle as soon as we release it."""
+        note = UnloadNote(self.me.broker_id, to, int(time.time() * 1000))
+        await self._store.put(unloaded_key(namespace, bundle), note.to_json())
+
+    async def release_note(self, namespace: str, bundle: BundleRange) -> None:
+        """Withdraw a hand-over note (the unload failed before the release): lookups go to
+        the owner again. Best effort: a note expires after a minute anyway."""
+        try:
+            await self._store.delete(unloaded_key(namespace, bundle))
+        except (NoSuchKeyError, MetadataError) as e:
+            log.warning("bundle %s/%s: hand-over note not withdrawn: %s", namespace, bundle, e)
+
+    async def wait_released(
+        self, namespace: str, bundle: BundleRange, holder: str, timeout_s: float
+    ) -> bool:
+        """Wait until broker ``holder`` no longer owns ``bundle`` (as the watch tells);
+        False if it still does after ``timeout_s``."""
+        key = ownership_key(namespace, bundle)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            current = _decode(key, self._cache.get(key))
+            if current is None or current.broker_id != holder:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._change.wait(), left)
 
     def add_lost_listener(self, callback: Callable[[], None]) -> None:
         """``callback()`` runs once when the session may be lost (this broker must stop serving
@@ -425,6 +477,8 @@ class OwnershipStore:
     # -- internals ------------------------------------------------------------------------
 
     def _changed(self, key: str, value: bytes | None, version: int) -> None:
+        self._change.set()
+        self._change = asyncio.Event()
         try:
             namespace, bundle = parse_ownership_key(key)
         except ValueError:

@@ -30,7 +30,9 @@ class ProducerFencedError(Exception):
 
 class ProducerSet:
     def __init__(self) -> None:
-        self._producers: dict[ProducerKey, Callable[[], None]] = {}  # key -> how to fence it
+        self._producers: dict[
+            ProducerKey, Callable[[str | None], None]
+        ] = {}  # key -> how to fence it
         self._exclusive: ProducerKey | None = None
         self._released = asyncio.Event()
         self.topic_epoch = 0
@@ -42,11 +44,12 @@ class ProducerSet:
         self,
         key: ProducerKey,
         mode: Mode,
-        fence: Callable[[], None],
+        fence: Callable[[str | None], None],
         epoch: int | None = None,
     ) -> int:
-        """Attach a producer; returns the topic epoch. ``fence`` closes it if another producer
-        takes the topic with ExclusiveWithFencing. ``epoch``: the epoch an exclusive producer
+        """Attach a producer; returns the topic epoch. ``fence(url)`` closes it (telling the
+        client to reconnect to ``url`` when that is known) if another producer takes the
+        topic with ExclusiveWithFencing or the topic goes away. ``epoch``: the epoch an exclusive producer
         held before it reconnected; older than the topic's means it was fenced meanwhile."""
         if mode != pb.Shared and epoch is not None and epoch < self.topic_epoch:
             raise ProducerFencedError(
@@ -66,7 +69,7 @@ class ProducerSet:
         elif mode == pb.ExclusiveWithFencing:
             for other, fence_other in list(self._producers.items()):
                 self._producers.pop(other, None)
-                fence_other()
+                fence_other(None)
             self._exclusive = None
         else:
             raise ProducerBusyError(f"unknown access mode {mode}")
@@ -83,10 +86,11 @@ class ProducerSet:
             if not self._producers:
                 self._released.set()
 
-    def close_all(self) -> None:
-        """Close every producer (the topic is going away): each is told with CLOSE_PRODUCER."""
+    def close_all(self, assigned_url: str | None = None) -> None:
+        """Close every producer (the topic is going away): each is told with CLOSE_PRODUCER,
+        naming the broker to reconnect to when the topic is handed over."""
         producers, self._producers = self._producers, {}
         self._exclusive = None
         for fence in producers.values():
-            fence()
+            fence(assigned_url)
         self._released.set()

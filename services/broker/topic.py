@@ -286,13 +286,14 @@ class PersistentTopic:
         if int(self.ml.properties.get(TOPIC_EPOCH_PROPERTY, "0")) < epoch:
             await self.ml.set_property(TOPIC_EPOCH_PROPERTY, str(epoch))
 
-    def disconnect_clients(self) -> None:
+    def disconnect_clients(self, assigned_url: str | None = None) -> None:
         """Unloading: every producer and consumer is told to go (CLOSE_PRODUCER /
-        CLOSE_CONSUMER); the clients look the topic up again and reconnect to its owner."""
-        self.producers.close_all()
+        CLOSE_CONSUMER); the clients look the topic up again and reconnect to its owner
+        (the broker at ``assigned_url`` when the topic is handed over)."""
+        self.producers.close_all(assigned_url)
         for subscription in self.subscriptions.values():
             for consumer in list(subscription.consumers):
-                consumer.connection.close_consumer(subscription, consumer)
+                consumer.connection.close_consumer(subscription, consumer, assigned_url)
 
     async def delete(self, *, force: bool) -> None:
         busy = len(self.producers) + sum(

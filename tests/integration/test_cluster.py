@@ -20,6 +20,8 @@ import pulsar
 import pytest
 
 from magnetar.broker.bundles import BundleRange, topic_hash
+from magnetar.common.proto import pulsar_api_pb2 as pb
+from magnetar.common.protocol import codec
 from tests.support.cluster import (
     BrokerProcess,
     ConsumerThread,
@@ -29,7 +31,10 @@ from tests.support.cluster import (
     cluster_fixture,
     wait_delivered,
 )
+from tests.support.raw_client import RawConnection
 from tests.support.standalone import QUIET
+
+Type = pb.BaseCommand.Type
 
 TENANT = "cluster-it"
 NAMESPACES = [f"{TENANT}/ns{i}" for i in range(4)]
@@ -182,6 +187,72 @@ def test_producer_and_consumer_work_across_bundle_unloads(
     assert first_seen == sorted(first_seen), "delivery order broken across unloads"
     for broker in cluster.brokers:
         assert_no_traceback(broker)
+
+
+@pytest.mark.parametrize("protocol_version", [codec.SERVER_PROTOCOL_VERSION, 19])
+def test_unload_to_a_named_broker_tells_clients_its_url(
+    cluster: MagnetarCluster, protocol_version: int
+) -> None:
+    """``?destinationBroker=``: the owner hands the bundle over; its producers and consumers
+    are closed with the receiver's URL (clients of protocol version 20 and later read it and
+    reconnect there without a lookup; older ones get a plain close), and the receiver owns
+    the bundle once it is looked up again."""
+    namespace = f"{TENANT}/handover"
+    cluster.create_namespace(*namespace.split("/"))
+    topic = f"persistent://{namespace}/v{protocol_version}"
+    owner_url = cluster.http_lookup(topic)["brokerUrl"]
+    owner = next(b for b in cluster.brokers if b.url == owner_url)
+    receiver = next(b for b in cluster.brokers if b is not owner)
+    bundle = _bundle_of(cluster, namespace, topic)
+    with RawConnection(owner) as conn:  # type: ignore[arg-type]
+        conn.connect(protocol_version)
+        conn.command(pb.CommandProducer(topic=topic, producer_id=1, request_id=1))
+        conn.expect(Type.PRODUCER_SUCCESS)
+        conn.command(
+            pb.CommandSubscribe(
+                topic=topic,
+                subscription="s",
+                subType=pb.CommandSubscribe.Exclusive,
+                consumer_id=2,
+                request_id=2,
+            )
+        )
+        conn.expect(Type.SUCCESS)
+        cluster.admin_json(
+            "PUT",
+            f"/admin/v2/namespaces/{namespace}/{bundle}/unload"
+            f"?destinationBroker={receiver.broker_id}",
+        )
+        closes = {}
+        while len(closes) < 2:
+            frame = conn.next_frame()
+            closes[frame.type] = frame.body
+    closed_producer = closes[Type.CLOSE_PRODUCER]
+    closed_consumer = closes[Type.CLOSE_CONSUMER]
+    assert (closed_producer.producer_id, closed_consumer.consumer_id) == (1, 2)
+    if protocol_version >= 20:
+        assert closed_producer.assignedBrokerServiceUrl == receiver.url
+        assert closed_consumer.assignedBrokerServiceUrl == receiver.url
+    else:
+        assert not closed_producer.HasField("assignedBrokerServiceUrl")
+        assert not closed_consumer.HasField("assignedBrokerServiceUrl")
+    # Looked up through the third broker (neither the old owner nor the receiver).
+    third = next(b for b in cluster.brokers if b not in (owner, receiver))
+    assert cluster.http_lookup(topic, third)["brokerUrl"] == receiver.url
+    assert cluster.owner_of_topic(topic) == receiver.broker_id
+
+
+def test_unload_to_an_unknown_broker_is_refused(cluster: MagnetarCluster) -> None:
+    namespace = f"{TENANT}/handover"
+    cluster.create_namespace(*namespace.split("/"))
+    topic = f"persistent://{namespace}/refused"
+    owner_url = cluster.http_lookup(topic)["brokerUrl"]
+    bundle = _bundle_of(cluster, namespace, topic)
+    path = f"/admin/v2/namespaces/{namespace}/{bundle}/unload?destinationBroker=nobody:1"
+    status, body = cluster.admin("PUT", path)
+    assert status == 404, (status, body)
+    assert "nobody:1" in str(body)
+    assert cluster.http_lookup(topic)["brokerUrl"] == owner_url  # nothing moved
 
 
 def _bundle_of(cluster: MagnetarCluster, namespace: str, topic: str) -> str:

@@ -60,11 +60,9 @@ class RawConnection:
         """Encode and send a simple command (a BaseCommand or a bare body)."""
         self.send(codec.encode_command(body))  # type: ignore[arg-type]
 
-    def connect(self) -> pb.CommandConnected:
+    def connect(self, protocol_version: int = codec.SERVER_PROTOCOL_VERSION) -> pb.CommandConnected:
         self.command(
-            pb.CommandConnect(
-                client_version="magnetar-raw-test", protocol_version=codec.SERVER_PROTOCOL_VERSION
-            )
+            pb.CommandConnect(client_version="magnetar-raw-test", protocol_version=protocol_version)
         )
         return self.expect(Type.CONNECTED).body  # type: ignore[return-value]
 
