@@ -1,0 +1,297 @@
+"""The ``pulsar`` source: a streaming and a batch reader over Magnetar topic-partitions.
+
+The driver plans: it asks the admin API for each topic-partition's ledgers and turns them into
+entry offsets (``offsets.py``). An executor reads one ``(start, end]`` range of one
+topic-partition with a non-durable reader of the official client, its own client in its own
+process, and stops at ``end`` without reading on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import pulsar
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from magnetar.spark.admin import Admin, LedgerStats, TopicName
+from magnetar.spark.offsets import (
+    EARLIEST,
+    EntryPosition,
+    OffsetMap,
+    advance,
+    entries_after,
+    is_lost,
+    last_position,
+    normalize,
+    parse_starting,
+    share_limit,
+)
+from magnetar.spark.options import SourceOptions
+
+log = logging.getLogger("magnetar.spark")
+
+#: The rows the source produces.
+SCHEMA = (
+    "value binary, __key string, __topic string, __messageId binary, "
+    "__publishTime timestamp, __eventTime timestamp, __messageProperties map<string,string>"
+)
+
+
+class DataLossError(RuntimeError):
+    """Entries the query still needed are gone (retention, or the topic deleted)."""
+
+
+@dataclass(frozen=True)  # no slots: InputPartition has a __dict__ and is pickled
+class RangePartition(InputPartition):
+    """One Spark task: the entries of ``topic`` after ``start`` up to and including ``end``."""
+
+    topic: str
+    start: EntryPosition
+    end: EntryPosition
+    options: SourceOptions
+
+
+def _millis(ms: int) -> datetime | None:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC) if ms > 0 else None
+
+
+def _row(msg: pulsar.Message) -> tuple[object, ...]:
+    return (
+        msg.data(),
+        msg.partition_key() or None,
+        msg.topic_name(),
+        msg.message_id().serialize(),
+        _millis(msg.publish_timestamp()),
+        _millis(msg.event_timestamp()),
+        dict(msg.properties()),
+    )
+
+
+def read_range(partition: RangePartition) -> Iterator[tuple[object, ...]]:
+    """Every message of the entries in ``(start, end]``, in order, then stop.
+
+    The reader starts at ``start`` itself and skips it: a batch is one entry, and the client's
+    own exclusion would only skip its first message. Whether the range is finished is known
+    from the message ids alone, except inside a batch at ``end``, where the reader asks the
+    broker whether more is available (its last message id carries the batch index)."""
+    opts = partition.options
+    quiet = logging.getLogger("pulsar-client")
+    quiet.setLevel(logging.WARNING)
+    client = pulsar.Client(opts.service_url, logger=quiet, **opts.client)  # type: ignore[arg-type]
+    start, end = partition.start, partition.end
+    try:
+        first = (
+            pulsar.MessageId.earliest
+            if start == EARLIEST
+            else pulsar.MessageId(-1, start.ledger, max(start.entry, 0), -1)
+        )
+        reader = client.create_reader(
+            partition.topic, first, start_message_id_inclusive=True, **opts.reader
+        )
+        while True:
+            if not reader.has_message_available():
+                _ended_early(partition, "the topic-partition ends before it")
+                return
+            msg = reader.read_next(opts.poll_timeout_ms)
+            msg_id = msg.message_id()
+            at = EntryPosition(msg_id.ledger_id(), msg_id.entry_id())
+            if at <= start:
+                continue
+            if at > end:
+                return
+            yield _row(msg)
+            if at == end and (msg_id.batch_index() < 0 or not reader.has_message_available()):
+                return
+    finally:
+        client.close()
+
+
+def _ended_early(partition: RangePartition, why: str) -> None:
+    text = (
+        f"topic-partition {partition.topic}: entries up to {partition.end} were planned but "
+        f"{why}; they were deleted (retention, or the topic deleted) after planning"
+    )
+    if partition.options.fail_on_data_loss:
+        raise DataLossError(text + "; set failOnDataLoss=false to skip lost data")
+    log.warning("%s; skipped (failOnDataLoss=false)", text)
+
+
+class _Planner:
+    """What the driver knows about the topics: their partitions and ledgers, asked fresh."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self.admin = Admin(options.admin_url)
+
+    def partitions(self) -> list[str]:
+        """The topic-partitions read now; new partitions and matching topics appear here."""
+        topics = (
+            self.admin.matching_topics(self.options.topics_pattern)
+            if self.options.topics_pattern
+            else [str(TopicName.parse(t)) for t in self.options.topics]
+        )
+        return sorted(p for t in topics for p in self.admin.topic_partitions(TopicName.parse(t)))
+
+    def stats(self, names: list[str]) -> dict[str, LedgerStats]:
+        return {name: self.admin.ledger_stats(name) for name in names}
+
+    def resolve(self, text: str, stats: dict[str, LedgerStats]) -> dict[str, EntryPosition]:
+        """``startingOffsets``/``endingOffsets`` as positions, ``latest`` as the last entry."""
+        given = parse_starting(text, sorted(stats))
+        out = {}
+        for name, value in given.items():
+            if name not in stats:
+                continue
+            if value == "earliest":
+                out[name] = EARLIEST
+            elif value == "latest":
+                out[name] = normalize(last_position(stats[name].ledgers), stats[name].ledgers)
+            else:
+                assert isinstance(value, EntryPosition)
+                out[name] = value
+        return out
+
+    def check_loss(self, name: str, start: EntryPosition, stats: LedgerStats) -> None:
+        if not is_lost(start, stats.ledgers):
+            return
+        text = (
+            f"topic-partition {name}: the query's offset {start} points into ledger "
+            f"{start.ledger}, which the topic no longer has (retention deleted it, or the topic "
+            f"was deleted); the entries after it that the query had not read are lost"
+        )
+        if self.options.fail_on_data_loss:
+            raise DataLossError(
+                text + "; set failOnDataLoss=false to go on from the earliest stored entry"
+            )
+        log.warning("%s; going on from the earliest stored entry (failOnDataLoss=false)", text)
+
+    def ranges(
+        self, start: dict[str, EntryPosition], end: dict[str, EntryPosition]
+    ) -> list[RangePartition]:
+        """One input partition per topic-partition with entries in ``(start, end]``."""
+        stats = self.stats(sorted(end))
+        out = []
+        for name, stop in sorted(end.items()):
+            begin = start.get(name, EARLIEST)
+            ledgers = stats[name].ledgers
+            if entries_after(begin, ledgers) - entries_after(stop, ledgers) > 0:
+                out.append(RangePartition(name, begin, stop, self.options))
+        return out
+
+
+def _positions(offsets: dict) -> dict[str, EntryPosition]:
+    return {name: EntryPosition.from_json(value) for name, value in offsets.items()}
+
+
+def _offsets(positions: dict[str, EntryPosition]) -> OffsetMap:
+    return {name: position.to_json() for name, position in sorted(positions.items())}
+
+
+class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches over entry offsets kept in Spark's checkpoint (see ``offsets.py``).
+
+    ``latestOffset`` respects the engine's ``ReadLimit``: ``maxEntriesPerTrigger`` is a
+    ``ReadMaxRows`` counted in entries, ``maxBytesPerTrigger`` a ``ReadMaxBytes`` turned into
+    entries by each topic-partition's mean entry size; ``Trigger.AvailableNow`` fixes a target
+    in ``prepareForTriggerAvailableNow`` and never goes past it."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self.planner = _Planner(options)
+        self.target: dict[str, EntryPosition] | None = None
+
+    def initialOffset(self) -> dict:
+        stats = self.planner.stats(self.planner.partitions())
+        return _offsets(self.planner.resolve(self.options.starting_offsets, stats))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_entries_per_trigger is not None:
+            return ReadMaxRows(self.options.max_entries_per_trigger)
+        if self.options.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(self.options.max_bytes_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        stats = self.planner.stats(self.planner.partitions())
+        self.target = {
+            name: normalize(last_position(s.ledgers), s.ledgers) for name, s in stats.items()
+        }
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        begin = _positions(start)
+        stats = self.planner.stats(self.planner.partitions())
+        for name in begin.keys() - stats.keys():  # a topic no longer matched keeps its offset
+            log.info("topic-partition %s is no longer read", name)
+        latest: dict[str, EntryPosition] = {}
+        available: dict[str, int] = {}
+        for name, s in stats.items():
+            here = begin.get(name, EARLIEST)
+            self.planner.check_loss(name, here, s)
+            last = normalize(last_position(s.ledgers), s.ledgers)
+            if self.target is not None:
+                last = min(last, self.target.get(name, here))
+            latest[name] = max(last, here)
+            available[name] = entries_after(here, s.ledgers) - entries_after(
+                latest[name], s.ledgers
+            )
+        budget = self._budget(limit, available, stats)
+        if budget is not None:
+            shares = share_limit(budget, available)
+            for name, share in shares.items():
+                if share < available[name]:
+                    here = begin.get(name, EARLIEST)
+                    latest[name] = advance(here, share, stats[name].ledgers)
+        ends = {name: normalize(position, stats[name].ledgers) for name, position in latest.items()}
+        return _offsets({**begin, **ends})
+
+    @staticmethod
+    def _budget(
+        limit: ReadLimit, available: dict[str, int], stats: dict[str, LedgerStats]
+    ) -> int | None:
+        """The most entries this micro-batch may read; ``None`` for no limit."""
+        if isinstance(limit, ReadMaxRows):
+            return limit.max_rows
+        if isinstance(limit, ReadMaxBytes):
+            wanted = [n for n, count in available.items() if count > 0]
+            if not wanted:
+                return None
+            mean = sum(stats[n].bytes_per_entry for n in wanted) / len(wanted)
+            return max(1, int(limit.max_bytes // max(mean, 1.0)))
+        return None
+
+    def partitions(self, start: dict, end: dict) -> list[RangePartition]:
+        return self.planner.ranges(_positions(start), _positions(end))
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[object, ...]]:
+        assert isinstance(partition, RangePartition)
+        return read_range(partition)
+
+
+class PulsarBatchReader(DataSourceReader):
+    """A batch read of ``(startingOffsets, endingOffsets]``, planned when the query starts."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> list[RangePartition]:
+        planner = _Planner(self.options)
+        stats = planner.stats(planner.partitions())
+        start = planner.resolve(self.options.starting_offsets, stats)
+        end = planner.resolve(self.options.ending_offsets, stats)
+        for name, position in start.items():
+            planner.check_loss(name, position, stats[name])
+        return planner.ranges(start, {n: max(end[n], start[n]) for n in end})
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[object, ...]]:
+        assert isinstance(partition, RangePartition)
+        return read_range(partition)
