@@ -69,6 +69,8 @@ class ServerConnection(asyncio.Protocol):
         self.state = ConnectionState.AWAITING_CONNECT
         self.protocol_version = 0
         self.producers: dict[int, tuple[AnyTopic, str]] = {}
+        #: Producer ids this broker closed (fenced, unloaded): their late sends are ignored.
+        self.closed_by_broker: set[int] = set()
         self.consumers: dict[int, tuple[AnySubscription, Consumer]] = {}
         #: False while the transport's buffer is above its high-water mark.
         self.writable = True
@@ -471,6 +473,7 @@ class ServerConnection(asyncio.Protocol):
             topic.producers.remove((id(self), body.producer_id))
             return
         self.producers[body.producer_id] = (topic, producer_name)
+        self.closed_by_broker.discard(body.producer_id)
         self._producer_success(body, topic, producer_name, epoch)
 
     def _producer_success(
@@ -492,6 +495,7 @@ class ServerConnection(asyncio.Protocol):
         """Another producer took the topic with ExclusiveWithFencing, or the topic went away
         (to the broker at ``assigned_url``, when it was handed over)."""
         if self.producers.pop(producer_id, None) is not None:
+            self.closed_by_broker.add(producer_id)
             close = pb.CommandCloseProducer(producer_id=producer_id, request_id=0)
             if assigned_url is not None and self.knows_assigned_broker:
                 close.assignedBrokerServiceUrl = assigned_url
@@ -506,6 +510,10 @@ class ServerConnection(asyncio.Protocol):
     def _send_message(self, body: pb.CommandSend, frame: codec.Frame) -> None:
         found = self.producers.get(body.producer_id)
         if found is None:
+            if body.producer_id in self.closed_by_broker:
+                # Sent before the client read our CLOSE_PRODUCER: it sends them again where
+                # it reconnects (Pulsar ignores these too, rather than close the connection).
+                return
             self._send_error(
                 body,
                 pb.NotAllowedError,
@@ -531,6 +539,8 @@ class ServerConnection(asyncio.Protocol):
             if done.cancelled():
                 return
             error = done.exception()
+            if isinstance(error, TopicUnloadingError):
+                return  # nothing stored: CLOSE_PRODUCER follows, and the client sends it again
             if error is not None:
                 if isinstance(error, ManagedLedgerFencedError):
                     self.broker.topic_fenced(topic)
@@ -540,8 +550,6 @@ class ServerConnection(asyncio.Protocol):
                     body,
                     pb.NotAllowedError
                     if isinstance(error, EntryTooLargeForLedgerError)
-                    else pb.ServiceNotReady
-                    if isinstance(error, TopicUnloadingError)
                     else pb.PersistenceError,
                     str(error),
                 )

@@ -31,7 +31,7 @@ from tests.support.cluster import (
     cluster_fixture,
     wait_delivered,
 )
-from tests.support.raw_client import RawConnection
+from tests.support.raw_client import RawConnection, send_frame
 from tests.support.standalone import QUIET
 
 Type = pb.BaseCommand.Type
@@ -227,6 +227,11 @@ def test_unload_to_a_named_broker_tells_clients_its_url(
         while len(closes) < 2:
             frame = conn.next_frame()
             closes[frame.type] = frame.body
+        # A send the client wrote before it read the close is ignored (the client sends it
+        # again to the receiver), not answered with an error that drops the connection.
+        conn.send(send_frame(1, 0, b"late"))
+        conn.command(pb.CommandPing())
+        conn.expect(Type.PONG)
     closed_producer = closes[Type.CLOSE_PRODUCER]
     closed_consumer = closes[Type.CLOSE_CONSUMER]
     assert (closed_producer.producer_id, closed_consumer.consumer_id) == (1, 2)
