@@ -14,7 +14,11 @@ from pathlib import Path
 import crc32c
 
 from magnetar.bookie import journal as jnl
+from magnetar.bookie.auditor import ELECTION as AUDITOR_ELECTION
+from magnetar.bookie.auditor import ledgers_by_bookie, mark_ledgers_of
 from magnetar.bookie.index import rebuild_index
+from magnetar.bookie.metrics import BookieMetrics
+from magnetar.bookie.replication import ReplicationSettings, ReplicationWorker
 from magnetar.common.filelock import LockedError, acquire_lock
 from magnetar.common.ledger.bookie_client import BookieClient, BookieError
 from magnetar.common.ledger.bookies import list_bookies
@@ -29,6 +33,14 @@ from magnetar.common.ledger.identity import (
 )
 from magnetar.common.ledger.identity import reregister as reregister_cookie
 from magnetar.common.ledger.placement import NotEnoughBookiesError
+from magnetar.common.ledger.underreplication import (
+    LOCKS_PATH,
+    decommissioning_key,
+    list_marks,
+    lock_key,
+    read_settings,
+    update_settings,
+)
 from magnetar.common.metadata import MetadataStore, open_store
 
 DEFAULT_METADATA_URL = "etcd://127.0.0.1:2379"
@@ -84,10 +96,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
     p = sub.add_parser(
-        "recover", help="open a ledger with recovery (fence + close) and print the result"
+        "recover",
+        help="LEDGER_ID: open a ledger with recovery (fence + close) and print the result; "
+        "BOOKIE[,BOOKIE...]: re-replicate every ledger off those bookies now",
+        description="With a ledger id: fence and close that ledger. With bookie addresses: mark "
+        "every ledger with a fragment on them under-replicated and replicate them here, with "
+        "the replication worker's code (open ledgers are fenced and recovered first).",
     )
     _metadata_option(p, argparse.SUPPRESS)
-    p.add_argument("ledger_id", type=int)
+    p.add_argument("target", metavar="LEDGER_ID|BOOKIE[,BOOKIE...]")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser(
+        "listunderreplicated", help="ledgers marked under-replicated, with the bookies to replace"
+    )
+    _metadata_option(p, argparse.SUPPRESS)
+    p.add_argument("--json", action="store_true", help="one JSON object per ledger")
+
+    p = sub.add_parser(
+        "decommissionbookie",
+        help="drain a live (or dead) bookie: its ledgers are copied to others, then it can go",
+        description="The bookie turns read-only (writers move off it at their next add), every "
+        "ledger with a fragment on it is marked under-replicated, and the replication workers "
+        "copy them away. Waits until no ledger names the bookie; then stop it and remove it.",
+    )
+    _metadata_option(p, argparse.SUPPRESS)
+    p.add_argument("bookie", metavar="HOST:PORT")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait [default: 3600]")
+    p.add_argument("--no-wait", action="store_true", help="mark and return at once")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser(
+        "autorecovery", help="enable, disable or show autorecovery (auditor and workers)"
+    )
+    _metadata_option(p, argparse.SUPPRESS)
+    p.add_argument("action", choices=("enable", "disable", "status"))
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser(
+        "lostbookierecoverydelay",
+        help="show, or set with --set SECONDS, the auditor's lost_bookie_recovery_delay",
+    )
+    _metadata_option(p, argparse.SUPPRESS)
+    p.add_argument("--set", dest="seconds", type=float, default=None, metavar="SECONDS")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser(
@@ -285,17 +336,164 @@ async def readledger(client: LedgerClient, args: argparse.Namespace) -> int:
 
 
 async def recover(client: LedgerClient, args: argparse.Namespace) -> int:
-    handle = await client.open_ledger(args.ledger_id, recovery=True)
+    if not args.target.isdigit():
+        return await recover_bookies(client, args)
+    ledger_id = int(args.target)
+    handle = await client.open_ledger(ledger_id, recovery=True)
     metadata = handle.metadata
     _emit(
         args,
         {
-            "ledger_id": args.ledger_id,
+            "ledger_id": ledger_id,
             "state": metadata.state.name,
             "last_entry_id": metadata.last_entry_id,
             "length": metadata.length,
         },
-        f"ledger {args.ledger_id}: {metadata.state.name}, last entry {metadata.last_entry_id}, length {metadata.length}",
+        f"ledger {ledger_id}: {metadata.state.name}, last entry {metadata.last_entry_id}, length {metadata.length}",
+    )
+    return 0
+
+
+async def recover_bookies(client: LedgerClient, args: argparse.Namespace) -> int:
+    """Mark the bookies' ledgers and run replication worker passes over exactly those ledgers
+    here (the same code as the workers in the bookies; open ledgers are fenced at once)."""
+    bookies = {b.strip() for b in args.target.split(",") if b.strip()}
+    marked = set(await mark_ledgers_of(client.store, bookies))
+    pending = {i for i, (m, _) in (await list_marks(client.store)).items() if m.bookies & bookies}
+    worker = ReplicationWorker(
+        client,
+        f"bk-recover-{os.getpid()}",
+        ReplicationSettings(open_ledger_rereplication_grace_period=0.0),
+        BookieMetrics(),
+        enabled=_always,
+    )
+    for _ in range(5):
+        if not pending:
+            break
+        await worker.run_once(ledgers=pending)
+        pending = {
+            i for i, (m, _) in (await list_marks(client.store)).items() if m.bookies & bookies
+        }
+    _emit(
+        args,
+        {"bookies": sorted(bookies), "marked": len(marked), "not_done": sorted(pending)},
+        f"recover {', '.join(sorted(bookies))}: {len(marked)} ledgers marked, "
+        + (
+            "all replicated"
+            if not pending
+            else f"{len(pending)} not done yet (locked by a worker, or see the warnings): "
+            f"{sorted(pending)}"
+        ),
+    )
+    return 0 if not pending else 1
+
+
+async def _always() -> bool:
+    return True
+
+
+async def listunderreplicated(client: LedgerClient, args: argparse.Namespace) -> int:
+    locks = await client.store.scan(LOCKS_PATH + "/")
+    for ledger_id, (mark, _) in sorted((await list_marks(client.store)).items()):
+        holder = locks.get(lock_key(ledger_id))
+        worker = holder.value.decode() if holder is not None else None
+        _emit(
+            args,
+            {
+                "ledger_id": ledger_id,
+                "bookies": sorted(mark.bookies),
+                "marked_at": mark.marked_at,
+                "locked_by": worker,
+            },
+            f"{ledger_id}\treplace {', '.join(sorted(mark.bookies))}\tmarked "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(mark.marked_at))}"
+            + (f"\tbeing replicated by {worker}" if worker else ""),
+        )
+    return 0
+
+
+async def _ledgers_on(client: LedgerClient, address: str) -> list[int]:
+    return sorted(
+        i for i, (_, named) in (await ledgers_by_bookie(client.store)).items() if address in named
+    )
+
+
+async def decommissionbookie(client: LedgerClient, args: argparse.Namespace) -> int:
+    address = args.bookie
+    await client.store.put(decommissioning_key(address), b"{}")
+    marked = await mark_ledgers_of(client.store, {address})
+    if not args.json:
+        print(
+            f"decommissionbookie {address}: read-only from its next disk check; "
+            f"{len(marked)} ledgers marked under-replicated"
+        )
+    if not await _autorecovery_enabled(client.store):
+        print(
+            "decommissionbookie: autorecovery is disabled (`magnetar bk autorecovery enable`), "
+            "nothing copies the ledgers away",
+            file=sys.stderr,
+        )
+    remaining = await _ledgers_on(client, address)
+    deadline = time.monotonic() + args.timeout
+    while remaining and not args.no_wait and time.monotonic() < deadline:
+        await asyncio.sleep(1.0)
+        before, remaining = remaining, await _ledgers_on(client, address)
+        if remaining != before and not args.json:
+            print(f"decommissionbookie {address}: {len(remaining)} ledgers still on it")
+        # Ledgers created on it before it turned read-only: mark them too.
+        await mark_ledgers_of(client.store, {address})
+    _emit(
+        args,
+        {"bookie": address, "marked": len(marked), "remaining": remaining},
+        f"decommissionbookie {address}: "
+        + (
+            "no ledger names it any more: stop it and remove it"
+            if not remaining
+            else f"{len(remaining)} ledgers still on it: {remaining}"
+        ),
+    )
+    return 0 if not remaining else 1
+
+
+async def _autorecovery_enabled(store: MetadataStore) -> bool:
+    """The cluster-wide switch; unset means each bookie's own setting (on by default)."""
+    enabled = (await read_settings(store)).auto_recovery_daemon_enabled
+    return enabled is None or enabled
+
+
+async def autorecovery(store: MetadataStore, args: argparse.Namespace) -> int:
+    if args.action != "status":
+        await update_settings(store, auto_recovery_daemon_enabled=args.action == "enable")
+    settings = await read_settings(store)
+    enabled = await _autorecovery_enabled(store)
+    auditor = await store.election(AUDITOR_ELECTION).leader()
+    marks = await list_marks(store)
+    _emit(
+        args,
+        {
+            "enabled": enabled,
+            "auditor": auditor.decode() if auditor else None,
+            "under_replicated": len(marks),
+            "lost_bookie_recovery_delay": settings.lost_bookie_recovery_delay,
+        },
+        f"autorecovery {'enabled' if enabled else 'disabled'}; auditor: "
+        f"{auditor.decode() if auditor else 'none'}; {len(marks)} ledgers under-replicated",
+    )
+    return 0
+
+
+async def lostbookierecoverydelay(store: MetadataStore, args: argparse.Namespace) -> int:
+    if args.seconds is not None:
+        if args.seconds < 0:
+            print("lostbookierecoverydelay: seconds must be >= 0", file=sys.stderr)
+            return 2
+        await update_settings(store, lost_bookie_recovery_delay=args.seconds)
+    delay = (await read_settings(store)).lost_bookie_recovery_delay
+    _emit(
+        args,
+        {"lost_bookie_recovery_delay": delay},
+        "lost_bookie_recovery_delay: "
+        + (f"{delay:g} s" if delay is not None else "not set (each bookie's own setting)"),
     )
     return 0
 
@@ -366,13 +564,15 @@ async def simpletest(client: LedgerClient, args: argparse.Namespace) -> int:
 
 async def reregister(store: MetadataStore, args: argparse.Namespace) -> int:
     cookie = await reregister_cookie(store, args.address)
+    # Its copies are gone even though it registers again under the same address.
+    marked = await mark_ledgers_of(store, {cookie.address})
     _emit(
         args,
         json.loads(cookie.to_json()),
         f"bookie {cookie.address} re-registered empty as incarnation {cookie.incarnation}: "
         f"start it on empty directories; it answers WIPED for ledgers below "
-        f"{cookie.wiped_below}. Ledgers that had entries on it are under-replicated until "
-        "the auditor (or `magnetar bk recover`) copies them back",
+        f"{cookie.wiped_below}. The {len(marked)} ledgers that had entries on it are marked "
+        "under-replicated: the replication workers (or `magnetar bk recover`) copy them back",
     )
     return 0
 
@@ -392,13 +592,20 @@ async def cookies(store: MetadataStore, args: argparse.Namespace) -> int:
     return 0
 
 
-IDENTITY_TOOLS = {"reregister": reregister, "cookies": cookies}
+IDENTITY_TOOLS = {
+    "reregister": reregister,
+    "cookies": cookies,
+    "autorecovery": autorecovery,
+    "lostbookierecoverydelay": lostbookierecoverydelay,
+}
 
 LEDGER_TOOLS = {
     "listledgers": listledgers,
     "ledgermetadata": ledgermetadata,
     "readledger": readledger,
     "recover": recover,
+    "listunderreplicated": listunderreplicated,
+    "decommissionbookie": decommissionbookie,
     "deleteledger": deleteledger,
     "simpletest": simpletest,
 }

@@ -37,8 +37,9 @@ from magnetar.common.ledger.errors import (
     LedgerFencedError,
     LedgerUnauthorizedError,
     NoSuchEntryError,
+    ReadError,
 )
-from magnetar.common.ledger.metadata import LedgerMetadata, LedgerState, ledger_key
+from magnetar.common.ledger.metadata import Fragment, LedgerMetadata, LedgerState, ledger_key
 from magnetar.common.ledger.placement import NotEnoughBookiesError
 from magnetar.common.metadata import BadVersionError
 from magnetar.common.proto import bookie_pb2 as pb
@@ -118,6 +119,7 @@ class LedgerHandle:
         self._room.set()
         self._error: LedgerError | None = None
         self._failed_positions: set[int] = set()
+        self._read_metadata: LedgerMetadata | None = None  # see _read_view
         self._changing: asyncio.Task[None] | None = None
         self._closed = closed
         self._timer: asyncio.Task[None] | None = None
@@ -480,9 +482,41 @@ class LedgerHandle:
         return list(await asyncio.gather(*(one(e) for e in range(first, last + 1))))
 
     async def _read_replicas(self, entry_id: int) -> bytes:
-        fragment = self.metadata.fragment_for(entry_id)
-        bookies = [fragment.bookies[p] for p in self._quorum.write_set(entry_id)]
-        return await self.client.read_from_replicas(self.ledger_id, entry_id, bookies)
+        bookies = self._write_set_of(self._read_view.fragment_for(entry_id), entry_id)
+        try:
+            return await self.client.read_from_replicas(self.ledger_id, entry_id, bookies)
+        except ReadError:
+            # The replication worker may have moved this fragment off a lost bookie since this
+            # handle read the metadata: read it again and, if the copies moved, read those.
+            stored, _ = await self.client.read_metadata(self.ledger_id)
+            moved = self._write_set_of(stored.fragment_for(entry_id), entry_id)
+            if moved == bookies:
+                raise
+            self._read_view = stored
+            log.info(
+                "ledger %d entry %d: replicas moved from %s to %s; reading there",
+                self.ledger_id,
+                entry_id,
+                bookies,
+                moved,
+            )
+            return await self.client.read_from_replicas(self.ledger_id, entry_id, moved)
+
+    def _write_set_of(self, fragment: Fragment, entry_id: int) -> list[str]:
+        return [fragment.bookies[p] for p in self._quorum.write_set(entry_id)]
+
+    @property
+    def _read_view(self) -> LedgerMetadata:
+        """The metadata reads go by: this handle's, or a newer one read after replicas moved
+        (fragments this handle does not write to)."""
+        view = self._read_metadata
+        if view is None or len(view.fragments) < len(self.metadata.fragments):
+            return self.metadata
+        return view
+
+    @_read_view.setter
+    def _read_view(self, metadata: LedgerMetadata) -> None:
+        self._read_metadata = metadata
 
     async def refresh_lac(self) -> int:
         """Ask the last ensemble for the LAC (open ledgers); returns the readable end."""

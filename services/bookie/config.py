@@ -77,6 +77,38 @@ class BookieConfig:
     session_ttl_s: int = setting(
         10, "metadata session TTL; a bookie silent that long is considered gone"
     )
+    # -- autorecovery (BookKeeper's names, in snake_case) --
+    auto_recovery_daemon_enabled: bool = setting(
+        True,
+        "run the auditor election and a replication worker in this bookie; the cluster-wide "
+        "switch `magnetar bk autorecovery enable|disable` overrides it at run time",
+    )
+    lost_bookie_recovery_delay: float = setting(
+        0.0,
+        "seconds a bookie may be gone before the auditor marks its ledgers under-replicated "
+        "(a restart within it copies nothing); `magnetar bk lostbookierecoverydelay` overrides it",
+    )
+    auditor_periodic_check_interval: float = setting(
+        604800.0,
+        "seconds between the auditor's full checks of every ledger's ensembles against the "
+        "registered bookies (0: never); it catches what the registration watch missed",
+    )
+    auditor_periodic_bookie_check_interval: float = setting(
+        86400.0,
+        "seconds between the auditor's sampled entry-presence checks: a few entries of each "
+        "closed ledger read from every replica that should hold them (0: never)",
+    )
+    rereplication_entry_batch_size: int = setting(
+        100, "entries a replication worker copies concurrently"
+    )
+    replication_rate_by_bytes: int = setting(
+        0, "bytes per second one replication worker copies at most (0: no limit)"
+    )
+    open_ledger_rereplication_grace_period: float = setting(
+        30.0,
+        "seconds an open ledger may keep a lost bookie in its last ensemble before a replication "
+        "worker takes its writer for gone, fences and recovers it, and copies the rest",
+    )
 
     def validate(self) -> None:
         for name in ("port", "http_port"):
@@ -93,6 +125,12 @@ class BookieConfig:
             raise ConfigError("journal sizes must be positive")
         if self.gc_orphan_min_idle_s < 0:
             raise ConfigError("gc_orphan_min_idle_s must be >= 0")
+        if self.lost_bookie_recovery_delay < 0 or self.open_ledger_rereplication_grace_period < 0:
+            raise ConfigError(
+                "lost_bookie_recovery_delay and open_ledger_rereplication_grace_period must be >= 0"
+            )
+        if self.rereplication_entry_batch_size <= 0:
+            raise ConfigError("rereplication_entry_batch_size must be positive")
         if not 0 <= self.compaction_threshold < 1:
             raise ConfigError("compaction_threshold must be in [0, 1)")
 

@@ -70,3 +70,28 @@ class BookieMetrics:
             ["outcome"],
             registry=r,
         )
+        # Autorecovery (set by the auditor on the bookie that holds the auditor role; the
+        # counters by this bookie's replication worker).
+        self.under_replicated_ledgers = Gauge(
+            "magnetar_bookie_under_replicated_ledgers",
+            "Ledgers marked under-replicated, as the auditor last counted them",
+            registry=r,
+        )
+        self.replication_lag = Gauge(
+            "magnetar_bookie_replication_lag_seconds",
+            "Age of the oldest under-replicated mark, as the auditor last saw it",
+            registry=r,
+        )
+        self.auditor = Gauge(
+            "magnetar_bookie_auditor", "1 while this bookie holds the auditor role", registry=r
+        )
+        self.fragments_replicated = Counter(
+            "magnetar_bookie_fragments_replicated",
+            "Ledger fragments this bookie's replication worker copied and committed",
+            registry=r,
+        )
+        self.replicated_bytes = Counter(
+            "magnetar_bookie_replicated_bytes",
+            "Entry bytes this bookie's replication worker copied to new bookies",
+            registry=r,
+        )

@@ -14,14 +14,18 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from magnetar.bookie import disk_checker
+from magnetar.bookie.auditor import Auditor, AuditorSettings
 from magnetar.bookie.config import BookieConfig
 from magnetar.bookie.cookie import verify_identity
 from magnetar.bookie.gc import GarbageCollector
 from magnetar.bookie.ledger_storage import LedgerStorage
 from magnetar.bookie.metrics import BookieMetrics
+from magnetar.bookie.replication import ReplicationSettings, ReplicationWorker
 from magnetar.bookie.server import BookieService, grpc_server_options
 from magnetar.common.ledger.bookies import BookieRegistration, registration_key
+from magnetar.common.ledger.client import LedgerClient
 from magnetar.common.ledger.identity import Cookie
+from magnetar.common.ledger.underreplication import decommissioning_key, read_settings
 from magnetar.common.metadata import MetadataError, MetadataStore, open_store
 from magnetar.common.net import AddressInUseError, listen_error
 from magnetar.common.proto import bookie_pb2 as pb
@@ -71,6 +75,9 @@ class Bookie:
         self._registered = False
         self._stopping = False
         self._reregister = asyncio.Event()
+        self._draining = False  # being decommissioned: read-only until it is removed
+        self._recovery_store: MetadataStore | None = None
+        self._recovery_client: LedgerClient | None = None
         self.gc: GarbageCollector | None = None
         self.port = config.port
         self.http_port = config.http_port
@@ -131,6 +138,7 @@ class Bookie:
             self._tasks.append(
                 asyncio.create_task(self._every(self.config.gc_interval_s, self.gc.run), name="gc")
             )
+        await self._start_autorecovery()
         log.info("bookie %s serving (http %s)", self.address, self.http_address)
 
     async def stop(self) -> None:
@@ -140,6 +148,11 @@ class Bookie:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._recovery_client is not None:
+            await self._recovery_client.close()
+        if self._recovery_store is not None and self._recovery_store is not self._store:
+            with contextlib.suppress(MetadataError, OSError):
+                await self._recovery_store.close()
         if self._store is not None and self._registered:
             with contextlib.suppress(MetadataError, OSError):
                 await self._store.delete(registration_key(self.address))
@@ -195,6 +208,73 @@ class Bookie:
                     log.error("re-registration of bookie %s failed (%s); retrying", self.address, e)
                     await asyncio.sleep(1.0)
 
+    # -- autorecovery -------------------------------------------------------------------
+
+    async def _start_autorecovery(self) -> None:
+        """The auditor candidate and the replication worker, on a store session of their own
+        (its lease bounds the worker's ledger locks and the auditor role). A shared store
+        (standalone) and the embedded local store (one process per file) are used as they are."""
+        c = self.config
+        if self._owns_store and c.metadata_url.startswith("etcd://"):
+            self._recovery_store = await open_store(c.metadata_url, session_ttl=c.session_ttl_s)
+        else:
+            self._recovery_store = self._store
+        assert self._recovery_store is not None
+        self._recovery_client = client = LedgerClient(self._recovery_store)
+        worker = ReplicationWorker(
+            client,
+            self.address,
+            ReplicationSettings(
+                rereplication_entry_batch_size=c.rereplication_entry_batch_size,
+                replication_rate_by_bytes=c.replication_rate_by_bytes,
+                open_ledger_rereplication_grace_period=c.open_ledger_rereplication_grace_period,
+                poll_interval_s=max(min(c.auditor_periodic_check_interval, 5.0), 0.5),
+            ),
+            self.metrics,
+            enabled=self.autorecovery_enabled,
+        )
+        auditor = Auditor(
+            client,
+            self.address,
+            AuditorSettings(
+                auditor_periodic_check_interval=c.auditor_periodic_check_interval,
+                auditor_periodic_bookie_check_interval=c.auditor_periodic_bookie_check_interval,
+            ),
+            self.metrics,
+            enabled=self.autorecovery_enabled,
+            delay=self.lost_bookie_recovery_delay,
+        )
+        self._tasks += [
+            asyncio.create_task(self._keep_running(worker.run), name="replication-worker"),
+            asyncio.create_task(self._keep_running(auditor.run), name="auditor"),
+        ]
+
+    async def autorecovery_enabled(self) -> bool:
+        """The cluster-wide switch in the store if set, else this bookie's setting."""
+        assert self._recovery_store is not None
+        stored = (await read_settings(self._recovery_store)).auto_recovery_daemon_enabled
+        return self.config.auto_recovery_daemon_enabled if stored is None else stored
+
+    async def lost_bookie_recovery_delay(self) -> float:
+        assert self._recovery_store is not None
+        stored = (await read_settings(self._recovery_store)).lost_bookie_recovery_delay
+        return self.config.lost_bookie_recovery_delay if stored is None else stored
+
+    async def _keep_running(self, run: Callable[[], Awaitable[None]]) -> None:
+        """Run an autorecovery loop; if it fails, say so and start it again."""
+        while True:
+            try:
+                await run()
+            except Exception as e:
+                log.warning(
+                    "bookie %s: %s stopped (%s: %s); restarting it",
+                    self.address,
+                    getattr(run, "__qualname__", run),
+                    type(e).__name__,
+                    e,
+                )
+            await asyncio.sleep(1.0)
+
     # -- periodic work ------------------------------------------------------------------
 
     async def _every(self, seconds: float, work: Callable[[], Awaitable[object]]) -> None:
@@ -219,10 +299,16 @@ class Bookie:
         reason = disk_checker.read_only_reason(
             self._usage.usage, was, c.disk_usage_threshold, c.disk_usage_lwm
         )
+        if reason is None and self._draining:
+            reason = "being decommissioned (magnetar bk decommissionbookie)"
         self.storage.set_read_only(reason)
         return was != self.storage.read_only
 
     async def _disk_check_round(self) -> None:
+        if self._store is not None:
+            with contextlib.suppress(MetadataError, OSError):  # kept as it was until next round
+                found = await self._store.get(decommissioning_key(self.address))
+                self._draining = found is not None
         if self._check_disk() and self._registered:
             await self._register()
 

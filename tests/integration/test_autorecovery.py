@@ -1,0 +1,315 @@
+"""Autorecovery with real processes: the auditor (elected among the bookies) marks the ledgers
+of a lost bookie, the replication workers copy them back, and nothing acknowledged is lost.
+
+One cluster for the module (etcd, bookie processes, one broker writing E3/Qw2/Qa2 topic
+ledgers); bookies are added as the tests kill them:
+
+- a bookie is killed (-9) for good while producers run: after the delay no ledger names it
+  (broker topics, E3/Qw2/Qa2 and E2/Qw2/Qa2 ledgers written directly, and an open ledger whose
+  writer was killed too, fenced and recovered by a worker); then a second bookie of the
+  original ensembles is killed: every acknowledged message is still read through the broker,
+  every acknowledged entry directly;
+- the auditor's own bookie is killed: another bookie becomes auditor and its ledgers are
+  replicated;
+- the worker copying a ledger is killed mid-copy: its lock expires with its session, another
+  worker finishes, and the metadata holds no partial or duplicate fragment;
+- a live bookie is decommissioned under traffic: no client error, no ledger names it after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Iterator
+
+import pulsar
+import pytest
+
+from magnetar.common.ledger.client import LedgerClient
+from magnetar.common.ledger.metadata import LEDGERS_PATH, LedgerMetadata
+from magnetar.common.ledger.underreplication import LOCKS_PATH, MARKS_PATH
+from magnetar.common.metadata.election import leader_key
+from tests.support.bookie import BookieProcess
+from tests.support.cluster import (
+    ConsumerThread,
+    MagnetarCluster,
+    PacedProducer,
+    assert_no_traceback,
+    cluster_fixture,
+    wait_delivered,
+)
+from tests.support.ledger_cluster import payload_for, start_bookie
+from tests.support.standalone import QUIET
+
+SESSION_TTL_S = 3
+BOOKIE_SETTINGS: dict[str, object] = {
+    "session_ttl_s": SESSION_TTL_S,
+    "lost_bookie_recovery_delay": 1.0,
+    "auditor_periodic_check_interval": 5.0,
+    "open_ledger_rereplication_grace_period": 3.0,
+    "disk_check_interval_s": 0.5,
+    # Slow enough that a multi-megabyte ledger takes seconds to copy (the mid-copy kill).
+    "replication_rate_by_bytes": 2_000_000,
+}
+ENTRIES = 200
+_BAD_LINE = re.compile(r"Traceback|\s(ERROR|CRITICAL)\s")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MagnetarCluster]:
+    yield from cluster_fixture(
+        tmp_path_factory.mktemp("autorecovery"),
+        bookies=4,
+        brokers=1,
+        broker_settings={"ensemble_size": 3, "write_quorum": 2, "ack_quorum": 2},
+        bookie_settings=BOOKIE_SETTINGS,
+    )
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def add_bookie(cluster: MagnetarCluster) -> BookieProcess:
+    return start_bookie(cluster.factory.create(metadata_url=cluster.url, **cluster.settings))
+
+
+def live(cluster: MagnetarCluster) -> set[str]:
+    return {b.address for b in cluster.bookies if b.running}
+
+
+def ledgers(cluster: MagnetarCluster) -> dict[int, LedgerMetadata]:
+    return {
+        int(key.rsplit("/", 1)[1]): LedgerMetadata.from_bytes(value)
+        for key, value in cluster.scan(LEDGERS_PATH + "/").items()
+    }
+
+
+def named(metadata: LedgerMetadata) -> set[str]:
+    return {b for f in metadata.fragments for b in f.bookies}
+
+
+def assert_fragments_well_formed(ledger_id: int, metadata: LedgerMetadata) -> None:
+    """No duplicate or partial fragment: starts strictly increase, each names E distinct bookies."""
+    starts = [f.first_entry_id for f in metadata.fragments]
+    assert starts == sorted(set(starts)) and starts[0] == 0, (ledger_id, metadata.fragments)
+    for fragment in metadata.fragments:
+        assert len(set(fragment.bookies)) == metadata.ensemble_size, (ledger_id, fragment)
+
+
+def wait_fully_replicated(cluster: MagnetarCluster, lost: set[str], timeout: float = 60) -> None:
+    """Until no mark is left and every ledger's ensembles name only live bookies."""
+
+    def done() -> bool:
+        if cluster.scan(MARKS_PATH + "/"):
+            return False
+        alive = live(cluster)
+        return all(named(m) <= alive for m in ledgers(cluster).values())
+
+    cluster.wait_for(done, what=f"ledgers of {sorted(lost)} re-replicated", timeout=timeout)
+    for ledger_id, metadata in ledgers(cluster).items():
+        assert not named(metadata) & lost, (ledger_id, metadata.fragments)
+        assert_fragments_well_formed(ledger_id, metadata)
+
+
+async def write_ledger(client: LedgerClient, e: int, qw: int, qa: int, *, close: bool) -> int:
+    handle = await client.create_ledger(e, qw, qa)
+    for entry_id in range(ENTRIES):
+        await handle.add_async(payload_for(handle.ledger_id, entry_id))
+    await handle.add(payload_for(handle.ledger_id, ENTRIES))
+    if close:
+        await handle.close()
+    return handle.ledger_id
+
+
+async def read_all(client: LedgerClient, ledger_id: int) -> list[bytes]:
+    handle = await client.open_ledger(ledger_id, recovery=True)
+    return [e.payload for e in await handle.read(0, handle.readable_last_entry)]
+
+
+def assert_clean_logs(cluster: MagnetarCluster) -> None:
+    for bookie in cluster.bookies:
+        bad = [line for line in bookie.log_text().splitlines() if _BAD_LINE.search(line)]
+        assert not bad, f"bookie {bookie.address} logged errors:\n" + "\n".join(bad[:20])
+    for broker in cluster.brokers:
+        assert_no_traceback(broker)
+
+
+def client_for(cluster: MagnetarCluster) -> pulsar.Client:
+    return pulsar.Client(cluster.brokers[0].url, operation_timeout_seconds=30, logger=QUIET)
+
+
+def consume_all(client: pulsar.Client, topic: str, wanted: set[str]) -> None:
+    consumer = ConsumerThread(
+        client, topic, f"check-{time.monotonic_ns()}", pulsar.ConsumerType.Exclusive
+    ).start()
+    try:
+        missing = wait_delivered([consumer], wanted, timeout=60)
+    finally:
+        consumer.close()
+    assert not missing, (
+        f"{topic}: {len(missing)} acknowledged messages not readable: {sorted(missing)[:10]}"
+    )
+
+
+# -- tests -----------------------------------------------------------------------------------
+
+
+def test_lost_bookies_ledgers_are_replicated_and_stay_readable(cluster: MagnetarCluster) -> None:
+    pulsar_client = client_for(cluster)
+    topics = [f"persistent://public/default/autorecovery-{i}" for i in range(2)]
+    for topic in topics:
+        pulsar_client.subscribe(
+            topic, "keep", initial_position=pulsar.InitialPosition.Earliest
+        ).close()
+    producers = [PacedProducer(pulsar_client, t, interval=0.01).start() for t in topics]
+    for producer in producers:
+        producer.wait_for(100)
+
+    async def write_direct() -> dict[int, int]:
+        async with cluster.client() as client:
+            closed = {
+                await write_ledger(client, 3, 2, 2, close=True): 3,
+                await write_ledger(client, 2, 2, 2, close=True): 2,
+            }
+            return closed
+
+    direct = asyncio.run(write_direct())
+    # An open ledger whose writer is killed: a worker must fence and recover it.
+    writer = cluster.writer_process(2, 2, 2, 100_000)
+    assert writer.stdout is not None
+    open_id = int(writer.stdout.readline().split()[1])
+    acked = -1
+    while acked < ENTRIES:
+        line = writer.stdout.readline()
+        if line.startswith("acked"):
+            acked = int(line.split()[1])
+    writer.kill()
+    writer.wait()
+    original = ledgers(cluster)[open_id].fragments[0].bookies
+    first, second = original  # E2: both of its bookies die, one after the other
+
+    cluster.bookie(first).kill()
+    wait_fully_replicated(cluster, {first})
+    for producer in producers:
+        producer.wait_for(50)  # the writers moved off the lost bookie and go on
+        producer.stop()
+    assert all(not p.errors and not p.raised for p in producers), [
+        (p.errors[:3], p.raised[:3]) for p in producers
+    ]
+    reopened = ledgers(cluster)[open_id]
+    assert reopened.is_closed and reopened.last_entry_id >= acked, reopened
+
+    # Hold the auditor back while reading with two bookies gone (set at run time, in the store).
+    held = cluster.bk("lostbookierecoverydelay", "--set", "3600", "--json")
+    assert held.returncode == 0 and json.loads(held.stdout) == {"lost_bookie_recovery_delay": 3600}
+    cluster.bookie(second).kill()
+    for producer, topic in zip(producers, topics, strict=True):
+        consume_all(pulsar_client, topic, set(producer.receipted))
+        producer.close()
+    pulsar_client.close()
+
+    async def read_direct() -> None:
+        async with cluster.client() as client:
+            for ledger_id in [*direct, open_id]:
+                payloads = await read_all(client, ledger_id)
+                assert len(payloads) >= (acked + 1 if ledger_id == open_id else ENTRIES + 1)
+                assert payloads == [payload_for(ledger_id, i) for i in range(len(payloads))]
+
+    asyncio.run(read_direct())
+    # Room again for E3 ledgers, then the second loss is repaired too.
+    add_bookie(cluster)
+    add_bookie(cluster)
+    assert cluster.bk("lostbookierecoverydelay", "--set", "1").returncode == 0
+    wait_fully_replicated(cluster, {first, second})
+    listed = cluster.bk("listunderreplicated", "--json")
+    assert listed.returncode == 0 and listed.stdout == "", listed
+
+
+def test_auditor_failover(cluster: MagnetarCluster) -> None:
+    auditor = cluster.scan(leader_key("auditor"))[leader_key("auditor")].decode()
+
+    async def write() -> None:
+        async with cluster.client() as client:
+            for _ in range(3):
+                await write_ledger(client, 3, 2, 2, close=True)
+
+    asyncio.run(write())
+    assert any(auditor in named(m) for m in ledgers(cluster).values())
+    cluster.bookie(auditor).kill()
+    cluster.wait_for(
+        lambda: (
+            (leader := cluster.scan(leader_key("auditor")).get(leader_key("auditor")))
+            and leader.decode() != auditor
+        ),
+        what="another bookie becomes the auditor",
+    )
+    wait_fully_replicated(cluster, {auditor})
+    status = cluster.bk("autorecovery", "status", "--json")
+    assert status.returncode == 0, status
+    assert json.loads(status.stdout)["auditor"] in live(cluster), status.stdout
+
+
+def test_worker_killed_mid_copy(cluster: MagnetarCluster) -> None:
+    add_bookie(cluster)
+    add_bookie(cluster)  # room to replace both the lost bookie and the killed worker
+
+    async def write() -> int:
+        async with cluster.client() as client:
+            # Qa = Qw: every entry is on all three, so killing the worker even when it is one
+            # of the replicas leaves a full copy.
+            handle = await client.create_ledger(3, 3, 3)
+            for entry_id in range(600):
+                await handle.add_async(payload_for(handle.ledger_id, entry_id, 10_000))
+            await handle.add(payload_for(handle.ledger_id, 600, 10_000))
+            await handle.close()
+            return handle.ledger_id
+
+    ledger_id = asyncio.run(write())
+    lost = ledgers(cluster)[ledger_id].fragments[0].bookies[0]
+    cluster.bookie(lost).kill()
+    holder = cluster.wait_for(
+        lambda: cluster.scan(f"{LOCKS_PATH}/{ledger_id}").get(f"{LOCKS_PATH}/{ledger_id}"),
+        what=f"a worker locks ledger {ledger_id}",
+        every=0.05,
+    ).decode()
+    assert lost in named(ledgers(cluster)[ledger_id])  # still copying: nothing committed yet
+    cluster.bookie(holder).kill()
+    wait_fully_replicated(cluster, {lost, holder})
+    metadata = ledgers(cluster)[ledger_id]
+    assert len(metadata.fragments) == 1, metadata.fragments  # one fragment, replaced in place
+
+    async def read() -> None:
+        async with cluster.client() as client:
+            payloads = await read_all(client, ledger_id)
+            assert payloads == [payload_for(ledger_id, i, 10_000) for i in range(601)]
+
+    asyncio.run(read())
+
+
+def test_decommission_under_traffic(cluster: MagnetarCluster) -> None:
+    add_bookie(cluster)
+    pulsar_client = client_for(cluster)
+    topic = "persistent://public/default/autorecovery-decommission"
+    pulsar_client.subscribe(topic, "keep", initial_position=pulsar.InitialPosition.Earliest).close()
+    producer = PacedProducer(pulsar_client, topic, interval=0.005).start()
+    producer.wait_for(100)
+    on_bookies: dict[str, int] = {}
+    for metadata in ledgers(cluster).values():
+        for address in named(metadata):
+            on_bookies[address] = on_bookies.get(address, 0) + 1
+    target = max((a for a in on_bookies if a in live(cluster)), key=on_bookies.__getitem__)
+
+    result = cluster.bk("decommissionbookie", target, "--timeout", "60", "--json")
+    producer.wait_for(50)
+    producer.stop()
+    assert result.returncode == 0, result
+    assert json.loads(result.stdout.splitlines()[-1])["remaining"] == [], result.stdout
+    assert not producer.errors and not producer.raised, (producer.errors[:3], producer.raised[:3])
+    assert all(target not in named(m) for m in ledgers(cluster).values())
+    cluster.bookie(target).stop()  # removable: nothing needs it any more
+    consume_all(pulsar_client, topic, set(producer.receipted))
+    producer.close()
+    pulsar_client.close()
+    assert_clean_logs(cluster)
