@@ -218,7 +218,12 @@ class Broker:
         await self.registry.start()
         await self.registry.register(self.load_report())
         self.load_manager = LoadManager(
-            self.store, self.registry, self.ownership, self.config, self.request_unload
+            self.store,
+            self.registry,
+            self.ownership,
+            self.config,
+            self.request_unload,
+            split=self.request_split,
         )
         self.load_manager.start()
         self._report_task = asyncio.get_running_loop().create_task(
@@ -374,13 +379,25 @@ class Broker:
             await self.unload_bundle(namespace, bundle)
             return
         url = f"{owner.http_url}/admin/v2/namespaces/{namespace}/{bundle}/unload"
+        await self._owner_call(url, f"unload of {namespace}/{bundle}", owner)
+
+    async def request_split(self, owner: BrokerInfo, namespace: str, bundle: BundleRange) -> None:
+        """The load manager splits a hot bundle: its owner splits it, keeps both halves in the
+        same transaction, then unloads them (so they can move) through its admin API."""
+        if owner.broker_id == self.info.broker_id:
+            await self.split_bundle(namespace, bundle, "range_equally_divide", unload=True)
+            return
+        url = (
+            f"{owner.http_url}/admin/v2/namespaces/{namespace}/{bundle}/split"
+            "?unload=true&splitAlgorithmName=range_equally_divide"
+        )
+        await self._owner_call(url, f"split of {namespace}/{bundle}", owner)
+
+    async def _owner_call(self, url: str, what: str, owner: BrokerInfo) -> None:
         async with ClientSession(timeout=ClientTimeout(total=30)) as session:
             async with session.put(url) as response:
                 if response.status >= 300:
-                    raise RuntimeError(
-                        f"unload of {namespace}/{bundle} at {owner.broker_id}: "
-                        f"HTTP {response.status}"
-                    )
+                    raise RuntimeError(f"{what} at {owner.broker_id}: HTTP {response.status}")
 
     # -- bundles -----------------------------------------------------------------------------
 
