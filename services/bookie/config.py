@@ -80,13 +80,14 @@ class BookieConfig:
     # -- autorecovery (BookKeeper's names, in snake_case) --
     auto_recovery_daemon_enabled: bool = setting(
         True,
-        "run the auditor election and a replication worker in this bookie; the cluster-wide "
-        "switch `magnetar bk autorecovery enable|disable` overrides it at run time",
+        "run a replication worker in this bookie and stand for the auditor role; "
+        "`magnetar bk autorecovery disable|enable` pauses and resumes them cluster-wide at run time",
     )
     lost_bookie_recovery_delay: float = setting(
-        0.0,
+        60.0,
         "seconds a bookie may be gone before the auditor marks its ledgers under-replicated "
-        "(a restart within it copies nothing); `magnetar bk lostbookierecoverydelay` overrides it",
+        "(BookKeeper's default is 0; a minute lets a restart or a short outage copy nothing); "
+        "`magnetar bk lostbookierecoverydelay` overrides it cluster-wide",
     )
     auditor_periodic_check_interval: float = setting(
         604800.0,

@@ -75,14 +75,18 @@ class ByteRateLimiter:
         self.rate = rate
         self._next = 0.0
 
-    async def acquire(self, n: int) -> None:
+    def delay(self, n: int, now: float) -> float:
+        """Seconds to wait at ``now`` before copying ``n`` bytes (books them)."""
         if self.rate <= 0:
-            return
-        now = time.monotonic()
+            return 0.0
         start = max(self._next, now)
         self._next = start + n / self.rate
-        if start > now:
-            await asyncio.sleep(start - now)
+        return start - now
+
+    async def acquire(self, n: int) -> None:
+        wait = self.delay(n, time.monotonic())
+        if wait > 0:
+            await asyncio.sleep(wait)
 
 
 class ReplicationIncomplete(Exception):

@@ -148,11 +148,6 @@ class Bookie:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._recovery_client is not None:
-            await self._recovery_client.close()
-        if self._recovery_store is not None and self._recovery_store is not self._store:
-            with contextlib.suppress(MetadataError, OSError):
-                await self._recovery_store.close()
         if self._store is not None and self._registered:
             with contextlib.suppress(MetadataError, OSError):
                 await self._store.delete(registration_key(self.address))
@@ -211,51 +206,84 @@ class Bookie:
     # -- autorecovery -------------------------------------------------------------------
 
     async def _start_autorecovery(self) -> None:
-        """The auditor candidate and the replication worker, on a store session of their own
-        (its lease bounds the worker's ledger locks and the auditor role). A shared store
-        (standalone) and the embedded local store (one process per file) are used as they are."""
+        if self.config.auto_recovery_daemon_enabled:
+            self._tasks.append(asyncio.create_task(self._autorecovery(), name="autorecovery"))
+
+    async def _autorecovery(self) -> None:
+        """The auditor candidate and the replication worker, on a metadata session of their
+        own (its lease bounds the worker's ledger locks and the auditor role), opened again
+        when it is lost. A shared store (standalone) and the embedded local store (one process
+        per file) are used as they are."""
         c = self.config
-        if self._owns_store and c.metadata_url.startswith("etcd://"):
-            self._recovery_store = await open_store(c.metadata_url, session_ttl=c.session_ttl_s)
-        else:
-            self._recovery_store = self._store
-        assert self._recovery_store is not None
-        self._recovery_client = client = LedgerClient(self._recovery_store)
-        worker = ReplicationWorker(
-            client,
-            self.address,
-            ReplicationSettings(
-                rereplication_entry_batch_size=c.rereplication_entry_batch_size,
-                replication_rate_by_bytes=c.replication_rate_by_bytes,
-                open_ledger_rereplication_grace_period=c.open_ledger_rereplication_grace_period,
-                poll_interval_s=max(min(c.auditor_periodic_check_interval, 5.0), 0.5),
-            ),
-            self.metrics,
-            enabled=self.autorecovery_enabled,
-        )
-        auditor = Auditor(
-            client,
-            self.address,
-            AuditorSettings(
-                auditor_periodic_check_interval=c.auditor_periodic_check_interval,
-                auditor_periodic_bookie_check_interval=c.auditor_periodic_bookie_check_interval,
-            ),
-            self.metrics,
-            enabled=self.autorecovery_enabled,
-            delay=self.lost_bookie_recovery_delay,
-        )
-        self._tasks += [
-            asyncio.create_task(self._keep_running(worker.run), name="replication-worker"),
-            asyncio.create_task(self._keep_running(auditor.run), name="auditor"),
-        ]
+        while True:
+            own = self._owns_store and c.metadata_url.startswith("etcd://")
+            lost = asyncio.Event()
+            try:
+                store = (
+                    await open_store(c.metadata_url, session_ttl=c.session_ttl_s)
+                    if own
+                    else self._store
+                )
+            except (MetadataError, OSError) as e:
+                log.warning("bookie %s: autorecovery cannot open the store (%s)", self.address, e)
+                await asyncio.sleep(1.0)
+                continue
+            assert store is not None
+            store.add_session_listener(lost.set)
+            self._recovery_store = store
+            self._recovery_client = client = LedgerClient(store)
+            worker = ReplicationWorker(
+                client,
+                self.address,
+                ReplicationSettings(
+                    rereplication_entry_batch_size=c.rereplication_entry_batch_size,
+                    replication_rate_by_bytes=c.replication_rate_by_bytes,
+                    open_ledger_rereplication_grace_period=c.open_ledger_rereplication_grace_period,
+                    poll_interval_s=max(min(c.auditor_periodic_check_interval, 5.0), 0.5),
+                ),
+                self.metrics,
+                enabled=self.autorecovery_enabled,
+            )
+            auditor = Auditor(
+                client,
+                self.address,
+                AuditorSettings(
+                    auditor_periodic_check_interval=c.auditor_periodic_check_interval,
+                    auditor_periodic_bookie_check_interval=c.auditor_periodic_bookie_check_interval,
+                ),
+                self.metrics,
+                enabled=self.autorecovery_enabled,
+                delay=self.lost_bookie_recovery_delay,
+            )
+            tasks = [
+                asyncio.create_task(self._keep_running(worker.run), name="replication-worker"),
+                asyncio.create_task(self._keep_running(auditor.run), name="auditor"),
+            ]
+            try:
+                await lost.wait()
+                log.warning(
+                    "bookie %s: autorecovery lost its metadata session; opening a new one",
+                    self.address,
+                )
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                await client.close()
+                if own:
+                    with contextlib.suppress(MetadataError, OSError):
+                        await store.close()
+                self._recovery_store = self._recovery_client = None
+            await asyncio.sleep(1.0)
 
     async def autorecovery_enabled(self) -> bool:
-        """The cluster-wide switch in the store if set, else this bookie's setting."""
+        """The cluster-wide switch in the store (`magnetar bk autorecovery`); on when unset."""
         assert self._recovery_store is not None
         stored = (await read_settings(self._recovery_store)).auto_recovery_daemon_enabled
-        return self.config.auto_recovery_daemon_enabled if stored is None else stored
+        return stored is None or stored
 
     async def lost_bookie_recovery_delay(self) -> float:
+        """The cluster-wide value in the store if set, else this bookie's setting."""
         assert self._recovery_store is not None
         stored = (await read_settings(self._recovery_store)).lost_bookie_recovery_delay
         return self.config.lost_bookie_recovery_delay if stored is None else stored
