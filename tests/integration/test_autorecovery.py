@@ -13,7 +13,9 @@ ledgers); bookies are added as the tests kill them:
   replicated;
 - the worker copying a ledger is killed mid-copy: its lock expires with its session, another
   worker finishes, and the metadata holds no partial or duplicate fragment;
-- a live bookie is decommissioned under traffic: no client error, no ledger names it after.
+- a live bookie is decommissioned under traffic: no client error, no ledger names it after;
+- with autorecovery disabled, ``magnetar bk recover BOOKIE`` re-replicates a lost bookie's
+  ledgers with the workers' code.
 """
 
 from __future__ import annotations
@@ -136,6 +138,18 @@ def assert_clean_logs(cluster: MagnetarCluster) -> None:
         assert_no_traceback(broker)
 
 
+def metric_values(bookie: BookieProcess) -> dict[str, float]:
+    """The bookie's unlabelled metrics from ``/metrics``."""
+    status, body = bookie.http("GET", "/metrics")
+    assert status == 200, (status, body)
+    values = {}
+    for line in body.decode().splitlines():
+        if line and not line.startswith("#") and "{" not in line:
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    return values
+
+
 def client_for(cluster: MagnetarCluster) -> pulsar.Client:
     return pulsar.Client(cluster.brokers[0].url, operation_timeout_seconds=30, logger=QUIET)
 
@@ -248,7 +262,13 @@ def test_auditor_failover(cluster: MagnetarCluster) -> None:
     wait_fully_replicated(cluster, {auditor})
     status = cluster.bk("autorecovery", "status", "--json")
     assert status.returncode == 0, status
-    assert json.loads(status.stdout)["auditor"] in live(cluster), status.stdout
+    new_auditor = json.loads(status.stdout)["auditor"]
+    assert new_auditor in live(cluster), status.stdout
+    metrics = {b.address: metric_values(b) for b in cluster.bookies if b.running}
+    assert [a for a, m in metrics.items() if m.get("magnetar_bookie_auditor") == 1] == [new_auditor]
+    assert metrics[new_auditor]["magnetar_bookie_under_replicated_ledgers"] == 0
+    assert sum(m["magnetar_bookie_fragments_replicated_total"] for m in metrics.values()) > 0
+    assert sum(m["magnetar_bookie_replicated_bytes_total"] for m in metrics.values()) > 0
 
 
 def test_worker_killed_mid_copy(cluster: MagnetarCluster) -> None:
@@ -312,4 +332,33 @@ def test_decommission_under_traffic(cluster: MagnetarCluster) -> None:
     consume_all(pulsar_client, topic, set(producer.receipted))
     producer.close()
     pulsar_client.close()
+
+
+def test_recover_bookie_by_hand_while_autorecovery_is_disabled(cluster: MagnetarCluster) -> None:
+    add_bookie(cluster)
+    add_bookie(cluster)
+    disabled = cluster.bk("autorecovery", "disable", "--json")
+    assert disabled.returncode == 0 and json.loads(disabled.stdout)["enabled"] is False, disabled
+
+    async def write() -> list[int]:
+        async with cluster.client() as client:
+            return [await write_ledger(client, 3, 2, 2, close=True) for _ in range(2)]
+
+    written = asyncio.run(write())
+    lost = ledgers(cluster)[written[0]].fragments[0].bookies[0]
+    cluster.bookie(lost).kill()
+    recovered = cluster.bk("recover", lost, "--json")
+    assert recovered.returncode == 0, recovered
+    assert json.loads(recovered.stdout)["not_done"] == [], recovered.stdout
+    assert all(lost not in named(m) for m in ledgers(cluster).values())
+    assert cluster.bk("autorecovery", "enable").returncode == 0
+    wait_fully_replicated(cluster, {lost})
+
+    async def read() -> None:
+        async with cluster.client() as client:
+            for ledger_id in written:
+                payloads = await read_all(client, ledger_id)
+                assert payloads == [payload_for(ledger_id, i) for i in range(ENTRIES + 1)]
+
+    asyncio.run(read())
     assert_clean_logs(cluster)
