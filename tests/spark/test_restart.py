@@ -1,0 +1,154 @@
+"""Exactly once on the read side across SIGKILL (issue 12).
+
+A streaming query reads a 4-partition topic from ``earliest`` into parquet files with a
+checkpoint, in its own process, while the official client keeps producing. The query's process
+group (Python driver and its JVM) is SIGKILLed after some micro-batches, restarted from the
+checkpoint, killed again, and finally restarted with ``Trigger.AvailableNow`` once production
+has stopped: the parquet sink then holds every acknowledged message exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pulsar
+import pytest
+from pyspark.sql import SparkSession
+
+from tests.spark.helpers import create_partitioned, local_spark
+from tests.support.raw_client import assert_log_clean, module_standalone
+from tests.support.standalone import StandaloneProcess, client
+
+TOPIC = "spark-restart"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneProcess]:
+    yield from module_standalone(tmp_path_factory.mktemp("spark-restart") / "standalone")
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    yield from local_spark("spark-restart")
+
+
+class Producer(threading.Thread):
+    """Sends numbered messages in small paced groups until told to stop; keeps the numbers the
+    broker acknowledged."""
+
+    def __init__(self, node: StandaloneProcess) -> None:
+        super().__init__(daemon=True)
+        self.node = node
+        self.stop = threading.Event()
+        self.acked: list[int] = []
+        self.failed: list[str] = []
+
+    def run(self) -> None:
+        c = client(self.node)
+        producer = c.create_producer(TOPIC, batching_enabled=False, block_if_queue_full=True)
+        lock = threading.Lock()
+
+        def done_for(i: int) -> Callable[[pulsar.Result, pulsar.MessageId], None]:
+            def done(result: pulsar.Result, _msg_id: pulsar.MessageId) -> None:
+                with lock:
+                    (
+                        self.acked.append(i)
+                        if result == pulsar.Result.Ok
+                        else self.failed.append(str(result))
+                    )
+
+            return done
+
+        i = 0
+        while not self.stop.is_set():
+            for _ in range(10):
+                producer.send_async(f"r-{i:06d}".encode(), done_for(i))
+                i += 1
+            producer.flush()
+            time.sleep(1.0)
+        producer.flush()
+        producer.close()
+        c.close()
+
+
+def committed_batches(checkpoint: Path) -> int:
+    commits = checkpoint / "commits"
+    if not commits.exists():
+        return 0
+    return len([f for f in os.listdir(commits) if f.isdigit()])
+
+
+def start_job(
+    node: StandaloneProcess, sink: Path, checkpoint: Path, mode: str, log: Path
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            sys.executable, "-m", "tests.spark.stream_job", node.url, node.admin_url, TOPIC,
+            str(sink), str(checkpoint), mode,
+        ],
+        cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+
+
+def wait_for_batches(job: subprocess.Popen[bytes], checkpoint: Path, count: int, log: Path) -> None:
+    deadline = time.monotonic() + 120
+    while committed_batches(checkpoint) < count:
+        assert job.poll() is None, f"the query exited:\n{log.read_text()[-4000:]}"
+        assert time.monotonic() < deadline, f"no {count} batches:\n{log.read_text()[-4000:]}"
+        time.sleep(0.2)
+
+
+def kill(job: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the query's whole process group: the Python driver and its JVM."""
+    os.killpg(job.pid, signal.SIGKILL)
+    job.wait(30)
+
+
+@pytest.mark.timeout(900)  # three Spark starts; slow when the machine is shared
+def test_killed_twice_the_sink_holds_every_message_exactly_once(
+    spark: SparkSession, node: StandaloneProcess, tmp_path: Path
+) -> None:
+    create_partitioned(node, TOPIC, 4)
+    sink, checkpoint, log = tmp_path / "sink", tmp_path / "checkpoint", tmp_path / "job.log"
+    producer = Producer(node)
+    producer.start()
+    try:
+        for _ in range(2):
+            job = start_job(node, sink, checkpoint, "run", log)
+            try:
+                wait_for_batches(job, checkpoint, committed_batches(checkpoint) + 1, log)
+            finally:
+                kill(job)
+            assert producer.is_alive(), "the producer stopped before the kill"
+    finally:
+        producer.stop.set()
+        producer.join(60)
+    assert not producer.failed
+    drained = start_job(node, sink, checkpoint, "drain", log)
+    try:
+        assert drained.wait(240) == 0, log.read_text()[-4000:]
+    finally:
+        if drained.poll() is None:
+            kill(drained)
+
+    rows = spark.read.parquet(str(sink)).collect()
+    assert len(producer.acked) > 0
+    assert len(rows) == len(producer.acked)
+    assert sorted(r.value for r in rows) == [f"r-{i:06d}" for i in sorted(producer.acked)]
+    assert len({bytes(r["__messageId"]) for r in rows}) == len(rows)
+    assert {r["__topic"] for r in rows} == {
+        f"persistent://public/default/{TOPIC}-partition-{p}" for p in range(4)
+    }
+
+
+def test_standalone_log_is_clean(node: StandaloneProcess) -> None:
+    """Runs last: the module's standalone logged no traceback and no ERROR line."""
+    assert_log_clean(node)
