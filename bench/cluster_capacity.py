@@ -117,14 +117,19 @@ def topics_by_owner(cluster: MagnetarCluster, topics: list[str]) -> Counter[str]
     return counts
 
 
-def loaded_topics_gauge(http_url: str) -> int | None:
-    """The broker's ``magnetar_broker_topics`` gauge (``len(broker.topics)``)."""
+def broker_gauge(http_url: str, name: str) -> int:
+    """A broker-wide gauge of the broker's ``/metrics`` (``magnetar_broker_topics``:
+    its loaded topics; ``magnetar_broker_in_entries``: entries they stored)."""
     with urllib.request.urlopen(f"{http_url}/metrics", timeout=120) as response:
         for raw in response:
             line = raw.decode()
-            if line.startswith("magnetar_broker_topics "):
+            if line.startswith(name + " "):
                 return int(float(line.split()[1]))
-    return None
+    raise RuntimeError(f"{http_url}/metrics has no {name}")
+
+
+def entries_stored(cluster: MagnetarCluster) -> int:
+    return sum(broker_gauge(b.http_url, "magnetar_broker_in_entries") for b in cluster.brokers)
 
 
 # -- cpu: messages per broker CPU-second -------------------------------------------------------
@@ -169,8 +174,10 @@ class FullSpeedProducer:
             else:
                 self.errors += 1
 
-    def stop(self) -> None:
+    def stop_sending(self) -> None:
         self._stop.set()
+
+    def close(self) -> None:
         self._thread.join(10)
         try:
             self.producer.flush()
@@ -184,6 +191,7 @@ class CpuRun:
     brokers: int
     batching: bool
     receipts: int
+    entries: int  # stored by the brokers: one per message, or one per batch
     errors: int
     seconds: float
     cpu: dict[str, float]  # role -> CPU-seconds over the window
@@ -212,23 +220,30 @@ def measure_cpu(
     client = pulsar.Client(cluster.brokers[0].url, operation_timeout_seconds=60, logger=QUIET)
     producers: list[FullSpeedProducer] = []
     try:
-        for topic in topics:
-            producers.append(
-                FullSpeedProducer(
-                    client, topic, batching=batching, window=window, size=args.size
-                ).start()
-            )
+        # Every producer exists before any sends: creating one while the others' threads hold
+        # the GIL at full speed takes seconds.
+        producers = [
+            FullSpeedProducer(client, topic, batching=batching, window=window, size=args.size)
+            for topic in topics
+        ]
+        for producer in producers:
+            producer.start()
         time.sleep(args.warmup)
         procs = processes(cluster)
+        # The scrapes stay outside the window, so their CPU is not counted.
+        before_entries = entries_stored(cluster)
         before_cpu, before_receipts = cpu_snapshot(procs), sum(p.receipts for p in producers)
         started = time.monotonic()
         time.sleep(args.seconds)
         after_cpu, after_receipts = cpu_snapshot(procs), sum(p.receipts for p in producers)
         elapsed = time.monotonic() - started
+        entries = entries_stored(cluster) - before_entries
         load = load_average()
     finally:
         for producer in producers:
-            producer.stop()
+            producer.stop_sending()
+        for producer in producers:
+            producer.close()
         client.close()
     cpu: Counter[str] = Counter()
     for p in procs:
@@ -237,6 +252,7 @@ def measure_cpu(
         brokers=len(cluster.brokers),
         batching=batching,
         receipts=after_receipts - before_receipts,
+        entries=entries,
         errors=sum(p.errors for p in producers),
         seconds=elapsed,
         cpu=dict(cpu),
@@ -272,6 +288,11 @@ def print_cpu_run(run: CpuRun) -> None:
             f"    broker {broker_id}: {run.topics_per_broker.get(broker_id, 0):3} topics, "
             f"CPU {seconds:6.2f} s ({seconds / run.seconds:4.0%} of a core)"
         )
+    per_entry = broker_cpu / run.entries * 1e6 if run.entries else float("nan")
+    print(
+        f"    {run.entries:,} entries stored ({run.receipts / max(run.entries, 1):.1f} messages "
+        f"per entry), {per_entry:,.0f} us of broker CPU per entry"
+    )
     busy = broker_cpu - run.idle_broker_cpu * run.seconds
     print(
         f"    idle brokers burn {run.idle_broker_cpu:.3f} CPU-s/s; net of that "
@@ -372,7 +393,10 @@ def run_topics(args: argparse.Namespace) -> None:
                 cpu_after = cpu_snapshot(procs)
                 time.sleep(args.settle)
                 rss_after = {p.pid: rss_kib(p.pid) for p in procs}
-                gauges = {b.broker_id: loaded_topics_gauge(b.http_url) for b in cluster.brokers}
+                gauges = {
+                    b.broker_id: broker_gauge(b.http_url, "magnetar_broker_topics")
+                    for b in cluster.brokers
+                }
                 by_hash = topics_by_owner(cluster, topics)
                 bundles = Counter(owner for owner in cluster.ownership().values())
                 after_load = load_average()
@@ -388,7 +412,7 @@ def run_topics(args: argparse.Namespace) -> None:
     for p in procs:
         if p.role != "broker":
             continue
-        loaded = gauges[p.name] or 0
+        loaded = gauges[p.name]
         delta = rss_after[p.pid] - rss_before[p.pid]
         total_topics += loaded
         total_delta += delta
