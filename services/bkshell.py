@@ -124,6 +124,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("bookie", metavar="HOST:PORT")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait [default: 3600]")
     p.add_argument("--no-wait", action="store_true", help="mark and return at once")
+    p.add_argument(
+        "--cancel",
+        action="store_true",
+        help="take the bookie off the decommissioning list (it turns writable again)",
+    )
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser(
@@ -420,6 +425,14 @@ async def _ledgers_on(client: LedgerClient, address: str) -> list[int]:
 
 async def decommissionbookie(client: LedgerClient, args: argparse.Namespace) -> int:
     address = args.bookie
+    if args.cancel:
+        await client.store.delete(decommissioning_key(address))
+        _emit(
+            args,
+            {"bookie": address, "decommissioning": False},
+            f"decommissionbookie {address}: cancelled; writable again from its next disk check",
+        )
+        return 0
     await client.store.put(decommissioning_key(address), b"{}")
     marked = await mark_ledgers_of(client.store, {address})
     if not args.json:

@@ -132,12 +132,23 @@ class Auditor:
             self._missing_since = {}
             await self.check_all_ledgers()
             watch = asyncio.create_task(self._follow(events), name="auditor-watch")
+            rounds = asyncio.create_task(self._rounds(election), name="auditor-rounds")
             try:
-                await self._rounds(election)
+                # Either ending ends the term: a watch that stopped would leave the auditor
+                # blind to registrations, so it stands again with a new one.
+                await asyncio.wait((watch, rounds), return_when=asyncio.FIRST_COMPLETED)
             finally:
-                watch.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watch
+                for task in (watch, rounds):
+                    task.cancel()
+                results = await asyncio.gather(watch, rounds, return_exceptions=True)
+            for result in results:
+                if isinstance(result, Exception):
+                    log.warning(
+                        "auditor %s: %s: %s; standing again",
+                        self.address,
+                        type(result).__name__,
+                        result,
+                    )
 
     async def _follow(self, events: AsyncIterator[WatchEvent]) -> None:
         async for event in events:

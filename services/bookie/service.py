@@ -210,25 +210,17 @@ class Bookie:
             self._tasks.append(asyncio.create_task(self._autorecovery(), name="autorecovery"))
 
     async def _autorecovery(self) -> None:
-        """The auditor candidate and the replication worker, on a metadata session of their
-        own (its lease bounds the worker's ledger locks and the auditor role), opened again
-        when it is lost. A shared store (standalone) and the embedded local store (one process
-        per file) are used as they are."""
+        """The auditor candidate and the replication worker, on the bookie's metadata session
+        (its lease bounds the worker's ledger locks and the auditor role, as BookKeeper's
+        autorecovery shares the bookie's ZooKeeper session). When the session is lost they stop
+        and start again on the bookie's new one."""
         c = self.config
         while True:
-            own = self._owns_store and c.metadata_url.startswith("etcd://")
-            lost = asyncio.Event()
-            try:
-                store = (
-                    await open_store(c.metadata_url, session_ttl=c.session_ttl_s)
-                    if own
-                    else self._store
-                )
-            except (MetadataError, OSError) as e:
-                log.warning("bookie %s: autorecovery cannot open the store (%s)", self.address, e)
-                await asyncio.sleep(1.0)
+            store = self._store
+            if store is None or store.session_lost:
+                await asyncio.sleep(0.5)  # _keep_registered opens a new session
                 continue
-            assert store is not None
+            lost = asyncio.Event()
             store.add_session_listener(lost.set)
             self._recovery_store = store
             self._recovery_client = client = LedgerClient(store)
@@ -262,7 +254,8 @@ class Bookie:
             try:
                 await lost.wait()
                 log.warning(
-                    "bookie %s: autorecovery lost its metadata session; opening a new one",
+                    "bookie %s: autorecovery lost its metadata session; starting again on the "
+                    "bookie's next one",
                     self.address,
                 )
             finally:
@@ -270,9 +263,6 @@ class Bookie:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 await client.close()
-                if own:
-                    with contextlib.suppress(MetadataError, OSError):
-                        await store.close()
                 self._recovery_store = self._recovery_client = None
             await asyncio.sleep(1.0)
 
