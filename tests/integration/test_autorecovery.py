@@ -2,8 +2,10 @@
 of a lost bookie, the replication workers copy them back, and nothing acknowledged is lost.
 
 One cluster for the module (etcd, bookie processes, one broker writing E3/Qw2/Qa2 topic
-ledgers); bookies are added as the tests kill them:
+ledgers and one writing E2/Qw2/Qa2); bookies are added as the tests kill them:
 
+- the worker copying a ledger is killed mid-copy: its lock expires with its session, another
+  worker finishes, and the metadata holds no partial or duplicate fragment;
 - a bookie is killed (-9) for good while producers run: after the delay no ledger names it
   (broker topics, E3/Qw2/Qa2 and E2/Qw2/Qa2 ledgers written directly, and an open ledger whose
   writer was killed too, fenced and recovered by a worker); then a second bookie of the
@@ -11,8 +13,6 @@ ledgers); bookies are added as the tests kill them:
   every acknowledged entry directly;
 - the auditor's own bookie is killed: another bookie becomes auditor and its ledgers are
   replicated;
-- the worker copying a ledger is killed mid-copy: its lock expires with its session, another
-  worker finishes, and the metadata holds no partial or duplicate fragment;
 - a live bookie is decommissioned under traffic: no client error, no ledger names it after;
 - with autorecovery disabled, ``magnetar bk recover BOOKIE`` re-replicates a lost bookie's
   ledgers with the workers' code.
@@ -61,13 +61,17 @@ _BAD_LINE = re.compile(r"Traceback|\s(ERROR|CRITICAL)\s")
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MagnetarCluster]:
-    yield from cluster_fixture(
+    """Four bookies; one broker writing E3/Qw2/Qa2 topic ledgers, one writing E2/Qw2/Qa2."""
+    for cluster in cluster_fixture(
         tmp_path_factory.mktemp("autorecovery"),
         bookies=4,
         brokers=1,
         broker_settings={"ensemble_size": 3, "write_quorum": 2, "ack_quorum": 2},
         bookie_settings=BOOKIE_SETTINGS,
-    )
+    ):
+        cluster.add_broker(ensemble_size=2)
+        cluster.wait_for(lambda: len(cluster.registered()) == 2, what="both brokers registered")  # noqa: B023
+        yield cluster
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -154,6 +158,20 @@ def client_for(cluster: MagnetarCluster) -> pulsar.Client:
     return pulsar.Client(cluster.brokers[0].url, operation_timeout_seconds=30, logger=QUIET)
 
 
+def topics_on_each_broker(cluster: MagnetarCluster, client: pulsar.Client) -> list[str]:
+    """One topic owned by each broker (subscribing makes the load manager assign its bundle)."""
+    chosen: dict[str, str] = {}
+    for i in range(32):
+        topic = f"persistent://public/default/autorecovery-{i}"
+        client.subscribe(topic, "keep", initial_position=pulsar.InitialPosition.Earliest).close()
+        owner = cluster.owner_of_topic(topic)
+        assert owner is not None, topic
+        chosen.setdefault(owner, topic)
+        if len(chosen) == len(cluster.brokers):
+            return list(chosen.values())
+    raise AssertionError(f"32 topics did not reach every broker: {chosen}")
+
+
 def consume_all(client: pulsar.Client, topic: str, wanted: set[str]) -> None:
     consumer = ConsumerThread(
         client, topic, f"check-{time.monotonic_ns()}", pulsar.ConsumerType.Exclusive
@@ -170,13 +188,49 @@ def consume_all(client: pulsar.Client, topic: str, wanted: set[str]) -> None:
 # -- tests -----------------------------------------------------------------------------------
 
 
+def test_worker_killed_mid_copy(cluster: MagnetarCluster) -> None:
+    # First in the module: the two kills below come close together, so no other ledger may
+    # exist yet (any with both bookies in one write set would lose entries). Six bookies: room
+    # to replace both even when the worker was the only bookie outside the ensemble.
+    add_bookie(cluster)
+    add_bookie(cluster)
+
+    async def write() -> int:
+        async with cluster.client() as client:
+            # Qa = Qw: every entry is on all three, so killing the worker even when it is one
+            # of the replicas leaves a full copy.
+            handle = await client.create_ledger(3, 3, 3)
+            for entry_id in range(600):
+                await handle.add_async(payload_for(handle.ledger_id, entry_id, 10_000))
+            await handle.add(payload_for(handle.ledger_id, 600, 10_000))
+            await handle.close()
+            return handle.ledger_id
+
+    ledger_id = asyncio.run(write())
+    lost = ledgers(cluster)[ledger_id].fragments[0].bookies[0]
+    cluster.bookie(lost).kill()
+    holder = cluster.wait_for(
+        lambda: cluster.scan(f"{LOCKS_PATH}/{ledger_id}").get(f"{LOCKS_PATH}/{ledger_id}"),
+        what=f"a worker locks ledger {ledger_id}",
+        every=0.05,
+    ).decode()
+    assert lost in named(ledgers(cluster)[ledger_id])  # still copying: nothing committed yet
+    cluster.bookie(holder).kill()
+    wait_fully_replicated(cluster, {lost, holder})
+    metadata = ledgers(cluster)[ledger_id]
+    assert len(metadata.fragments) == 1, metadata.fragments  # one fragment, replaced in place
+
+    async def read() -> None:
+        async with cluster.client() as client:
+            payloads = await read_all(client, ledger_id)
+            assert payloads == [payload_for(ledger_id, i, 10_000) for i in range(601)]
+
+    asyncio.run(read())
+
+
 def test_lost_bookies_ledgers_are_replicated_and_stay_readable(cluster: MagnetarCluster) -> None:
     pulsar_client = client_for(cluster)
-    topics = [f"persistent://public/default/autorecovery-{i}" for i in range(2)]
-    for topic in topics:
-        pulsar_client.subscribe(
-            topic, "keep", initial_position=pulsar.InitialPosition.Earliest
-        ).close()
+    topics = topics_on_each_broker(cluster, pulsar_client)
     producers = [PacedProducer(pulsar_client, t, interval=0.01).start() for t in topics]
     for producer in producers:
         producer.wait_for(100)
@@ -212,6 +266,12 @@ def test_lost_bookies_ledgers_are_replicated_and_stay_readable(cluster: Magnetar
     assert all(not p.errors and not p.raised for p in producers), [
         (p.errors[:3], p.raised[:3]) for p in producers
     ]
+    topic_quorums = {
+        (m.ensemble_size, m.write_quorum, m.ack_quorum)
+        for m in ledgers(cluster).values()
+        if "managed-ledger" in m.custom_metadata
+    }
+    assert topic_quorums == {(3, 2, 2), (2, 2, 2)}, topic_quorums
     reopened = ledgers(cluster)[open_id]
     assert reopened.is_closed and reopened.last_entry_id >= acked, reopened
 
@@ -271,43 +331,6 @@ def test_auditor_failover(cluster: MagnetarCluster) -> None:
     assert sum(m["magnetar_bookie_replicated_bytes_total"] for m in metrics.values()) > 0
 
 
-def test_worker_killed_mid_copy(cluster: MagnetarCluster) -> None:
-    add_bookie(cluster)
-    add_bookie(cluster)  # room to replace both the lost bookie and the killed worker
-
-    async def write() -> int:
-        async with cluster.client() as client:
-            # Qa = Qw: every entry is on all three, so killing the worker even when it is one
-            # of the replicas leaves a full copy.
-            handle = await client.create_ledger(3, 3, 3)
-            for entry_id in range(600):
-                await handle.add_async(payload_for(handle.ledger_id, entry_id, 10_000))
-            await handle.add(payload_for(handle.ledger_id, 600, 10_000))
-            await handle.close()
-            return handle.ledger_id
-
-    ledger_id = asyncio.run(write())
-    lost = ledgers(cluster)[ledger_id].fragments[0].bookies[0]
-    cluster.bookie(lost).kill()
-    holder = cluster.wait_for(
-        lambda: cluster.scan(f"{LOCKS_PATH}/{ledger_id}").get(f"{LOCKS_PATH}/{ledger_id}"),
-        what=f"a worker locks ledger {ledger_id}",
-        every=0.05,
-    ).decode()
-    assert lost in named(ledgers(cluster)[ledger_id])  # still copying: nothing committed yet
-    cluster.bookie(holder).kill()
-    wait_fully_replicated(cluster, {lost, holder})
-    metadata = ledgers(cluster)[ledger_id]
-    assert len(metadata.fragments) == 1, metadata.fragments  # one fragment, replaced in place
-
-    async def read() -> None:
-        async with cluster.client() as client:
-            payloads = await read_all(client, ledger_id)
-            assert payloads == [payload_for(ledger_id, i, 10_000) for i in range(601)]
-
-    asyncio.run(read())
-
-
 def test_decommission_under_traffic(cluster: MagnetarCluster) -> None:
     add_bookie(cluster)
     pulsar_client = client_for(cluster)
@@ -348,7 +371,7 @@ def test_recover_bookie_by_hand_while_autorecovery_is_disabled(cluster: Magnetar
     lost = ledgers(cluster)[written[0]].fragments[0].bookies[0]
     cluster.bookie(lost).kill()
     recovered = cluster.bk("recover", lost, "--json")
-    assert recovered.returncode == 0, recovered
+    assert recovered.returncode == 0, (recovered, lost, ledgers(cluster))
     assert json.loads(recovered.stdout)["not_done"] == [], recovered.stdout
     assert all(lost not in named(m) for m in ledgers(cluster).values())
     assert cluster.bk("autorecovery", "enable").returncode == 0
