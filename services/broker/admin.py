@@ -13,6 +13,7 @@
 - ``GET|POST|DELETE /admin/v2/namespaces/{tenant}/{namespace}/{policy}`` one policy, for
   ``retention``, ``messageTTL``, ``deduplication``, ``autoTopicCreation`` (see ``policies``)
 - ``GET    /health`` (also ``/admin/v2/brokers/health``)
+- the cluster's routes (``admin_cluster``) and the schema registry's (``admin_schemas``)
 
 Partitioned-topic metadata lives in the metadata store at
 ``/magnetar/admin/partitioned-topics/<tenant>/<namespace>/<domain>/<topic>`` as
@@ -36,6 +37,7 @@ from prometheus_client import generate_latest
 
 from magnetar.broker import policies
 from magnetar.broker.admin_cluster import ClusterAdminError, add_cluster_routes
+from magnetar.broker.admin_schemas import SchemaAdminError, add_schema_routes
 from magnetar.broker.bundles import load_or_create
 from magnetar.broker.config import TopicSettings
 from magnetar.broker.keys import managed_ledger_key
@@ -130,7 +132,7 @@ async def _errors(
     """The one error path: every failure becomes Pulsar's status and ``{"reason": ...}``."""
     try:
         return await handler(request)
-    except (AdminError, ClusterAdminError) as e:
+    except (AdminError, ClusterAdminError, SchemaAdminError) as e:
         return _error(e.status, e.reason)
     except InvalidTopicNameError as e:
         return _error(412, f"Topic name is not valid: {e}")
@@ -244,6 +246,7 @@ def build_app(broker: Broker) -> web.Application:
     routes = web.RouteTableDef()
     base = "/admin/v2/{domain:persistent|non-persistent}/{tenant}/{namespace}"
     add_cluster_routes(routes, broker)  # first: their paths are more specific than policies'
+    add_schema_routes(routes, broker)
 
     @routes.get("/health")
     @routes.get("/admin/v2/brokers/health")

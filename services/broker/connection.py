@@ -30,6 +30,14 @@ from magnetar.broker.message_id import EARLIEST, LATEST, to_wire
 from magnetar.broker.nonpersistent import NonPersistentSubscription, NonPersistentTopic
 from magnetar.broker.position import Position
 from magnetar.broker.producers import ProducerBusyError, ProducerFencedError
+from magnetar.broker.schemas import (
+    IncompatibleSchemaError,
+    SchemaData,
+    SchemaNotFoundError,
+    SchemaRegistry,
+    decode_version,
+    encode_version,
+)
 from magnetar.broker.subscription import Subscription, SubscriptionTypeError
 from magnetar.broker.topic import (
     NamespaceNotFoundError,
@@ -58,6 +66,14 @@ AnyTopic = PersistentTopic | NonPersistentTopic
 AnySubscription = Subscription | NonPersistentSubscription
 #: Requests answered by their own response type (with a status), not by CommandError.
 _OWN_RESPONSE = (pb.CommandLookupTopicResponse, pb.CommandPartitionedTopicMetadataResponse)
+#: Schema requests: answered by their own response type with ``error_code``.
+_SCHEMA_RESPONSE = (pb.CommandGetSchemaResponse, pb.CommandGetOrCreateSchemaResponse)
+#: Wire schema types that mean "no schema to check": BYTES (``None``) and AUTO_CONSUME.
+_NO_SCHEMA = (0, pb.Schema.AutoConsume)
+
+
+class _Answered(Exception):
+    """The request was refused and answered already; the handler stops."""
 
 
 class ServerConnection(asyncio.Protocol):
@@ -216,7 +232,7 @@ class ServerConnection(asyncio.Protocol):
             self.send(
                 reply(request_id=request_id, response=reply.Failed, error=error, message=message)
             )
-        elif reply is pb.CommandGetSchemaResponse:
+        elif reply in _SCHEMA_RESPONSE:
             self.send(reply(request_id=request_id, error_code=error, error_message=message))
         else:
             self.send(pb.CommandError(request_id=request_id, error=error, message=message))
@@ -397,14 +413,79 @@ class ServerConnection(asyncio.Protocol):
         self.send(pb.CommandGetTopicsOfNamespaceResponse(request_id=body.request_id, topics=topics))
 
     def _get_schema(self, body: pb.CommandGetSchema, frame: codec.Frame) -> None:
-        # No schema registry yet: every topic has no schema, which is how Pulsar answers a
-        # topic without one (the client then reads bytes and does not wait).
-        self._error(
-            body.request_id,
-            pb.TopicNotFound,
-            "no schema is stored for this topic",
-            pb.CommandGetSchemaResponse,
+        self._spawn(self._answer_get_schema(body), body, pb.CommandGetSchemaResponse)
+
+    async def _answer_get_schema(self, body: pb.CommandGetSchema) -> None:
+        reply = pb.CommandGetSchemaResponse
+        name = self._topic_name(body.topic, body.request_id, reply)
+        if name is None:
+            return
+        assert self.broker.store is not None
+        try:
+            version = (
+                decode_version(body.schema_version) if body.HasField("schema_version") else None
+            )
+            found = await SchemaRegistry(self.broker.store).get(name, version)
+        except SchemaNotFoundError as e:
+            # Pulsar's answer for a topic without a schema: the client then reads bytes.
+            self._error(body.request_id, pb.TopicNotFound, f"no schema: {e}", reply)
+            return
+        except Exception as e:  # the store failed, or a damaged record: an answer, not a timeout
+            log.warning("topic %s: schema registry: %s", name, e)
+            self._error(body.request_id, pb.MetadataError, f"schema of {name}: {e}", reply)
+            return
+        self.send(
+            reply(
+                request_id=body.request_id,
+                schema=found.to_wire(name.partitioned_topic_name.local_name),
+                schema_version=encode_version(found.version),
+            )
         )
+
+    def _get_or_create_schema(self, body: pb.CommandGetOrCreateSchema, frame: codec.Frame) -> None:
+        reply = pb.CommandGetOrCreateSchemaResponse
+        self._spawn(self._answer_get_or_create_schema(body), body, reply)
+
+    async def _answer_get_or_create_schema(self, body: pb.CommandGetOrCreateSchema) -> None:
+        reply = pb.CommandGetOrCreateSchemaResponse
+        name = self._topic_name(body.topic, body.request_id, reply)
+        if name is None:
+            return
+        assert self.broker.store is not None
+        try:
+            version = await SchemaRegistry(self.broker.store).put_if_absent(
+                name, SchemaData.from_wire(body.schema)
+            )
+        except IncompatibleSchemaError as e:
+            self._error(body.request_id, pb.IncompatibleSchema, str(e), reply)
+            return
+        except Exception as e:  # the store failed: an answer, not a client timeout
+            log.warning("topic %s: schema registry: %s", name, e)
+            self._error(body.request_id, pb.MetadataError, f"schema of {name}: {e}", reply)
+            return
+        self.send(reply(request_id=body.request_id, schema_version=encode_version(version)))
+
+    async def _producer_schema_version(
+        self, body: pb.CommandProducer, name: TopicName
+    ) -> bytes | None:
+        """The version of the producer's schema (stored if new and allowed); None without a
+        schema. A refusal is answered here and raises _Answered."""
+        if not body.HasField("schema") or body.schema.type in _NO_SCHEMA:
+            return None
+        assert self.broker.store is not None
+        try:
+            version = await SchemaRegistry(self.broker.store).put_if_absent(
+                name, SchemaData.from_wire(body.schema)
+            )
+        except IncompatibleSchemaError as e:
+            log.info("topic %s: producer schema refused: %s", name, e)
+            self._error(body.request_id, pb.IncompatibleSchema, str(e))
+            raise _Answered from None
+        except Exception as e:  # the store failed: an answer the client retries on
+            log.warning("topic %s: schema registry: %s", name, e)
+            self._error(body.request_id, pb.ServiceNotReady, f"topic {name}: schema: {e}")
+            raise _Answered from None
+        return encode_version(version)
 
     # -- handlers: producers -------------------------------------------------------------------
 
@@ -418,7 +499,11 @@ class ServerConnection(asyncio.Protocol):
         existing = self.producers.get(body.producer_id)
         if existing is not None:
             if existing[0].name == name:  # the client asked again: same answer
-                self._producer_success(body, existing[0], existing[1], None)
+                try:
+                    schema_version = await self._producer_schema_version(body, name)
+                except _Answered:
+                    return
+                self._producer_success(body, existing[0], existing[1], None, schema_version)
             else:
                 self._error(
                     body.request_id,
@@ -437,6 +522,10 @@ class ServerConnection(asyncio.Protocol):
         except Exception as e:  # any storage failure: the client gets the reason, not a timeout
             log.warning("topic %s cannot be loaded: %s", name, e)
             self._error(body.request_id, pb.ServiceNotReady, f"topic {name} cannot be loaded: {e}")
+            return
+        try:
+            schema_version = await self._producer_schema_version(body, name)
+        except _Answered:
             return
         producer_name = body.producer_name or f"magnetar-{uuid.uuid4().hex[:12]}"
         mode = body.producer_access_mode
@@ -474,10 +563,15 @@ class ServerConnection(asyncio.Protocol):
             return
         self.producers[body.producer_id] = (topic, producer_name)
         self.closed_by_broker.discard(body.producer_id)
-        self._producer_success(body, topic, producer_name, epoch)
+        self._producer_success(body, topic, producer_name, epoch, schema_version)
 
     def _producer_success(
-        self, body: pb.CommandProducer, topic: AnyTopic, producer_name: str, epoch: int | None
+        self,
+        body: pb.CommandProducer,
+        topic: AnyTopic,
+        producer_name: str,
+        epoch: int | None,
+        schema_version: bytes | None,
     ) -> None:
         success = pb.CommandProducerSuccess(
             request_id=body.request_id,
@@ -489,6 +583,8 @@ class ServerConnection(asyncio.Protocol):
             ),
         )
         success.topic_epoch = topic.producers.topic_epoch if epoch is None else epoch
+        if schema_version is not None:
+            success.schema_version = schema_version
         self.send(success)
 
     def _fence_producer(self, producer_id: int, assigned_url: str | None) -> None:
@@ -599,6 +695,11 @@ class ServerConnection(asyncio.Protocol):
                 partition=name.partition_index,
                 key_shared_meta=body.keySharedMeta if body.HasField("keySharedMeta") else None,
             )
+            if body.HasField("schema") and body.schema.type not in _NO_SCHEMA:
+                assert self.broker.store is not None
+                await SchemaRegistry(self.broker.store).check_consumer(
+                    name, SchemaData.from_wire(body.schema), _idle(topic)
+                )
             start = None
             if not body.durable:  # a reader: start at the given message (or earliest/latest)
                 start = (
@@ -616,6 +717,10 @@ class ServerConnection(asyncio.Protocol):
             return
         except NotImplementedError as e:
             self._error(body.request_id, pb.NotAllowedError, str(e))
+            return
+        except IncompatibleSchemaError as e:
+            log.info("topic %s: consumer schema refused: %s", name, e)
+            self._error(body.request_id, pb.IncompatibleSchema, str(e))
             return
         except (NamespaceNotFoundError, TopicNotFoundError) as e:
             self._error(body.request_id, pb.TopicNotFound, str(e))
@@ -792,6 +897,14 @@ class ServerConnection(asyncio.Protocol):
         )
 
 
+def _idle(topic: AnyTopic) -> bool:
+    """Pulsar's idle topic (a consumer's schema may become its first): no producer, no
+    consumer, nothing stored."""
+    stored = topic.ml.total_size if isinstance(topic, PersistentTopic) else 0
+    consumers = any(s.consumers for s in topic.subscriptions.values())
+    return stored == 0 and not len(topic.producers) and not consumers
+
+
 Handler = Callable[[ServerConnection, Any, codec.Frame], None]
 
 #: Which handler serves which command. Commands legal in the state table but missing here get
@@ -804,6 +917,7 @@ _HANDLERS: dict[int, Handler] = {
     Type.LOOKUP: ServerConnection._lookup,
     Type.GET_TOPICS_OF_NAMESPACE: ServerConnection._topics_of_namespace,
     Type.GET_SCHEMA: ServerConnection._get_schema,
+    Type.GET_OR_CREATE_SCHEMA: ServerConnection._get_or_create_schema,
     Type.PRODUCER: ServerConnection._producer,
     Type.SEND: ServerConnection._send_message,
     Type.CLOSE_PRODUCER: ServerConnection._close_producer,
