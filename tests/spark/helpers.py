@@ -11,12 +11,20 @@ from pyspark.sql import SparkSession
 from magnetar.spark import register
 from tests.support.standalone import StandaloneProcess
 
+_shared: SparkSession | None = None
 
-def local_spark(name: str) -> Iterator[SparkSession]:
-    """Generator body for a module-scoped fixture: a local[2] Spark with ``pulsar`` registered."""
+
+def shared_spark() -> SparkSession:
+    """The process's one local[2] Spark, with ``pulsar`` registered; started on first use.
+
+    Every test module of a run shares it (a JVM start costs 10-30 s on a shared 2-core
+    machine); ``tests/spark/conftest.py`` stops it when the run ends."""
+    global _shared
+    if _shared is not None:
+        return _shared
     spark = (
         SparkSession.builder.master("local[2]")
-        .appName(name)
+        .appName("magnetar-spark-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.memory", "768m")
@@ -24,10 +32,21 @@ def local_spark(name: str) -> Iterator[SparkSession]:
     )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
-    try:
-        yield spark
-    finally:
-        spark.stop()
+    _shared = spark
+    return spark
+
+
+def stop_shared_spark() -> None:
+    global _shared
+    if _shared is not None:
+        _shared.stop()
+        _shared = None
+
+
+def local_spark(name: str) -> Iterator[SparkSession]:
+    """Generator body for a module-scoped fixture: the run's shared Spark (``name`` is kept for
+    the modules that pass one; the session is not stopped at the module's end)."""
+    yield shared_spark()
 
 
 def admin(node: StandaloneProcess, method: str, path: str, body: object = None) -> object:
