@@ -16,7 +16,7 @@ from pyspark.sql.types import StructType
 
 from magnetar.spark.options import SinkOptions, SourceOptions
 from magnetar.spark.sink import PulsarBatchWriter, PulsarStreamWriter
-from magnetar.spark.source import SCHEMA, PulsarBatchReader, PulsarStreamReader
+from magnetar.spark.source import SCHEMA, PulsarBatchReader, PulsarStreamReader, source_schema
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -31,14 +31,15 @@ class PulsarDataSource(DataSource):
     def name(cls) -> str:
         return "pulsar"
 
-    def schema(self) -> str:
-        return SCHEMA
+    def schema(self) -> StructType | str:
+        # Typed columns when the first topic has a JSON or AVRO schema (docs/spark.md "Rows").
+        return source_schema(self.options)
 
     def reader(self, schema: StructType) -> PulsarBatchReader:
-        return PulsarBatchReader(SourceOptions.parse(self.options, streaming=False))
+        return PulsarBatchReader(SourceOptions.parse(self.options, streaming=False), schema)
 
     def streamReader(self, schema: StructType) -> PulsarStreamReader:
-        return PulsarStreamReader(SourceOptions.parse(self.options, streaming=True))
+        return PulsarStreamReader(SourceOptions.parse(self.options, streaming=True), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         return PulsarBatchWriter(SinkOptions.parse(self.options))

@@ -4,12 +4,16 @@ The driver plans: it asks the admin API for each topic-partition's ledgers and t
 entry offsets (``offsets.py``). An executor reads one ``(start, end]`` range of one
 topic-partition with a non-durable reader of the official client, its own client in its own
 process, and stops at ``end`` without reading on.
+
+When the query's first topic has a JSON or AVRO schema, the rows hold its fields as typed
+columns in place of ``value`` (``schema.py``); the driver gives each range the schema, and the
+executor decodes every payload with it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -22,6 +26,7 @@ from pyspark.sql.streaming.datasource import (
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
+from pyspark.sql.types import StructType
 
 from magnetar.spark.admin import Admin, LedgerStats, TopicName
 from magnetar.spark.offsets import (
@@ -36,7 +41,14 @@ from magnetar.spark.offsets import (
     parse_starting,
     share_limit,
 )
-from magnetar.spark.options import SourceOptions
+from magnetar.spark.options import OptionError, SourceOptions
+from magnetar.spark.schema import (
+    META_COLUMNS,
+    PayloadDecoder,
+    SchemaMappingError,
+    TopicSchema,
+    row_schema,
+)
 
 log = logging.getLogger("magnetar.spark")
 
@@ -59,15 +71,25 @@ class RangePartition(InputPartition):
     start: EntryPosition
     end: EntryPosition
     options: SourceOptions
+    #: The topic's JSON/AVRO schema and the query's typed columns; None: ``value`` is binary.
+    value_schema: TopicSchema | None = None
+    columns: tuple[str, ...] = ()
 
 
 def _millis(ms: int) -> datetime | None:
     return datetime.fromtimestamp(ms / 1000, tz=UTC) if ms > 0 else None
 
 
-def _row(msg: pulsar.Message) -> tuple[object, ...]:
+def _row(msg: pulsar.Message, decoder: PayloadDecoder | None) -> tuple[object, ...]:
+    if decoder is None:
+        value: tuple[object, ...] = (msg.data(),)
+    else:
+        where = f"message {msg.message_id()} of {msg.topic_name()}"
+        # The version as a number (-1: none); the wrapper's schema_version() is a str that
+        # cannot hold every byte value.
+        value = decoder.decode(msg.data(), msg._message.int_schema_version(), where)
     return (
-        msg.data(),
+        *value,
         msg.partition_key() or None,
         msg.topic_name(),
         msg.message_id().serialize(),
@@ -87,6 +109,7 @@ def read_range(partition: RangePartition) -> Iterator[tuple[object, ...]]:
     opts = partition.options
     quiet = logging.getLogger("pulsar-client")
     quiet.setLevel(logging.WARNING)
+    decoder = _decoder(partition)
     client = pulsar.Client(opts.service_url, logger=quiet, **opts.client)  # type: ignore[arg-type]
     start, end = partition.start, partition.end
     try:
@@ -109,11 +132,63 @@ def read_range(partition: RangePartition) -> Iterator[tuple[object, ...]]:
                 continue
             if at > end:
                 return
-            yield _row(msg)
+            yield _row(msg, decoder)
             if at == end and (msg_id.batch_index() < 0 or not reader.has_message_available()):
                 return
     finally:
         client.close()
+
+
+def _decoder(partition: RangePartition) -> PayloadDecoder | None:
+    """The payload decoder of a typed range; messages of other schema versions are decoded
+    from their own version, asked from the admin API once per version."""
+    if partition.value_schema is None:
+        return None
+    admin = Admin(partition.options.admin_url)
+    topic = TopicName.parse(partition.topic)
+    return PayloadDecoder(
+        partition.value_schema,
+        partition.columns,
+        lambda version: admin.topic_schema(topic, version),
+    )
+
+
+def first_topic_schema(options: SourceOptions) -> TopicSchema | None:
+    """The JSON or AVRO schema of the query's first topic-partition (None: untyped rows)."""
+    names = _Planner(options).partitions()
+    if not names:
+        return None
+    found = Admin(options.admin_url).topic_schema(TopicName.parse(names[0]))
+    return found if found is not None and found.typed else None
+
+
+def source_schema(options: Mapping[str, str]) -> StructType | str:
+    """The rows of a read with ``options``: typed from the first topic's JSON or AVRO schema,
+    else ``SCHEMA``. Options that are not a read's (a sink's) get ``SCHEMA``."""
+    try:
+        parsed = SourceOptions.parse(options, streaming=False)
+    except OptionError:
+        return SCHEMA
+    found = first_topic_schema(parsed)
+    return SCHEMA if found is None else row_schema(found)
+
+
+def typed_columns(
+    options: SourceOptions, schema: StructType
+) -> tuple[TopicSchema | None, tuple[str, ...]]:
+    """The decoding a reader with the row ``schema`` needs: the first topic's schema and the
+    columns before the message's own; none when ``schema`` has a binary ``value``."""
+    names = tuple(schema.fieldNames())
+    if names[:1] == ("value",) and schema["value"].dataType.typeName() == "binary":
+        return None, ()
+    found = first_topic_schema(options)
+    if found is None:
+        raise SchemaMappingError(
+            f"the query's rows are typed ({', '.join(names[:3])}, ...) but its first topic has "
+            "no JSON or AVRO schema now (deleted after the query was defined?)"
+        )
+    meta = {f.name for f in META_COLUMNS}
+    return found, tuple(n for n in names if n not in meta)
 
 
 def _ended_early(partition: RangePartition, why: str) -> None:
@@ -129,9 +204,12 @@ def _ended_early(partition: RangePartition, why: str) -> None:
 class _Planner:
     """What the driver knows about the topics: their partitions and ledgers, asked fresh."""
 
-    def __init__(self, options: SourceOptions) -> None:
+    def __init__(self, options: SourceOptions, schema: StructType | None = None) -> None:
         self.options = options
         self.admin = Admin(options.admin_url)
+        self.value_schema, self.columns = (
+            (None, ()) if schema is None else typed_columns(options, schema)
+        )
 
     def partitions(self) -> list[str]:
         """The topic-partitions read now; new partitions and matching topics appear here."""
@@ -185,7 +263,9 @@ class _Planner:
             begin = start.get(name, EARLIEST)
             ledgers = stats[name].ledgers
             if entries_after(begin, ledgers) - entries_after(stop, ledgers) > 0:
-                out.append(RangePartition(name, begin, stop, self.options))
+                out.append(
+                    RangePartition(name, begin, stop, self.options, self.value_schema, self.columns)
+                )
         return out
 
 
@@ -205,9 +285,9 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     entries by each topic-partition's mean entry size; ``Trigger.AvailableNow`` fixes a target
     in ``prepareForTriggerAvailableNow`` and never goes past it."""
 
-    def __init__(self, options: SourceOptions) -> None:
+    def __init__(self, options: SourceOptions, schema: StructType | None = None) -> None:
         self.options = options
-        self.planner = _Planner(options)
+        self.planner = _Planner(options, schema)
         self.target: dict[str, EntryPosition] | None = None
 
     def initialOffset(self) -> dict:
@@ -280,11 +360,12 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 class PulsarBatchReader(DataSourceReader):
     """A batch read of ``(startingOffsets, endingOffsets]``, planned when the query starts."""
 
-    def __init__(self, options: SourceOptions) -> None:
+    def __init__(self, options: SourceOptions, schema: StructType | None = None) -> None:
         self.options = options
+        self.schema = schema
 
     def partitions(self) -> list[RangePartition]:
-        planner = _Planner(self.options)
+        planner = _Planner(self.options, self.schema)
         stats = planner.stats(planner.partitions())
         start = planner.resolve(self.options.starting_offsets, stats)
         end = planner.resolve(self.options.ending_offsets, stats)
