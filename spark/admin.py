@@ -2,12 +2,19 @@
 
 Plain ``urllib`` (the driver has no event loop, and no extra dependency is needed); every call
 has a timeout and an error that names the URL and what the broker answered.
+
+``admin.url`` may name any broker of a cluster. As in Pulsar, a topic's admin calls are answered
+by its bundle's owner: another broker answers 307 with the owner's URL, which ``urllib`` follows
+for these GETs (through the load manager's leader when the bundle has no owner yet). While the
+bundle moves (an unload, a broker's shutdown) the broker answers 503; the call is asked again
+until it is answered or its time is up, so a bundle move is a short wait for the driver.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -16,6 +23,12 @@ from magnetar.spark.offsets import LedgerExtent
 from magnetar.spark.schema import TopicSchema
 
 PARTITION_SUFFIX = "-partition-"
+
+#: Pulsar's answer while a topic's bundle has no owner that can serve it (being unloaded).
+UNAVAILABLE = 503
+#: The first pause before asking again after a 503; doubled up to ``MAX_RETRY_PAUSE_S``.
+FIRST_RETRY_PAUSE_S = 0.05
+MAX_RETRY_PAUSE_S = 1.0
 
 
 class AdminCallError(RuntimeError):
@@ -81,7 +94,21 @@ class Admin:
         self.timeout_s = timeout_s
 
     def _get(self, path: str) -> object:
+        """The JSON answer to ``GET {path}``, redirects followed; a 503 (the topic's bundle is
+        moving) is asked again, with growing pauses, until ``timeout_s`` has passed."""
         url = f"{self.base}/admin/v2/{path}"
+        deadline = time.monotonic() + self.timeout_s
+        pause = FIRST_RETRY_PAUSE_S
+        while True:
+            try:
+                return self._get_once(url)
+            except AdminCallError as e:
+                if e.status != UNAVAILABLE or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, MAX_RETRY_PAUSE_S)
+
+    def _get_once(self, url: str) -> object:
         try:
             with urllib.request.urlopen(url, timeout=self.timeout_s) as answer:
                 return json.loads(answer.read() or b"null")
