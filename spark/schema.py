@@ -160,7 +160,7 @@ def spark_type(avro: _Avro, node: Any, seen: tuple[str, ...] = ()) -> DataType:
     if kind in ("record", "error"):
         name = str(node["name"])
         if name in seen:
-            raise SchemaMappingError(f"record {name} contains itself: Spark columns cannot")
+            raise SchemaMappingError(f"record {name} contains itself: no Spark type can hold it")
         return StructType(
             [
                 StructField(f["name"], spark_type(avro, f["type"], (*seen, name)))
