@@ -1,0 +1,249 @@
+"""Rows per second through the Spark source and sink, with a local Spark (``local[2]``).
+
+Starts a ``magnetar standalone`` on free ports in a temp dir (journal fsync on, its default),
+fills a partitioned topic with a backlog of ``--messages`` 100-byte messages from the official
+client (batching on), then times, each with the same Spark session:
+
+- batch read: ``spark.read.format("pulsar")`` of the whole backlog, counted (every row goes
+  through the source's reader and into Spark, one task per partition);
+- streaming read: ``spark.readStream.format("pulsar")`` from ``earliest`` with
+  ``Trigger.AvailableNow`` into the ``noop`` sink (rows counted from the query's progress);
+- sink: ``df.write.format("pulsar")`` of ``--messages`` generated 100-byte rows (one task per
+  partition) into a second topic with as many partitions (batching on); then that topic is
+  read back and counted as above (a check, and the read figure for producer-batched entries).
+
+A Spark session is started (and warmed with a small read) before anything is timed, so the
+figures do not include the JVM start. The numbers are printed; nothing is asserted.
+
+    python bench/spark_bench.py [--messages 1000000] [--partitions 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pulsar
+from pyspark.sql import SparkSession
+
+from magnetar.spark import register
+
+PAYLOAD_BYTES = 100
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Standalone:
+    """``magnetar standalone`` in a child process on free ports, its log in ``workdir``."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port, self.http_port = free_port(), free_port()
+        self.log_path = workdir / "standalone.log"
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable, "-m", "magnetar.cli", "--log-level", "WARNING", "standalone",
+                    "--data-dir", str(workdir / "data"), "--broker-port", str(self.port),
+                    "--http-port", str(self.http_port), "--bookie-port", str(free_port()),
+                    "--bookie-http-port", str(free_port()), "--journal-sync",
+                ],
+                cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while True:
+            if self.process.poll() is not None:
+                raise SystemExit(f"standalone exited at start:\n{self.log_path.read_text()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise SystemExit("standalone did not listen within 60 s") from None
+                time.sleep(0.1)
+
+    @property
+    def url(self) -> str:
+        return f"pulsar://127.0.0.1:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def admin(self, method: str, path: str, body: object = None) -> object:
+        request = urllib.request.Request(
+            f"{self.admin_url}/admin/v2/{path}",
+            data=None if body is None else json.dumps(body).encode(),
+            method=method,
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            text = answer.read()
+        return json.loads(text) if text else None
+
+    def cpu_seconds(self) -> float:
+        """CPU time of the standalone process (user + system) from /proc."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+
+
+@contextmanager
+def timed(what: str, rows: int, standalone: Standalone) -> Iterator[dict[str, float]]:
+    """Prints ``what``: rows, seconds, rows/s, the standalone's CPU and the load average."""
+    out: dict[str, float] = {}
+    cpu, start = standalone.cpu_seconds(), time.monotonic()
+    yield out
+    seconds = time.monotonic() - start
+    counted = int(out.get("rows", rows))
+    print(
+        f"{what:<34} {counted:>10,} rows in {seconds:7.1f} s = {counted / seconds:>9,.0f} rows/s"
+        f"   standalone CPU {standalone.cpu_seconds() - cpu:6.1f} s"
+        f"   load {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
+
+
+def produce_backlog(standalone: Standalone, topic: str, messages: int) -> None:
+    quiet = logging.getLogger("pulsar-client")
+    quiet.setLevel(logging.WARNING)
+    client = pulsar.Client(standalone.url, operation_timeout_seconds=60, logger=quiet)
+    producer = client.create_producer(
+        topic,
+        batching_enabled=True,
+        batching_max_messages=1000,
+        batching_max_publish_delay_ms=5,
+        max_pending_messages=10_000,
+        block_if_queue_full=True,
+    )
+    failed: list[str] = []
+
+    def done(result: pulsar.Result, _msg_id: pulsar.MessageId) -> None:
+        if result != pulsar.Result.Ok:
+            failed.append(str(result))
+
+    for i in range(messages):
+        producer.send_async(f"{i:012d}".encode().ljust(PAYLOAD_BYTES, b"."), done)
+    producer.flush()
+    producer.close()
+    client.close()
+    if failed:
+        raise SystemExit(f"{len(failed)} sends failed while producing the backlog: {failed[:5]}")
+
+
+def spark_session() -> SparkSession:
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("spark-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.memory", "1g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    args = parser.parse_args()
+    n, partitions = args.messages, args.partitions
+
+    with tempfile.TemporaryDirectory(prefix="spark-bench-") as tmp:
+        workdir = Path(tmp)
+        standalone = Standalone(workdir)
+        try:
+            print(
+                f"{n:,} messages of {PAYLOAD_BYTES} bytes, {partitions} partitions, Spark "
+                f"local[2], {os.cpu_count()} CPUs, load average at start "
+                f"{os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
+            source, target = "bench-backlog", "bench-written"
+            standalone.admin("PUT", f"persistent/public/default/{source}/partitions", partitions)
+            standalone.admin("PUT", f"persistent/public/default/{target}/partitions", partitions)
+            with timed("produce backlog (official client)", n, standalone):
+                produce_backlog(standalone, source, n)
+
+            spark = spark_session()
+            options = {"service.url": standalone.url, "admin.url": standalone.admin_url}
+            # Warm-up on a small topic: the JVM, the Python workers and their imports.
+            produce_backlog(standalone, "bench-warm-up", 1000)
+            spark.read.format("pulsar").options(**options).option(
+                "topic", "bench-warm-up"
+            ).load().count()
+
+            with timed("batch read, count()", n, standalone) as out:
+                out["rows"] = (
+                    spark.read.format("pulsar")
+                    .options(**options)
+                    .option("topic", source)
+                    .load()
+                    .count()
+                )
+
+            with timed("streaming read, AvailableNow, noop", n, standalone) as out:
+                query = (
+                    spark.readStream.format("pulsar")
+                    .options(**options)
+                    .option("topic", source)
+                    .option("startingOffsets", "earliest")
+                    .load()
+                    .writeStream.format("noop")
+                    .option("checkpointLocation", str(workdir / "checkpoint"))
+                    .trigger(availableNow=True)
+                    .start()
+                )
+                query.awaitTermination()
+                out["rows"] = sum(p["numInputRows"] for p in query.recentProgress)
+
+            value = f"rpad(format_string('%012d', id), {PAYLOAD_BYTES}, '.')"
+            rows = spark.range(0, n, 1, partitions).selectExpr(f"CAST({value} AS BINARY) AS value")
+            writer = (
+                rows.write.format("pulsar")
+                .option("service.url", standalone.url)
+                .option("topic", f"persistent://public/default/{target}")
+                .mode("append")
+            )
+            with timed("sink, df.write (batching on)", n, standalone):
+                writer.save()
+            with timed("batch read of what the sink wrote", n, standalone) as out:
+                out["rows"] = (
+                    spark.read.format("pulsar")
+                    .options(**options)
+                    .option("topic", target)
+                    .load()
+                    .count()
+                )
+            spark.stop()
+        finally:
+            standalone.close()
+
+
+if __name__ == "__main__":
+    main()
