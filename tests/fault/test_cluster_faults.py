@@ -22,6 +22,7 @@ from collections.abc import Iterator
 import pulsar
 import pytest
 
+from magnetar.broker.bundles import BundleRange, topic_hash
 from tests.support.cluster import (
     BrokerProcess,
     ConsumerThread,
@@ -94,10 +95,25 @@ def test_kill_9_of_a_bundle_owner_under_traffic_of_all_four_modes(
     entry = next(b for b in cluster.brokers if b.broker_id != leader)
     client = client_for(entry)
     owners = topics_with_owners(cluster, client, namespace, 8)
-    # The victim: a broker that is not the leader (leader loss is its own test) and owns a
-    # bundle of ours; the mode topic is one of its topics, every other topic gets traffic too.
-    victim_id = next(o for o in owners.values() if o != leader)
-    victim = cluster.broker(victim_id)
+    # The victim: neither the leader (leader loss is its own test) nor the broker whose URL the
+    # client was given (it would have no broker left to look topics up through); it must own a
+    # bundle of ours: if placement gave it none, one is handed to it. The mode topic is one of
+    # its topics, every other topic gets traffic too.
+    victim = next(b for b in cluster.brokers if b.broker_id not in (leader, entry.broker_id))
+    victim_id = victim.broker_id
+    if victim_id not in owners.values():
+        topic = next(iter(owners))
+        bundle = next(
+            r for (ns, r), o in cluster.ownership().items()
+            if ns == namespace and o == owners[topic]
+            and BundleRange.parse(r).contains(topic_hash(topic))
+        )  # fmt: skip
+        cluster.admin_json(
+            "PUT",
+            f"/admin/v2/namespaces/{namespace}/{bundle}/unload?destinationBroker={victim_id}",
+        )
+        owners = topics_with_owners(cluster, client, namespace, 8)
+    assert victim_id in owners.values(), owners
     main_topic = next(t for t, o in owners.items() if o == victim_id)
     victim_bundles = {k for k, o in cluster.ownership().items() if o == victim_id}
 
