@@ -165,7 +165,9 @@ class NonPersistentTopic:
 
     def stats(self) -> dict[str, object]:
         return {
-            **publish_counters(self.msg_in, self.bytes_in, self.loaded_at, len(self.producers)),
+            **publish_counters(
+                self.messages_in, self.bytes_in, self.loaded_at, len(self.producers)
+            ),
             "subscriptions": {
                 name: {
                     "type": Sub.SubType.Name(sub.sub_type),

@@ -382,6 +382,19 @@ def test_admin_namespaces_stats_and_topic_deletion(standalone: StandaloneProcess
         stats = json.loads(body)
         assert status == 200 and stats["msgInCounter"] == 5 and stats["publishers"] == 1
         assert stats["subscriptions"]["dash"]["msgBacklog"] == 5
+        # A batch counts as its messages, as in Pulsar's stats.
+        batched = c.create_producer(
+            "persistent://public/team/metrics",
+            batching_enabled=True,
+            batching_max_messages=10,
+            batching_max_publish_delay_ms=10_000,
+        )
+        for i in range(10):
+            batched.send_async(f"b{i}".encode(), None)
+        batched.flush()
+        batched.close()
+        stats = json.loads(_admin(standalone, "GET", "/persistent/public/team/metrics/stats")[1])
+        assert stats["msgInCounter"] == 15
         assert json.loads(
             _admin(standalone, "GET", "/persistent/public/team/metrics/subscriptions")[1]
         ) == ["dash"]

@@ -32,7 +32,9 @@ from tests.support.standalone import StandaloneProcess, client
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneProcess]:
     yield from module_standalone(
         tmp_path_factory.mktemp("spark-source") / "standalone",
-        extra=["--max-entries-per-ledger", "7"],
+        # Kept: the source holds no subscription, so with retention 0 closed ledgers could be
+        # deleted before a query reads them (as in Pulsar).
+        extra=["--max-entries-per-ledger", "7", "--default-retention-time-minutes", "-1"],
     )
 
 
