@@ -13,6 +13,7 @@ executor decodes every payload with it.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -122,7 +123,7 @@ def read_range(partition: RangePartition) -> Iterator[tuple[object, ...]]:
             partition.topic, first, start_message_id_inclusive=True, **opts.reader
         )
         while True:
-            if not reader.has_message_available():
+            if not _has_message_available(reader, opts.poll_timeout_ms):
                 _ended_early(partition, "the topic-partition ends before it")
                 return
             msg = reader.read_next(opts.poll_timeout_ms)
@@ -133,10 +134,32 @@ def read_range(partition: RangePartition) -> Iterator[tuple[object, ...]]:
             if at > end:
                 return
             yield _row(msg, decoder)
-            if at == end and (msg_id.batch_index() < 0 or not reader.has_message_available()):
+            if at == end and (
+                msg_id.batch_index() < 0 or not _has_message_available(reader, opts.poll_timeout_ms)
+            ):
                 return
     finally:
         client.close()
+
+
+#: What a reader's broker call can meet while its topic moves to another broker (the broker
+#: closed the reader as the call went out, or the reader is reconnecting): ask again.
+_MOVING = (pulsar.ConsumerNotFound, pulsar.NotConnected, pulsar.ServiceUnitNotReady, pulsar.Timeout)
+
+
+def _has_message_available(reader: pulsar.Reader, timeout_ms: int) -> bool:
+    """``reader.has_message_available()``, asked again (with growing pauses, up to
+    ``timeout_ms``) while the topic is moving between brokers."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    pause = 0.05
+    while True:
+        try:
+            return reader.has_message_available()
+        except _MOVING:
+            if time.monotonic() + pause > deadline:
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
 
 
 def _decoder(partition: RangePartition) -> PayloadDecoder | None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from collections.abc import Iterator
 
 from pyspark.sql import SparkSession
 
@@ -44,12 +43,6 @@ def stop_shared_spark() -> None:
     if _shared is not None:
         _shared.stop()
         _shared = None
-
-
-def local_spark(name: str) -> Iterator[SparkSession]:
-    """Generator body for a module-scoped fixture: the run's shared Spark (``name`` is kept for
-    the modules that pass one; the session is not stopped at the module's end)."""
-    yield shared_spark()
 
 
 def admin(node: StandaloneProcess, method: str, path: str, body: object = None) -> object:

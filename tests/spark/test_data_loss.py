@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 from pyspark.sql import SparkSession
 
-from tests.spark.helpers import ledgers, local_spark, source_options
+from tests.spark.helpers import ledgers, source_options
 from tests.support.raw_client import assert_log_clean, module_standalone
 from tests.support.standalone import StandaloneProcess, client
 
@@ -32,11 +32,6 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneProcess
             "--policy-check-interval-seconds", "1",
         ],
     )  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    yield from local_spark("spark-loss")
 
 
 def test_fail_on_data_loss_both_ways(spark: SparkSession, node: StandaloneProcess) -> None:

@@ -18,7 +18,7 @@ import pytest
 from pulsar.schema import Array, AvroSchema, Double, Integer, JsonSchema, Map, Record, String
 from pyspark.sql import DataFrame, SparkSession
 
-from tests.spark.helpers import local_spark, source_options
+from tests.spark.helpers import source_options
 from tests.support.raw_client import module_standalone
 from tests.support.standalone import StandaloneProcess, client
 
@@ -79,11 +79,6 @@ def pc(node: StandaloneProcess) -> Iterator[pulsar.Client]:
     c = client(node)
     yield c
     c.close()
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    yield from local_spark("spark-schema")
 
 
 def read(spark: SparkSession, node: StandaloneProcess, topic: str) -> DataFrame:

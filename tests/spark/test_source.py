@@ -23,7 +23,7 @@ import pulsar
 import pytest
 from pyspark.sql import SparkSession
 
-from tests.spark.helpers import create_partitioned, local_spark, source_options, update_partitions
+from tests.spark.helpers import create_partitioned, source_options, update_partitions
 from tests.support.raw_client import assert_log_clean, module_standalone
 from tests.support.standalone import StandaloneProcess, client
 
@@ -43,11 +43,6 @@ def pc(node: StandaloneProcess) -> Iterator[pulsar.Client]:
     c = client(node)
     yield c
     c.close()
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    yield from local_spark("spark-source")
 
 
 def produce(pc: pulsar.Client, topic: str, count: int, prefix: str, batched: bool = False) -> None:
