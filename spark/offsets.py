@@ -109,6 +109,23 @@ def advance(start: EntryPosition, count: int, ledgers: Sequence[LedgerExtent]) -
     return position
 
 
+def split_range(
+    begin: EntryPosition, stop: EntryPosition, ledgers: Sequence[LedgerExtent], size: int
+) -> list[tuple[EntryPosition, EntryPosition]]:
+    """``(begin, stop]`` cut into consecutive ranges of at most ``size`` stored entries each
+    (the last may be shorter); one range when it holds ``size`` entries or fewer."""
+    count = entries_after(begin, ledgers) - entries_after(stop, ledgers)
+    out = []
+    start = begin
+    while count > size:
+        end = advance(start, size, ledgers)
+        out.append((start, end))
+        start = end
+        count -= size
+    out.append((start, stop))
+    return out
+
+
 def share_limit(limit: int, available: Mapping[str, int]) -> dict[str, int]:
     """Split a budget of ``limit`` entries over topic-partitions in proportion to what each has
     available, never more than it has; the rounding remainder goes to the largest backlogs, so

@@ -70,6 +70,7 @@ class SourceOptions:
     max_entries_per_trigger: int | None = None
     max_bytes_per_trigger: int | None = None
     poll_timeout_ms: int = 120_000
+    min_partitions: int | None = None
     client: dict[str, object] = field(default_factory=dict)
     reader: dict[str, object] = field(default_factory=dict)
 
@@ -97,6 +98,7 @@ class SourceOptions:
             max_entries_per_trigger=_positive(options, "maxEntriesPerTrigger"),
             max_bytes_per_trigger=_positive(options, "maxBytesPerTrigger"),
             poll_timeout_ms=_positive(options, "pollTimeoutMs") or 120_000,
+            min_partitions=_positive(options, "minPartitions"),
             client=_prefixed(options, CLIENT_PREFIX),
             reader=_prefixed(options, READER_PREFIX),
         )

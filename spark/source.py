@@ -41,6 +41,7 @@ from magnetar.spark.offsets import (
     normalize,
     parse_starting,
     share_limit,
+    split_range,
 )
 from magnetar.spark.options import OptionError, SourceOptions
 from magnetar.spark.schema import (
@@ -279,15 +280,28 @@ class _Planner:
     def ranges(
         self, start: dict[str, EntryPosition], end: dict[str, EntryPosition]
     ) -> list[RangePartition]:
-        """One input partition per topic-partition with entries in ``(start, end]``."""
+        """One input partition per topic-partition with entries in ``(start, end]``; with
+        ``minPartitions``, ranges are cut so that there are at least that many (each piece
+        holds at most total / minPartitions entries, rounded up)."""
         stats = self.stats(sorted(end))
+        counts = {
+            name: entries_after(start.get(name, EARLIEST), stats[name].ledgers)
+            - entries_after(stop, stats[name].ledgers)
+            for name, stop in end.items()
+        }
+        total = sum(max(n, 0) for n in counts.values())
+        wanted = self.options.min_partitions
+        size = -(-total // wanted) if wanted and total > 0 else max(total, 1)
         out = []
         for name, stop in sorted(end.items()):
-            begin = start.get(name, EARLIEST)
+            if counts[name] <= 0:
+                continue
             ledgers = stats[name].ledgers
-            if entries_after(begin, ledgers) - entries_after(stop, ledgers) > 0:
+            for begin, until in split_range(start.get(name, EARLIEST), stop, ledgers, size):
                 out.append(
-                    RangePartition(name, begin, stop, self.options, self.value_schema, self.columns)
+                    RangePartition(
+                        name, begin, until, self.options, self.value_schema, self.columns
+                    )
                 )
         return out
 

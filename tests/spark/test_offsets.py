@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -18,6 +20,7 @@ from magnetar.spark.offsets import (
     normalize,
     parse_starting,
     share_limit,
+    split_range,
 )
 
 LEDGERS = (LedgerExtent(10, 3), LedgerExtent(12, 0), LedgerExtent(15, 4))
@@ -75,6 +78,23 @@ def test_share_limit_uses_the_budget_and_never_more_than_available(limit, availa
     shares = share_limit(limit, available)
     assert all(0 <= shares[n] <= available[n] for n in available)
     assert sum(shares.values()) == min(limit, sum(available.values()))
+
+
+@given(ledger_lists, st.data())
+def test_split_range_cuts_a_range_into_consecutive_pieces(ledgers, data) -> None:
+    entries = stored(ledgers)
+    begin_index = data.draw(st.integers(-1, len(entries) - 1))
+    stop_index = data.draw(st.integers(begin_index, len(entries) - 1))
+    begin = EARLIEST if begin_index < 0 else entries[begin_index]
+    stop = EARLIEST if stop_index < 0 else entries[stop_index]
+    size = data.draw(st.integers(1, 8))
+    pieces = split_range(begin, stop, ledgers, size)
+    assert pieces[0][0] == begin and pieces[-1][1] == stop
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(pieces))  # no gap
+    counts = [entries_after(a, ledgers) - entries_after(b, ledgers) for a, b in pieces]
+    assert sum(counts) == stop_index - begin_index  # every entry in exactly one piece
+    assert all(0 < n <= size for n in counts) or counts == [0]
+    assert len(pieces) == max(1, -(-(stop_index - begin_index) // size))
 
 
 def test_parse_starting_offsets() -> None:

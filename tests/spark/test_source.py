@@ -96,6 +96,18 @@ def test_batch_read_between_json_offsets(
     ).collect()
     assert values(between) == [f"b-{i:05d}" for i in range(5, 16)]
 
+    # minPartitions: the one topic's 20 entries are read by 5 tasks of 4 entries, each message
+    # exactly once.
+    split = (
+        spark.read.format("pulsar")
+        .options(**source_options(node))
+        .option("topic", topic)
+        .option("minPartitions", "5")
+        .load()
+    )
+    assert split.rdd.getNumPartitions() == 5
+    assert values(split.collect()) == [f"b-{i:05d}" for i in range(20)]
+
 
 def test_max_entries_per_trigger_bounds_batches_and_available_now_stops(
     spark: SparkSession, pc: pulsar.Client, node: StandaloneProcess, tmp_path: Path
