@@ -317,9 +317,10 @@ async def test_a_bookie_against_a_reset_or_foreign_store_is_refused(
         finally:
             await other_store.close()
         # Another cluster's store.
-        bookies.start(metadata_url=other.url, journal_sync=False)
+        foreign = bookies.start(metadata_url=other.url, journal_sync=False)
         text = refusal(bookie)
         assert "this bookie belongs to cluster" in text and "another cluster's" in text
+        foreign.stop()  # while its etcd is up: stopped without it, it waits out its session
     bookie.metadata_url = etcd.url
     bookie.start()
 
