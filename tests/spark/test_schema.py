@@ -20,7 +20,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from tests.spark.helpers import source_options
 from tests.support.raw_client import module_standalone
-from tests.support.standalone import StandaloneProcess, client
+from tests.support.standalone import StandaloneProcess
 
 UTC = datetime.UTC
 
@@ -72,13 +72,6 @@ ORDER_V1 = {
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneProcess]:
     yield from module_standalone(tmp_path_factory.mktemp("spark-schema") / "standalone")
-
-
-@pytest.fixture(scope="module")
-def pc(node: StandaloneProcess) -> Iterator[pulsar.Client]:
-    c = client(node)
-    yield c
-    c.close()
 
 
 def read(spark: SparkSession, node: StandaloneProcess, topic: str) -> DataFrame:

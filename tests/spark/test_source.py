@@ -25,7 +25,7 @@ from pyspark.sql import SparkSession
 
 from tests.spark.helpers import create_partitioned, source_options, update_partitions
 from tests.support.raw_client import assert_log_clean, module_standalone
-from tests.support.standalone import StandaloneProcess, client
+from tests.support.standalone import StandaloneProcess
 
 
 @pytest.fixture(scope="module")
@@ -36,13 +36,6 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneProcess
         # deleted before a query reads them (as in Pulsar).
         extra=["--max-entries-per-ledger", "7", "--default-retention-time-minutes", "-1"],
     )
-
-
-@pytest.fixture(scope="module")
-def pc(node: StandaloneProcess) -> Iterator[pulsar.Client]:
-    c = client(node)
-    yield c
-    c.close()
 
 
 def produce(pc: pulsar.Client, topic: str, count: int, prefix: str, batched: bool = False) -> None:
