@@ -54,6 +54,8 @@ ROLL_BACKOFF_FIRST_S = 0.1
 ROLL_BACKOFF_MAX_S = 5.0
 #: The writer yields to the event loop after this many adds in a row.
 YIELD_EVERY = 64
+#: Passes of read-recover-claim when opening, against a previous owner still rolling over.
+OPEN_ATTEMPTS = 5
 
 
 @dataclass(slots=True)
@@ -220,10 +222,48 @@ class ManagedLedger:
         return ml
 
     async def _initialize(self) -> None:
+        # A previous owner still writing may roll over to a new ledger (and CAS the list) between
+        # the read and the claim; the claim then fails and the list is read again.
+        for attempt in range(OPEN_ATTEMPTS):
+            if await self._recover_and_claim():
+                break
+            log.info(
+                "managed ledger %s: its ledger list changed while opening (attempt %d); "
+                "reading it again",
+                self.name,
+                attempt + 1,
+            )
+        else:
+            raise ManagedLedgerFencedError(
+                f"managed ledger {self.name}: another broker kept changing its metadata while "
+                f"this one opened it ({OPEN_ATTEMPTS} attempts); it has another owner now"
+            )
+        # The metadata version this instance's ownership started at: later owners have higher
+        # ones, which lets a cursor tell a stale owner's write from a newer owner's.
+        self.epoch = self._version
+        for segment in await self.store.children(f"{self.key}/cursors"):
+            cursor = await ManagedCursor.load(self, decode_name(segment))
+            if cursor is not None:
+                self.cursors[cursor.name] = cursor
+        self._writer = asyncio.create_task(self._write_loop(), name=f"ml-{self.name}-writer")
+        log.info("managed ledger %s opened: ledgers %s", self.name, self.ledger_ids)
+
+    async def _recover_and_claim(self) -> bool:
+        """Claim the ledger list, recover (fence) its open ledgers, add a new ledger for writes
+        and CAS the list; False (nothing claimed) when the list changed since it was read.
+
+        The claim is a rewrite of the list as read: it bumps its version, so a previous owner
+        still writing can no longer roll over (its CAS fails and fences it). Recovery then
+        fences the one ledger it can still append to. Without the claim, an owner rolling over
+        quickly keeps moving past the ledger being recovered and the final CAS never wins."""
         found = await self.store.get(self.key)
+        self._version = NOT_EXISTS
         if found is not None:
             doc = json.loads(found.value)
-            self._version = found.version
+            try:
+                self._version = await self.store.put(self.key, found.value, found.version)
+            except BadVersionError:
+                return False
             self._ledgers = [LedgerInfo.from_json(d) for d in doc["ledgers"]]
             self.properties = dict(doc.get("properties", {}))
         recovered: list[LedgerInfo] = []
@@ -234,7 +274,9 @@ class ManagedLedger:
             try:
                 handle = await self.client.open_ledger(info.ledger_id, recovery=True)
             except NoSuchLedgerError:
-                log.warning("managed ledger %s: ledger %d is gone; dropping it", self.name, info)
+                log.warning(
+                    "managed ledger %s: ledger %d is gone; dropping it", self.name, info.ledger_id
+                )
                 continue
             self._read_handles[info.ledger_id] = handle
             recovered.append(
@@ -251,24 +293,13 @@ class ManagedLedger:
         handle = await self._create_ledger()
         self._ledgers.append(LedgerInfo(handle.ledger_id, ctime_ms=handle.metadata.ctime_ms))
         try:
-            await self._write_metadata()
-        except ManagedLedgerFencedError:
+            self._version = await self.store.put(self.key, self._metadata_doc(), self._version)
+        except BadVersionError:
             await self._delete_ledgers([handle.ledger_id])
-            raise ManagedLedgerFencedError(
-                f"managed ledger {self.name}: another broker changed its metadata while this one "
-                "opened it; it has another owner now"
-            ) from None
+            return False
         self._current = handle
-        # The metadata version this instance's ownership started at: later owners have higher
-        # ones, which lets a cursor tell a stale owner's write from a newer owner's.
-        self.epoch = self._version
         await self._delete_ledgers(empty)
-        for segment in await self.store.children(f"{self.key}/cursors"):
-            cursor = await ManagedCursor.load(self, decode_name(segment))
-            if cursor is not None:
-                self.cursors[cursor.name] = cursor
-        self._writer = asyncio.create_task(self._write_loop(), name=f"ml-{self.name}-writer")
-        log.info("managed ledger %s opened: ledgers %s", self.name, self.ledger_ids)
+        return True
 
     async def _create_ledger(self) -> LedgerHandle:
         cfg = self.config
@@ -279,15 +310,18 @@ class ManagedLedger:
             custom_metadata={"managed-ledger": self.name.encode(), "application": b"magnetar"},
         )
 
-    async def _write_metadata(self) -> None:
-        """CAS the ledger list; a conflict means another owner: fence this instance."""
+    def _metadata_doc(self) -> bytes:
         doc = {
             "name": self.name,
             "ledgers": [i.to_json() for i in self._ledgers],
             "properties": self.properties,
         }
+        return json.dumps(doc).encode()
+
+    async def _write_metadata(self) -> None:
+        """CAS the ledger list; a conflict means another owner: fence this instance."""
         try:
-            self._version = await self.store.put(self.key, json.dumps(doc).encode(), self._version)
+            self._version = await self.store.put(self.key, self._metadata_doc(), self._version)
         except BadVersionError:
             raise self._fence(f"metadata of {self.key} changed under us") from None
 

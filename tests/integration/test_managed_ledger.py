@@ -232,6 +232,7 @@ async def test_second_owner_fences_the_first(env: Env) -> None:
                 try:
                     acked.append((await future, data))
                 except ManagedLedgerFencedError:
+                    await asyncio.gather(*(f for f, _ in batch), return_exceptions=True)
                     return
 
     producer = asyncio.create_task(produce())
