@@ -169,6 +169,10 @@ class BookieClient:
     async def _send(self, call: grpc.aio.StreamStreamCall) -> None:
         try:
             while True:
+                if self._call is not call:
+                    # This stream broke and another may have replaced it: its sender must not
+                    # take that stream's adds (they would go to a dead call, unanswered).
+                    return
                 if not self._outbox:
                     self._outbox_ready.clear()
                     await self._outbox_ready.wait()
@@ -219,6 +223,7 @@ class BookieClient:
                 len(self._waiting),
             )
         self._outbox.clear()
+        self._outbox_ready.set()  # its sender wakes up and ends
         self._fail_all(f"add stream broken: {detail}")
 
     def _fail_all(self, reason: str) -> None:
