@@ -149,19 +149,26 @@ class LedgerHandle:
         """Append one entry; waits only for room in the in-flight window. The future gives the
         entry id once the entry is acknowledged (futures complete in entry order).
         Raises EntryTooLargeError, before anything is sent, for an entry over the limit."""
+        future = self.try_add(payload)
+        while future is None:
+            self._room.clear()
+            await self._room.wait()
+            future = self.try_add(payload)
+        return future
+
+    def try_add(self, payload: bytes) -> asyncio.Future[int] | None:
+        """add_async without the wait: None (nothing sent) while the in-flight window is full."""
         self._check_writable()
         if HEADER_SIZE + len(payload) > self.max_entry_size:
             raise EntryTooLargeError(
                 self.ledger_id, HEADER_SIZE + len(payload), self.max_entry_size
             )
         cfg = self.client.config
-        while (
+        if (
             len(self._pending) >= cfg.max_pending_adds
             or self._pending_bytes >= cfg.max_pending_bytes
         ):
-            self._room.clear()
-            await self._room.wait()
-            self._check_writable()
+            return None
         entry_id = self._last_add_pushed + 1
         self._last_add_pushed = entry_id
         self._pushed_length += len(payload)

@@ -27,6 +27,7 @@ the broker answers a `ChecksumError` with a SEND_ERROR for that message and keep
 from __future__ import annotations
 
 import enum
+import functools
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -180,7 +181,7 @@ class ChecksumState(enum.Enum):
     VALID = "valid"  # CRC32C present and verified
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Frame:
     """One decoded frame.
 
@@ -214,10 +215,13 @@ class Frame:
         return self.checksum is ChecksumState.VALID
 
 
+_TYPE_NAMES: dict[int, str] = {v.number: v.name for v in _TYPE_ENUM.values}
+
+
 def command_name(type_number: int) -> str:
     """`BaseCommand.Type` name for a number, or ``TYPE_<n>`` for one we do not know."""
-    value = _TYPE_ENUM.values_by_number.get(type_number)
-    return value.name if value is not None else f"TYPE_{type_number}"
+    name = _TYPE_NAMES.get(type_number)
+    return name if name is not None else f"TYPE_{type_number}"
 
 
 def command_body(command: pb.BaseCommand) -> Message:
@@ -339,6 +343,15 @@ def _varint(value: int) -> bytes:
         return bytes(((value & 0x7F) | 0x80, value >> 7))
     if 0 < value < 0x200000:
         return bytes(((value & 0x7F) | 0x80, ((value >> 7) & 0x7F) | 0x80, value >> 14))
+    if 0 < value < 0x10000000:
+        return bytes(
+            (
+                (value & 0x7F) | 0x80,
+                ((value >> 7) & 0x7F) | 0x80,
+                ((value >> 14) & 0x7F) | 0x80,
+                value >> 21,
+            )
+        )
     value &= _U64_MASK
     out = bytearray()
     while value >= 0x80:
@@ -348,8 +361,15 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
+@functools.lru_cache(maxsize=1024)
+def _ledger_id_prefix(ledger_id: int) -> bytes:
+    """MessageIdData's ledgerId field and the entryId tag: ledger ids are large (a seven-byte
+    varint, worked out bit by bit) and the same for thousands of messages in a row."""
+    return b"\x08" + _varint(ledger_id) + b"\x10"
+
+
 def _message_id_bytes(ledger_id: int, entry_id: int, partition: int, batch_index: int) -> bytes:
-    body = b"\x08" + _varint(ledger_id) + b"\x10" + _varint(entry_id)
+    body = _ledger_id_prefix(ledger_id) + _varint(entry_id)
     if partition >= 0:
         body += b"\x18" + _varint(partition)
     if batch_index >= 0:
@@ -416,44 +436,52 @@ def _invalid_text_field(message: Message) -> str | None:
 
     proto2 parsing does not validate UTF-8; the Python runtime then hands back `bytes` where a
     `str` is declared, which would surface as a TypeError far from the codec. Only the fields
-    that can hold text are looked at (per message type, worked out once).
+    that are set and can hold text are looked at (which ones can is worked out once per
+    message type): this runs for every message a producer sends.
     """
-    for name, repeated, nested in _text_fields(message.DESCRIPTOR):
-        if nested:
-            if repeated:
-                for item in getattr(message, name):
-                    found = _invalid_text_field(item)
-                    if found is not None:
-                        return found
-            elif message.HasField(name):
-                found = _invalid_text_field(getattr(message, name))
+    kinds = _text_kinds(message.DESCRIPTOR)
+    if not kinds:
+        return None
+    for field, value in message.ListFields():
+        kind = kinds.get(field.name)
+        if kind is None:
+            continue
+        if kind is _TextKind.STRING:
+            if isinstance(value, bytes):
+                return f"{message.DESCRIPTOR.full_name}.{field.name}"
+        elif kind is _TextKind.STRINGS:
+            if bytes in map(type, value):
+                return f"{message.DESCRIPTOR.full_name}.{field.name}"
+        else:
+            for item in value if kind is _TextKind.MESSAGES else (value,):
+                found = _invalid_text_field(item)
                 if found is not None:
                     return found
-        elif repeated:
-            if any(isinstance(item, bytes) for item in getattr(message, name)):
-                return f"{message.DESCRIPTOR.full_name}.{name}"
-        elif isinstance(getattr(message, name), bytes):
-            return f"{message.DESCRIPTOR.full_name}.{name}"
     return None
 
 
-_TEXT_FIELDS: dict[str, tuple[tuple[str, bool, bool], ...]] = {}
+class _TextKind(enum.Enum):
+    STRING = 1
+    STRINGS = 2
+    MESSAGE = 3  # a message type that can hold text
+    MESSAGES = 4
 
 
-def _text_fields(descriptor: Any) -> tuple[tuple[str, bool, bool], ...]:
-    """(field name, repeated, is a message) of the fields of ``descriptor`` that hold text
-    themselves or in a nested message."""
-    found = _TEXT_FIELDS.get(descriptor.full_name)
+_TEXT_KINDS: dict[str, dict[str, _TextKind]] = {}
+
+
+def _text_kinds(descriptor: Any) -> dict[str, _TextKind]:
+    """Field name -> kind, for the fields of ``descriptor`` that hold text themselves or in a
+    nested message."""
+    found = _TEXT_KINDS.get(descriptor.full_name)
     if found is None:
-        _TEXT_FIELDS[descriptor.full_name] = ()  # recursion guard for self-nesting types
-        fields = []
+        found = _TEXT_KINDS[descriptor.full_name] = {}  # guard for self-nesting types
         for field in descriptor.fields:
             repeated = field.is_repeated
             if field.type == field.TYPE_STRING:
-                fields.append((field.name, repeated, False))
-            elif field.type == field.TYPE_MESSAGE and _text_fields(field.message_type):
-                fields.append((field.name, repeated, True))
-        found = _TEXT_FIELDS[descriptor.full_name] = tuple(fields)
+                found[field.name] = _TextKind.STRINGS if repeated else _TextKind.STRING
+            elif field.type == field.TYPE_MESSAGE and _text_kinds(field.message_type):
+                found[field.name] = _TextKind.MESSAGES if repeated else _TextKind.MESSAGE
     return found
 
 

@@ -409,7 +409,9 @@ class ManagedLedger:
                         await self._wait_before_roll()
                         await self._roll()
                     assert self._current is not None
-                    entry_future = await self._current.add_async(data)
+                    entry_future = self._current.try_add(data)
+                    if entry_future is None:  # the ledger's in-flight window is full
+                        entry_future = await self._current.add_async(data)
                 except LedgerFencedError as e:
                     self._fence(str(e))
                     continue
