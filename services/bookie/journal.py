@@ -45,6 +45,7 @@ class RecordType(enum.IntEnum):
     ADD = 1  # data: a formatted entry
     FENCE = 2  # data: ledger id, int64
     ADD_BATCH = 3  # data: u32 count, count x u32 entry sizes, then the entries back to back
+    MASTER_KEY = 4  # data: ledger id, int64, then the key a ledger's first add here brought
 
 
 class JournalError(OSError):
@@ -71,6 +72,22 @@ def encode_add_batch(entries: list[bytes]) -> bytes:
     return encode_record(
         RecordType.ADD_BATCH, b"".join((_COUNT.pack(len(entries)), sizes, *entries))
     )
+
+
+_LEDGER_ID = struct.Struct(">q")
+
+
+def encode_master_key(ledger_id: int, key: bytes) -> bytes:
+    """The record that makes a ledger's master key durable with the first add that brings it
+    (in the same group, so in the same fsync), as BookKeeper journals its ledger keys."""
+    return encode_record(RecordType.MASTER_KEY, _LEDGER_ID.pack(ledger_id) + key)
+
+
+def decode_master_key(data: bytes) -> tuple[int, bytes]:
+    """(ledger id, key) of a MASTER_KEY record's data; ValueError if it is too short."""
+    if len(data) < _LEDGER_ID.size:
+        raise ValueError("master key record shorter than its ledger id")
+    return _LEDGER_ID.unpack_from(data, 0)[0], bytes(data[_LEDGER_ID.size :])
 
 
 def decode_add_batch(data: bytes) -> list[bytes]:
@@ -570,7 +587,7 @@ def ledger_ids_in_journal(directory: Path) -> set[int]:
     ids: set[int] = set()
     for fid in list_journal_files(directory):
         for record in scan_journal_bytes((directory / file_name(fid)).read_bytes()).records:
-            if record.kind is RecordType.FENCE and len(record.data) >= 8:
+            if record.kind in (RecordType.FENCE, RecordType.MASTER_KEY) and len(record.data) >= 8:
                 ids.add(int.from_bytes(record.data[:8], "big", signed=True))
                 continue
             try:

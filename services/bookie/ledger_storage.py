@@ -164,9 +164,10 @@ class LedgerStorage:
         self._read_cache = _ReadCache(config.read_cache_bytes)
         self._ledgers: dict[int, LedgerState] = {}
         self._master_keys: dict[int, bytes] = {}
-        #: Master keys taken by a first add and not yet committed to the index: adds of those
-        #: ledgers are acknowledged only once the key is durable.
-        self._keys_pending: dict[int, asyncio.Future[None]] = {}
+        #: Master keys a first add brought that only the journal holds so far (a MASTER_KEY
+        #: record in the add's own group): the next checkpoint writes them to the index before
+        #: it lets those journal files go.
+        self._keys_unindexed: dict[int, bytes] = {}
         #: Ledgers with ids below this were created before this bookie was re-registered empty
         #: (0: never wiped); see the module docstring.
         self.wiped_below = 0
@@ -235,6 +236,19 @@ class LedgerStorage:
         count = 0
         for record in jnl.replay(self._journal.directory, mark):
             count += 1
+            if record.kind is jnl.RecordType.MASTER_KEY:
+                try:
+                    ledger_id, key = jnl.decode_master_key(record.data)
+                except ValueError:
+                    log.error(
+                        "journal file %d: master key record %d is malformed; skipped",
+                        record.file_id,
+                        count,
+                    )
+                    continue
+                if ledger_id not in self._deleted and ledger_id not in self._master_keys:
+                    self._master_keys[ledger_id] = self._keys_unindexed[ledger_id] = key
+                continue
             if record.kind is jnl.RecordType.ADD:
                 entries = [record.data]
             elif record.kind is jnl.RecordType.ADD_BATCH:
@@ -399,17 +413,23 @@ class LedgerStorage:
             self._start_flush()
         durable = None
         if records:
-            durable = self._journal.append(jnl.encode_add_batch(records))
+            batch = jnl.encode_add_batch(records)
+            if new_keys:
+                # Durable with the adds that bring them: the same group, the same fsync.
+                self._keys_unindexed.update(new_keys)
+                batch = b"".join(
+                    [*(jnl.encode_master_key(i, key) for i, key in new_keys.items()), batch]
+                )
+            durable = self._journal.append(batch)
             self._journal_dirty = True
-        keys = self._keys_to_wait_for(ops, accepted, new_keys)
-        return self._finish_add(durable, failures, accepted, size, started, keys, ops)
+        return self._finish_add(durable, failures, accepted, size, started, new_keys)
 
     def _check_master_key(self, ledger_id: int, key: bytes, new_keys: dict[int, bytes]) -> None:
         """Refuse an add whose key is not the one the ledger's first add recorded here."""
         known = self._master_keys.get(ledger_id)
         if known is None:
             # The first add here: its key becomes the ledger's (in memory now, so the rest of
-            # this batch is checked against it; in the index before any add is acknowledged).
+            # this batch is checked against it; in the journal with the add itself).
             self._master_keys[ledger_id] = new_keys[ledger_id] = key
         elif known != key:
             raise StorageError(
@@ -418,44 +438,6 @@ class LedgerStorage:
                 "from a writer that is not the ledger's (or the ledger id was reused after "
                 "the metadata store was reset); refused",
             )
-
-    def _keys_to_wait_for(
-        self,
-        ops: Sequence[AddOpLike],
-        accepted: list[tuple[int, LedgerState, int]],
-        new_keys: dict[int, bytes],
-    ) -> list[tuple[frozenset[int], asyncio.Future[None]]]:
-        """Start committing ``new_keys``; the key commits (with their ledgers) that the
-        accepted adds of this batch must wait for."""
-        waits: list[tuple[frozenset[int], asyncio.Future[None]]] = []
-        if new_keys:
-            assert self._index is not None
-            loop = asyncio.get_running_loop()
-            future = asyncio.ensure_future(
-                loop.run_in_executor(None, self._index.set_master_keys, dict(new_keys))
-            )
-            for ledger_id in new_keys:
-                self._keys_pending[ledger_id] = future
-            future.add_done_callback(lambda f, ids=tuple(new_keys): self._key_committed(f, ids))
-            waits.append((frozenset(new_keys), future))
-        if self._keys_pending:
-            seen = {id(f) for _ids, f in waits}
-            for i, _state, _lac in accepted:
-                pending = self._keys_pending.get(ops[i].ledger_id)
-                if pending is not None and id(pending) not in seen:
-                    seen.add(id(pending))
-                    ids = frozenset(k for k, f in self._keys_pending.items() if f is pending)
-                    waits.append((ids, pending))
-        return waits
-
-    def _key_committed(self, future: asyncio.Future[None], ledger_ids: tuple[int, ...]) -> None:
-        for ledger_id in ledger_ids:
-            if self._keys_pending.get(ledger_id) is future:
-                del self._keys_pending[ledger_id]
-        if future.cancelled() or future.exception() is not None:
-            # Not recorded: the next add of these ledgers records its key again.
-            for ledger_id in ledger_ids:
-                self._master_keys.pop(ledger_id, None)
 
     def _check_add(self, op: AddOpLike, entry: bytes) -> tuple[LedgerState, int, int]:
         if len(entry) > self.config.max_entry_size:
@@ -495,23 +477,19 @@ class LedgerStorage:
         accepted: list[tuple[int, LedgerState, int]],
         size: int,
         started: float,
-        keys: Sequence[tuple[frozenset[int], asyncio.Future[None]]] = (),
-        ops: Sequence[AddOpLike] = (),
+        new_keys: dict[int, bytes] | None = None,
     ) -> list[tuple[int, int, str]]:
         m = self.metrics
-        for ledger_ids, key_commit in keys:
-            try:
-                await asyncio.shield(key_commit)
-            except Exception as e:
-                message = f"cannot record the ledger's master key: {e}"
-                failed = [a for a in accepted if ops[a[0]].ledger_id in ledger_ids]
-                failures.extend((i, pb.INTERNAL, message) for i, _state, _lac in failed)
-                failures.sort()
-                accepted = [a for a in accepted if ops[a[0]].ledger_id not in ledger_ids]
         if durable is not None:
             try:
                 await durable
             except jnl.JournalError as e:
+                # Not durable, so not the ledgers' keys: the next first add brings its own.
+                for ledger_id, key in (new_keys or {}).items():
+                    if self._master_keys.get(ledger_id) == key:
+                        del self._master_keys[ledger_id]
+                    if self._keys_unindexed.get(ledger_id) == key:
+                        del self._keys_unindexed[ledger_id]
                 status = pb.DISK_FULL if e.errno == errno.ENOSPC else pb.INTERNAL
                 message = f"journal write failed: {e.strerror or e}"
                 failures.extend((i, status, message) for i, _state, _lac in accepted)
@@ -695,6 +673,7 @@ class LedgerStorage:
         self._deleted_pending_gc.add(ledger_id)
         self._last_add.pop(ledger_id, None)
         self._master_keys.pop(ledger_id, None)
+        self._keys_unindexed.pop(ledger_id, None)
         state = self._ledgers.pop(ledger_id, None)
         if state is not None:
             state.wake()
@@ -748,15 +727,22 @@ class LedgerStorage:
         try:
             mark = await self._journal.roll()
             deleted = frozenset(self._deleted)
+            # Every key journaled before the roll: the files that hold them go after this.
+            keys = {i: k for i, k in self._keys_unindexed.items() if i not in deleted}
 
             def flush() -> int:
                 locations = self._entry_logger.append(
                     e for e in snapshot.sorted_entries() if e[0] not in deleted
                 )
+                if keys:
+                    self._index.set_master_keys(keys)
                 self._index.commit_flush(locations, mark)
                 return len(locations)
 
             flushed = await loop.run_in_executor(self._flush_executor, flush)
+            for ledger_id, key in keys.items():
+                if self._keys_unindexed.get(ledger_id) == key:
+                    del self._keys_unindexed[ledger_id]
         except Exception as e:
             # Nothing is lost: the journal still holds these entries (its mark did not move).
             log.error("checkpoint failed, keeping the memtable and the journal: %s", e)

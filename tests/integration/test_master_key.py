@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from magnetar.bookie import journal as jnl
 from magnetar.common.ledger.bookie_client import BookieClient, BookieError
 from magnetar.common.ledger.client import LedgerClient, first_ledger_id
 from magnetar.common.ledger.entry import encode_entry
@@ -72,7 +73,8 @@ async def test_an_add_under_another_master_key_is_refused_and_stays_refused_afte
         ) == ("UNAUTHORIZED")
         assert await status(client.add(42, 1, entry(42, 1, b"x"))) == "UNAUTHORIZED"
         await client.add(42, 1, entry(42, 1, b"owner again"), master_key=b"owner")
-    bookie.restart(kill=True)  # the key was recorded before the first add was acknowledged
+    # The key was journaled with the first add (the same fsync): kill -9 before any checkpoint.
+    bookie.restart(kill=True)
     async with BookieClient(bookie.address, timeout=5) as client:
         assert await status(client.add(42, 2, entry(42, 2, b"x"), master_key=b"intruder")) == (
             "UNAUTHORIZED"
@@ -81,6 +83,23 @@ async def test_an_add_under_another_master_key_is_refused_and_stays_refused_afte
         assert await client.read(42, 0) == first
         # Another ledger is another key.
         await client.add(43, 0, entry(43, 0, b"other"), master_key=b"intruder")
+    # A clean stop checkpoints: the keys move to the index and the journal files that held
+    # them go. Both ledgers still refuse a stranger's key, from the index alone.
+    bookie.restart()
+    journaled = [
+        record.kind
+        for path in bookie.journal_files
+        for record in jnl.scan_journal_bytes(path.read_bytes()).records
+    ]
+    assert jnl.RecordType.MASTER_KEY not in journaled
+    async with BookieClient(bookie.address, timeout=5) as client:
+        assert await status(client.add(42, 3, entry(42, 3, b"x"), master_key=b"intruder")) == (
+            "UNAUTHORIZED"
+        )
+        assert await status(client.add(43, 1, entry(43, 1, b"x"), master_key=b"owner")) == (
+            "UNAUTHORIZED"
+        )
+        await client.add(42, 3, entry(42, 3, b"owner"), master_key=b"owner")
 
 
 async def test_a_ledger_id_reused_after_a_store_reset_gets_nothing_of_the_old_ledger(
