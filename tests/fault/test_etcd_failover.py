@@ -30,7 +30,7 @@ from magnetar.common.metadata.etcd import EtcdMetadataStore
 from tests.support.etcd import EtcdCluster
 
 # Short enough that a session that missed its keepalives would visibly expire during the test.
-SESSION_TTL = 6
+SESSION_TTL = 4
 REQUEST_TIMEOUT = 2.0
 SOON = 20.0
 DATA = "/failover/data/"
