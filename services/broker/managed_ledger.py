@@ -29,6 +29,7 @@ import functools
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -200,6 +201,9 @@ class ManagedLedger:
         #: Entries found with no intact copy on any bookie -> why (cleared once read again).
         self.unreadable: dict[Position, str] = {}
         self.epoch = 0
+        #: Called (synchronously) after every acknowledged add: one call where a done callback
+        #: on each add's future would cost a turn of the event loop per message.
+        self.on_added: Callable[[], None] | None = None
 
     def __repr__(self) -> str:
         return f"ManagedLedger({self.name!r}, ledgers={[i.ledger_id for i in self._ledgers]})"
@@ -474,6 +478,8 @@ class ManagedLedger:
         if not future.done():
             future.set_result(position)
         self._notify_added()
+        if self.on_added is not None:
+            self.on_added()
 
     def _notify_added(self) -> None:
         added, self._added = self._added, asyncio.Event()

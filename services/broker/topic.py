@@ -72,6 +72,7 @@ class PersistentTopic:
     ) -> None:
         self.name = name
         self.ml = ml
+        ml.on_added = self._wake_dispatchers
         self.limits = limits or DispatchLimits()
         self.metrics = metrics or BrokerMetrics()
         self.subscriptions: dict[str, Subscription] = {}
@@ -124,7 +125,6 @@ class PersistentTopic:
                 return done
         future = self.ml.add_entry_async(stored)
         self._last_publish = future
-        future.add_done_callback(self._published)
         self.msg_in += 1
         self.bytes_in += len(stored)
         self.messages_in += message_count(stored) if messages is None else messages
@@ -146,10 +146,10 @@ class PersistentTopic:
                 self.deduplication.snapshot(), log, f"topic {self.name}: deduplication snapshot"
             )
 
-    def _published(self, future: asyncio.Future[Position]) -> None:
-        if not future.cancelled() and future.exception() is None:
-            for subscription in self.subscriptions.values():
-                subscription.dispatcher.wake()
+    def _wake_dispatchers(self) -> None:
+        """A new entry is stored: every subscription may have something to send."""
+        for subscription in self.subscriptions.values():
+            subscription.dispatcher.wake()
 
     async def subscribe(
         self,
