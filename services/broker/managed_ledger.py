@@ -192,7 +192,8 @@ class ManagedLedger:
         self._cache = _EntryCache(config.cache_bytes)
         self._queue: collections.deque[tuple[bytes, asyncio.Future[Position]]] = collections.deque()
         self._wake = asyncio.Event()
-        self._added = asyncio.Event()  # replaced after each completed add: tailers wait on it
+        #: Set and dropped after each completed add; made only when a tailer waits.
+        self._added: asyncio.Event | None = None
         self._error: ManagedLedgerError | None = None
         self._state = _State.OPEN
         self._meta_lock = asyncio.Lock()  # one metadata CAS at a time from this instance
@@ -482,8 +483,9 @@ class ManagedLedger:
             self.on_added()
 
     def _notify_added(self) -> None:
-        added, self._added = self._added, asyncio.Event()
-        added.set()
+        added, self._added = self._added, None
+        if added is not None:
+            added.set()
 
     async def _wait_before_roll(self) -> None:
         """After rollovers that gave ledgers nobody could write to, wait before the next one
@@ -739,6 +741,8 @@ class ManagedLedger:
         deadline = loop.time() + timeout
         while True:
             added = self._added
+            if added is None:
+                added = self._added = asyncio.Event()
             if self.first_at_or_after(following) is not None:
                 return True
             remaining = deadline - loop.time()
