@@ -1,9 +1,15 @@
 """A streaming query in its own process, for the kill/restart test: topic -> parquet files.
 
-    python -m tests.spark.stream_job SERVICE_URL ADMIN_URL TOPIC SINK CHECKPOINT
+    python -m tests.spark.stream_job SERVICE_URL ADMIN_URL TOPIC SINK CHECKPOINT [--on-cue]
 
 Runs (a micro-batch every 300 ms) until killed. ``stream`` builds the same query for the
 test's in-process drain, so both read and write exactly alike.
+
+With ``--on-cue`` the process gets ready first: it starts Spark and reads the topic once as a
+batch (no checkpoint, no subscription: it only loads the source into Spark's Python workers),
+then waits for a line on stdin before it starts the query. A fresh Spark takes 15-20 s to its
+first micro-batch on two cores; a test can have the next process get ready while the one it
+will kill still runs, and start the query (from the checkpoint) once that one is dead.
 """
 
 from __future__ import annotations
@@ -34,10 +40,28 @@ def stream(
     )
 
 
-def main(service_url: str, admin_url: str, topic: str, sink: str, checkpoint: str) -> None:
-    writer = stream(shared_spark(), service_url, admin_url, topic, sink, checkpoint)
+def get_ready(spark: SparkSession, service_url: str, admin_url: str, topic: str) -> None:
+    """Read ``topic`` once as a batch, so the query's first micro-batch finds warm workers."""
+    (
+        spark.read.format("pulsar")
+        .option("service.url", service_url)
+        .option("admin.url", admin_url)
+        .option("topic", topic)
+        .load()
+        .count()
+    )
+
+
+def main(
+    service_url: str, admin_url: str, topic: str, sink: str, checkpoint: str, on_cue: bool
+) -> None:
+    spark = shared_spark()
+    if on_cue:
+        get_ready(spark, service_url, admin_url, topic)
+        sys.stdin.readline()
+    writer = stream(spark, service_url, admin_url, topic, sink, checkpoint)
     writer.trigger(processingTime="300 milliseconds").start().awaitTermination()
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:6])
+    main(*sys.argv[1:6], on_cue="--on-cue" in sys.argv[6:])

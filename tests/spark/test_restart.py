@@ -3,14 +3,16 @@
 A streaming query reads a 4-partition topic from ``earliest`` into parquet files with a
 checkpoint, in its own process, while the official client keeps producing. The query's process
 group (Python driver and its JVM) is SIGKILLed after a micro-batch, restarted from the
-checkpoint in a new process, and killed again after its next micro-batch. Once production has
-stopped the query is restarted a second time, in the test's own Spark (same checkpoint, same
-query, ``Trigger.AvailableNow``: one JVM start fewer): the parquet sink then holds every
-acknowledged message exactly once.
+checkpoint in a new process, and killed again after its next micro-batch. (The new process
+starts with the first and waits, Spark up, for its cue before it starts the query: the restart
+does not wait out a JVM start.) Once production has stopped the query is restarted a second
+time, in the test's own Spark (same checkpoint, same query, ``Trigger.AvailableNow``: one JVM
+start fewer): the parquet sink then holds every acknowledged message exactly once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -87,15 +89,24 @@ def committed_batches(checkpoint: Path) -> int:
 
 
 def start_job(
-    node: StandaloneProcess, sink: Path, checkpoint: Path, log: Path
+    node: StandaloneProcess, sink: Path, checkpoint: Path, log: Path, *, on_cue: bool = False
 ) -> subprocess.Popen[bytes]:
+    """The query's process; ``on_cue``: it starts the query only once ``cue`` is called."""
     return subprocess.Popen(
         [
             sys.executable, "-m", "tests.spark.stream_job", node.url, node.admin_url, TOPIC,
-            str(sink), str(checkpoint),
+            str(sink), str(checkpoint), *(["--on-cue"] if on_cue else []),
         ],
-        cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=log.open("ab"), stderr=subprocess.STDOUT,
+        start_new_session=True,
     )  # fmt: skip
+
+
+def cue(job: subprocess.Popen[bytes]) -> None:
+    """Let a job started ``on_cue`` start its query (at once if it is ready, else when it is)."""
+    assert job.stdin is not None
+    job.stdin.write(b"go\n")
+    job.stdin.close()
 
 
 def wait_for_batches(job: subprocess.Popen[bytes], checkpoint: Path, count: int, log: Path) -> None:
@@ -108,7 +119,8 @@ def wait_for_batches(job: subprocess.Popen[bytes], checkpoint: Path, count: int,
 
 def kill(job: subprocess.Popen[bytes]) -> None:
     """SIGKILL the query's whole process group: the Python driver and its JVM."""
-    os.killpg(job.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):  # killed before
+        os.killpg(job.pid, signal.SIGKILL)
     job.wait(30)
 
 
@@ -117,18 +129,23 @@ def test_killed_twice_the_sink_holds_every_message_exactly_once(
     spark: SparkSession, node: StandaloneProcess, tmp_path: Path
 ) -> None:
     create_partitioned(node, TOPIC, 4)
-    sink, checkpoint, log = tmp_path / "sink", tmp_path / "checkpoint", tmp_path / "job.log"
+    sink, checkpoint = tmp_path / "sink", tmp_path / "checkpoint"
     producer = Producer(node)
     producer.start()
+    first_log, restart_log = tmp_path / "job-1.log", tmp_path / "job-2.log"
+    first = start_job(node, sink, checkpoint, first_log)
+    restart = start_job(node, sink, checkpoint, restart_log, on_cue=True)  # ready meanwhile
     try:
-        for _ in range(2):
-            job = start_job(node, sink, checkpoint, log)
-            try:
-                wait_for_batches(job, checkpoint, committed_batches(checkpoint) + 1, log)
-            finally:
-                kill(job)
-            assert producer.is_alive(), "the producer stopped before the kill"
+        wait_for_batches(first, checkpoint, committed_batches(checkpoint) + 1, first_log)
+        kill(first)
+        assert producer.is_alive(), "the producer stopped before the kill"
+        cue(restart)  # the first is dead: the query starts again from its checkpoint
+        wait_for_batches(restart, checkpoint, committed_batches(checkpoint) + 1, restart_log)
+        kill(restart)
+        assert producer.is_alive(), "the producer stopped before the kill"
     finally:
+        kill(first)
+        kill(restart)
         producer.stop.set()
         producer.join(60)
     assert not producer.failed
