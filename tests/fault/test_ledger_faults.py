@@ -30,9 +30,11 @@ from tests.support.ledger_cluster import LedgerCluster, ledger_cluster_fixture, 
 WAIT_S = 60.0
 
 
-@pytest.fixture
-def cluster3(tmp_path: Path) -> Iterator[LedgerCluster]:
-    yield from ledger_cluster_fixture(tmp_path, 3)
+@pytest.fixture(scope="module")
+def cluster3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LedgerCluster]:
+    """Shared by the module's tests: each works on ledgers of its own, and none leaves a bookie
+    down (a paused one is resumed, a stopped one started again)."""
+    yield from ledger_cluster_fixture(tmp_path_factory.mktemp("cluster3"), 3)
 
 
 @pytest.fixture
