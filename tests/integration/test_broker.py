@@ -1,4 +1,8 @@
-"""The official pulsar-client against a real `magnetar standalone` process."""
+"""The official pulsar-client against a real `magnetar standalone` process.
+
+One standalone serves the module's tests, each on topics of its own; the tests that restart the
+process, or list every topic, run their own (``own``).
+"""
 
 from __future__ import annotations
 
@@ -6,12 +10,34 @@ import json
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pulsar
 import pytest
 
 from tests.support.standalone import StandaloneProcess, client
+
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneProcess]:
+    node = StandaloneProcess(tmp_path_factory.mktemp("broker") / "standalone").start()
+    try:
+        yield node
+    finally:
+        node.stop()
+        print(node.log_tail())
+
+
+@pytest.fixture
+def own(tmp_path: Path) -> Iterator[StandaloneProcess]:
+    """A standalone for one test; its log tail is printed afterwards."""
+    node = StandaloneProcess(tmp_path / "standalone").start()
+    try:
+        yield node
+    finally:
+        node.stop()
+        print(node.log_tail())
 
 
 def test_exclusive_in_order_and_a_second_consumer_is_refused(standalone: StandaloneProcess) -> None:
@@ -86,8 +112,8 @@ def test_shared_splits_and_redelivers_a_closed_consumers_unacked_messages(
         c.close()
 
 
-def test_sigkill_loses_no_received_message_and_acks_survive(standalone: StandaloneProcess) -> None:
-    c = client(standalone)
+def test_sigkill_loses_no_received_message_and_acks_survive(own: StandaloneProcess) -> None:
+    c = client(own)
     producer = c.create_producer("durable", batching_enabled=False)
     ids = [producer.send(f"d{i}".encode()) for i in range(40)]
     assert len(ids) == 40
@@ -97,10 +123,10 @@ def test_sigkill_loses_no_received_message_and_acks_survive(standalone: Standalo
     time.sleep(2.5)  # cursor state is persisted at most every second (docs: the bound)
     c.close()
 
-    standalone.kill()
-    standalone.start()
+    own.kill()
+    own.start()
 
-    c = client(standalone)
+    c = client(own)
     try:
         consumer = c.subscribe("durable", "reader")
         first = consumer.receive(timeout_millis=10_000)
@@ -410,25 +436,25 @@ def test_admin_namespaces_stats_and_topic_deletion(standalone: StandaloneProcess
 
 
 def test_pattern_subscription_and_topic_listing_after_a_restart(
-    standalone: StandaloneProcess,
+    own: StandaloneProcess,
 ) -> None:
     import re
 
-    c = client(standalone)
+    c = client(own)
     try:
         for name in ("metrics-a", "metrics-b", "other"):
             c.create_producer(name).send(f"first on {name}".encode())
     finally:
         c.close()
-    standalone.stop()
-    standalone.start()  # nothing loaded now: the listing comes from storage
-    listed = json.loads(_admin(standalone, "GET", "/persistent/public/default")[1])
+    own.stop()
+    own.start()  # nothing loaded now: the listing comes from storage
+    listed = json.loads(_admin(own, "GET", "/persistent/public/default")[1])
     assert listed == [
         "persistent://public/default/metrics-a",
         "persistent://public/default/metrics-b",
         "persistent://public/default/other",
     ]
-    c = client(standalone)
+    c = client(own)
     try:
         consumer = c.subscribe(
             re.compile("persistent://public/default/metrics-.*"),
@@ -472,16 +498,17 @@ def test_seek_to_earliest_and_latest(standalone: StandaloneProcess) -> None:
 def test_cumulative_ack_inside_a_batch(
     standalone: StandaloneProcess, batch_index_acks: bool
 ) -> None:
+    topic = f"batched-cumulative-{batch_index_acks}"
     c = client(standalone)
     try:
         consumer = c.subscribe(
-            "batched-cumulative",
+            topic,
             "s",
             initial_position=pulsar.InitialPosition.Earliest,
             batch_index_ack_enabled=batch_index_acks,
         )
         producer = c.create_producer(
-            "batched-cumulative",
+            topic,
             batching_enabled=True,
             batching_max_messages=10,
             batching_max_publish_delay_ms=200,
@@ -495,7 +522,7 @@ def test_cumulative_ack_inside_a_batch(
         time.sleep(0.5)
         consumer.close()
         producer.send(b"next entry")
-        consumer = c.subscribe("batched-cumulative", "s", batch_index_ack_enabled=batch_index_acks)
+        consumer = c.subscribe(topic, "s", batch_index_ack_enabled=batch_index_acks)
         rest = []
         while True:
             try:
