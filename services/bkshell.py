@@ -698,6 +698,7 @@ def indexrebuild(args: argparse.Namespace) -> int:
             ledger_dir,
             ledger_dir / "current",
             fence=jnl.ledger_ids_in_journal(journal_dir / "current"),
+            journal_files=jnl.list_journal_files(journal_dir / "current"),
         )
     except LockedError as e:
         print(f"indexrebuild: {e}; stop the bookie first", file=sys.stderr)

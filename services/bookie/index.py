@@ -152,8 +152,26 @@ class LedgerIndex:
         return {row[0] for row in rows}
 
     def checkpoint_mark(self) -> int:
-        row = self._writer.execute("SELECT value FROM meta WHERE key='journal_mark'").fetchone()
-        return 0 if row is None else row[0]
+        mark = self._meta("journal_mark")
+        return 0 if mark is None else mark
+
+    def journal_started(self) -> int | None:
+        """The journal file the bookie opened at its last start (None: never recorded). Every
+        journal file from the checkpoint mark up to it, or up to the mark when that is larger,
+        existed when the bookie last ran."""
+        return self._meta("journal_started")
+
+    def set_journal_started(self, file_id: int) -> None:
+        with self._flags_lock:
+            self._flags.execute(
+                "INSERT INTO meta VALUES ('journal_started', ?) "
+                "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                (file_id,),
+            )
+
+    def _meta(self, key: str) -> int | None:
+        row = self._writer.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return None if row is None else int(row[0])
 
     def log_usage(self) -> dict[int, dict[int, int]]:
         usage: dict[int, dict[int, int]] = defaultdict(dict)
@@ -259,7 +277,10 @@ class RebuildReport:
 
 
 def rebuild_index(
-    ledger_dir: Path, entry_log_dir: Path, fence: Iterable[int] = ()
+    ledger_dir: Path,
+    entry_log_dir: Path,
+    fence: Iterable[int] = (),
+    journal_files: Iterable[int] = (),
 ) -> RebuildReport:
     """Replace ``ledger_dir/index.db`` by one rebuilt from the entry logs; the old file (and its
     WAL) is kept as ``index.db.damaged``.
@@ -267,8 +288,8 @@ def rebuild_index(
     What the entry logs cannot tell is set on the safe side: every ledger found (and every id
     in ``fence``, e.g. ledgers seen in the journal) is marked fenced, so no old writer can add
     to a ledger a recovery may have fenced; the journal mark is 0, so the next start replays
-    every journal file still present. Logs are read oldest first, so the copy a compaction
-    moved to a newer log wins.
+    every journal file still present (``journal_files``: their ids; the mark becomes the
+    first). Logs are read oldest first, so the copy a compaction moved to a newer log wins.
     """
     path = ledger_dir / "index.db"
     report = RebuildReport()
@@ -298,6 +319,10 @@ def rebuild_index(
         for ledger_id in sorted(ledgers):
             index.set_fenced(ledger_id)
         report.ledgers = len(ledgers)
+        present = sorted(journal_files)
+        if present:
+            index.commit_flush([], present[0])
+            index.set_journal_started(present[-1])
     finally:
         index.close()
         logger.close()

@@ -33,7 +33,7 @@ from typing import Protocol
 
 from magnetar.bookie import journal as jnl
 from magnetar.bookie.config import BookieConfig
-from magnetar.bookie.entry_logger import EntryLogger, EntryLogMissingError
+from magnetar.bookie.entry_logger import EntryLogger, EntryLogMissingError, log_name
 from magnetar.bookie.index import IndexDamagedError, LedgerIndex
 from magnetar.bookie.memtable import Memtable
 from magnetar.bookie.metrics import BookieMetrics
@@ -191,6 +191,7 @@ class LedgerStorage:
         # One bookie per directory: a second one would interleave journal and entry-log files.
         for directory in dict.fromkeys((self.journal_dir, self.ledger_dir)):
             self._locks.append(acquire_lock(directory / "LOCK", f"bookie directory {directory}"))
+        self._refuse_data_without_index()
         try:
             self._index = await loop.run_in_executor(
                 self._flush_executor, LedgerIndex, self.ledger_dir / "index.db"
@@ -216,9 +217,16 @@ class LedgerStorage:
         for ledger_id in fenced:
             self._ledgers[ledger_id] = LedgerState(fenced=True)
         mark = await loop.run_in_executor(self._flush_executor, self._index.checkpoint_mark)
-        replayed = await loop.run_in_executor(self._flush_executor, self._replay, mark)
+        started = await loop.run_in_executor(self._flush_executor, self._index.journal_started)
         files = jnl.list_journal_files(self._journal.directory)
+        self._refuse_missing_journal_files(mark, started, files)
+        usage = await loop.run_in_executor(self._flush_executor, self._index.log_usage)
+        self._refuse_missing_entry_logs(usage)
+        replayed = await loop.run_in_executor(self._flush_executor, self._replay, mark)
         await self._journal.start(max([mark - 1, *files]) + 1)
+        await loop.run_in_executor(
+            self._flush_executor, self._index.set_journal_started, self._journal.file_id
+        )
         await loop.run_in_executor(self._flush_executor, self._entry_logger.open)
         self._journal_dirty = replayed > 0
         self.metrics.memtable_bytes.set(self._memtable.size)
@@ -230,6 +238,76 @@ class LedgerStorage:
             replayed,
             mark,
             self.ledger_dir,
+        )
+
+    def _refuse_data_without_index(self) -> None:
+        """Entry logs or journal files with no ``index.db`` next to them: what was written out
+        of the journal is known only to the index, so starting would lose it silently."""
+        path = self.ledger_dir / "index.db"
+        if path.exists():
+            return
+        logs = self._entry_logger.log_ids()
+        journals = jnl.list_journal_files(self._journal.directory)
+        if not logs and not journals:
+            return  # a new bookie
+        raise IndexDamagedError(
+            path,
+            f"index {path} is missing, but {self._entry_logger.directory} holds {len(logs)} "
+            f"entry logs and {self._journal.directory} {len(journals)} journal files: the index "
+            "is the only record of where their entries are and of which ledgers are fenced or "
+            "deleted; the bookie will not start. Way forward: restore the ledger directory "
+            f"{self.ledger_dir} from a backup, or rebuild the index from the entry logs with "
+            f"`magnetar bk indexrebuild --ledger-dir {self.ledger_dir} --journal-dir "
+            f"{self.journal_dir}` (every ledger it finds is marked fenced)",
+        )
+
+    def _refuse_missing_journal_files(
+        self, mark: int, started: int | None, files: list[int]
+    ) -> None:
+        """Every journal file from the checkpoint mark to the one the last start opened must be
+        here: they hold every acknowledged add not yet in the entry logs."""
+        if started is None:
+            return  # a new index: no start recorded, no file expected yet
+        last = max(mark, started)
+        present = set(files)
+        missing = [i for i in range(mark, last + 1) if i not in present]
+        if not missing:
+            return
+        directory = self._journal.directory
+        raise jnl.JournalError(
+            f"journal files {', '.join(jnl.file_name(i) for i in missing[:5])}"
+            f"{' ...' if len(missing) > 5 else ''} are missing from {directory}: the index's "
+            f"checkpoint says the adds not yet in the entry logs are in files "
+            f"{jnl.file_name(mark)} to {jnl.file_name(last)}; the bookie will not start (it "
+            f"would answer as if those adds never happened). Way forward: restore the journal "
+            f"directory {self.journal_dir} (with the ledger directory) from a backup; or, if "
+            "this bookie's copies are to be given up, wipe both directories and re-register it "
+            "with `magnetar bk reregister` so its ledgers are copied back from other bookies"
+        )
+
+    def _refuse_missing_entry_logs(self, usage: dict[int, dict[int, int]]) -> None:
+        """Entry logs the index still places live entries in must exist."""
+        present = set(self._entry_logger.log_ids())
+        missing = sorted(
+            log_id
+            for log_id, ledgers in usage.items()
+            if log_id not in present and any(ledgers.values())
+        )
+        if not missing:
+            return
+        ledgers = sorted({lid for log_id in missing for lid in usage[log_id]})
+        raise IndexDamagedError(
+            self.ledger_dir / "index.db",
+            f"index {self.ledger_dir / 'index.db'} places entries of {len(ledgers)} ledgers "
+            f"({', '.join(map(str, ledgers[:5]))}{' ...' if len(ledgers) > 5 else ''}) in "
+            f"entry logs missing from {self._entry_logger.directory}: "
+            f"{', '.join(log_name(i) for i in missing[:5])}{' ...' if len(missing) > 5 else ''}; "
+            "the bookie will not start (it would answer as if those entries never existed). "
+            f"Way forward: restore the ledger directory {self.ledger_dir} from a backup; or give "
+            "up this bookie's copies: wipe both directories and re-register it with "
+            "`magnetar bk reregister` so its ledgers are copied back from other bookies (a "
+            "standalone has no other copy: `magnetar bk indexrebuild` starts it with what the "
+            "remaining entry logs hold)",
         )
 
     def _replay(self, mark: int) -> int:
@@ -817,8 +895,10 @@ class LedgerStorage:
             except FileNotFoundError:
                 continue
             if live == 0:
-                result.freed_bytes += logger.remove(log_id)
+                # Forgotten first: a crash in between leaves an unlisted file (removed next
+                # time), never a listed log that is gone (which refuses the start).
                 index.forget_log(log_id)
+                result.freed_bytes += logger.remove(log_id)
                 result.removed_logs += 1
             elif live / max(total, 1) < self.config.compaction_threshold:
                 freed = self._compact(log_id, total, usage[log_id].keys())
@@ -853,6 +933,6 @@ class LedgerStorage:
             live.append((ledger_id, entry_id, entry))
         moved = logger.append(live)
         index.commit_flush(moved, None)
-        freed = logger.remove(log_id)
         index.forget_log(log_id)
+        freed = logger.remove(log_id)
         return freed - sum(loc[4] + 4 for loc in moved)

@@ -1,8 +1,9 @@
 """Damage the files of a stopped bookie and check it either keeps every acknowledged entry or
 refuses to start with a message that names the file and the way forward; never a silent loss.
 
-Real bookie processes, real files: the journal (64 random bytes in the middle, a torn tail) and
-the index (``index.db`` overwritten with garbage).
+Real bookie processes, real files: the journal (64 random bytes in the middle, a torn tail, a
+deleted file), the index (``index.db`` overwritten with garbage, or deleted) and a deleted entry
+log.
 """
 
 from __future__ import annotations
@@ -239,3 +240,73 @@ async def test_damaged_index_refuses_start_until_rebuilt_from_entry_logs(
         with pytest.raises(BookieError) as err:  # fenced on the safe side
             await client.add(LEDGER, ENTRIES, encode_entry(LEDGER, ENTRIES, -1, 0, b"late"))
         assert err.value.status_name == "FENCED"
+
+
+# -- deleted files -------------------------------------------------------------------------------
+
+
+async def test_deleted_journal_file_refuses_start(bookies: BookieFactory) -> None:
+    """The adds are only in the journal (no checkpoint): deleting its file would lose them all."""
+    bookie = bookies.start(journal_sync=True, checkpoint_interval_s=3600)
+    await write_all(bookie, make_entries(seed=41))
+    bookie.kill()
+    path = the_journal_file(bookie)
+    path.unlink()
+
+    with pytest.raises(BookieStartError) as refused:
+        bookie.start()
+    message = str(refused.value)
+    assert f"journal files {path.name} are missing from {path.parent}" in message, message
+    assert f"restore the journal directory {bookie.journal_dir}" in message, message
+    assert "magnetar bk reregister" in message, message
+    assert "Traceback" not in message, message
+    with pytest.raises(BookieStartError):  # not a one-off: nothing was written meanwhile
+        bookie.start()
+
+
+async def test_deleted_index_refuses_start_until_rebuilt(bookies: BookieFactory) -> None:
+    bookie = bookies.start(journal_sync=False, checkpoint_interval_s=3600)
+    sent = make_entries(seed=51)
+    await write_all(bookie, sent)
+    bookie.checkpoint()  # the entries go to the entry logs; only the index knows where
+    assert bookie.stop() == 0
+    index = bookie.ledger_dir / "index.db"
+    for suffix in ("", "-wal", "-shm"):
+        index.with_name(index.name + suffix).unlink(missing_ok=True)
+
+    with pytest.raises(BookieStartError) as refused:
+        bookie.start()
+    message = str(refused.value)
+    assert f"index {index} is missing, but " in message, message
+    assert f"magnetar bk indexrebuild --ledger-dir {bookie.ledger_dir}" in message, message
+    assert not index.exists(), "a refused start must not create an empty index"
+
+    rebuilt = bk(
+        "indexrebuild",
+        "--ledger-dir",
+        str(bookie.ledger_dir),
+        "--journal-dir",
+        str(bookie.journal_dir),
+    )
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    bookie.start()
+    got = await read_all(bookie, list(sent))
+    assert all(got[i] == sent[i] for i in sent), "an entry was not found after the rebuild"
+
+
+async def test_deleted_entry_log_refuses_start(bookies: BookieFactory) -> None:
+    bookie = bookies.start(journal_sync=False, checkpoint_interval_s=3600)
+    await write_all(bookie, make_entries(seed=61))
+    bookie.checkpoint()
+    assert bookie.stop() == 0
+    logs = [p for p in bookie.entry_log_files if p.stat().st_size > 1024]
+    assert logs, f"expected the entries in an entry log: {bookie.entry_log_files}"
+    logs[0].unlink()
+
+    with pytest.raises(BookieStartError) as refused:
+        bookie.start()
+    message = str(refused.value)
+    assert f"places entries of 1 ledgers ({LEDGER}) in entry logs missing from " in message, message
+    assert logs[0].name in message, message
+    assert f"restore the ledger directory {bookie.ledger_dir}" in message, message
+    assert "magnetar bk reregister" in message, message
