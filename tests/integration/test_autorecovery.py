@@ -41,6 +41,7 @@ from tests.support.cluster import (
     assert_no_traceback,
     cluster_fixture,
     wait_delivered,
+    wait_for_each,
 )
 from tests.support.ledger_cluster import payload_for, start_bookie
 from tests.support.standalone import QUIET
@@ -237,8 +238,7 @@ def test_lost_bookies_ledgers_are_replicated_and_stay_readable(cluster: Magnetar
     pulsar_client = client_for(cluster)
     topics = topics_on_each_broker(cluster, pulsar_client)
     producers = [PacedProducer(pulsar_client, t, interval=0.01).start() for t in topics]
-    for producer in producers:
-        producer.wait_for(100)
+    wait_for_each(producers, 100)
 
     async def write_direct() -> dict[int, int]:
         async with cluster.client() as client:
@@ -265,8 +265,8 @@ def test_lost_bookies_ledgers_are_replicated_and_stay_readable(cluster: Magnetar
 
     cluster.bookie(first).kill()
     wait_fully_replicated(cluster, {first})
+    wait_for_each(producers, 50)  # the writers moved off the lost bookie and go on
     for producer in producers:
-        producer.wait_for(50)  # the writers moved off the lost bookie and go on
         producer.stop()
     assert all(not p.errors and not p.raised for p in producers), [
         (p.errors[:3], p.raised[:3]) for p in producers

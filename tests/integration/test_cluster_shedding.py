@@ -24,6 +24,7 @@ from tests.support.cluster import (
     assert_no_traceback,
     cluster_fixture,
     wait_delivered,
+    wait_for_each,
 )
 from tests.support.standalone import QUIET
 
@@ -87,8 +88,7 @@ def test_a_new_broker_receives_bundles_by_shedding_without_client_errors(
     ]
     newcomer = None
     try:
-        for producer in producers:
-            producer.wait_for(10)
+        wait_for_each(producers, 10)
         before = {k: v for k, v in cluster.ownership().items() if k[0] == SPREAD}
         assert len(before) == SPREAD_BUNDLES
         newcomer = cluster.add_broker()
@@ -106,8 +106,7 @@ def test_a_new_broker_receives_bundles_by_shedding_without_client_errors(
             timeout=60,
         )
         moved_after = time.monotonic() - joined
-        for producer in producers:
-            producer.wait_for(10)  # each topic still takes sends after the moves
+        wait_for_each(producers, 10)  # each topic still takes sends after the moves
         for producer in producers:
             producer.stop()
         missing = set()

@@ -24,7 +24,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -522,8 +522,10 @@ class PacedProducer:
 
     def wait_for(self, more: int, timeout: float = 30.0) -> None:
         """Wait until ``more`` further messages are receipted (production goes on)."""
-        target = len(self.receipted) + more
-        deadline = time.monotonic() + timeout
+        self.wait_until(len(self.receipted) + more, time.monotonic() + timeout)
+
+    def wait_until(self, target: int, deadline: float) -> None:
+        """Wait until ``target`` messages in all are receipted; fail at ``deadline``."""
         while len(self.receipted) < target:
             assert time.monotonic() < deadline, (
                 f"{self.topic}: production stalled at {len(self.receipted)} receipts "
@@ -551,6 +553,16 @@ class PacedProducer:
             self.producer.close()
         except Exception:
             pass  # closing after a broker died: nothing to keep
+
+
+def wait_for_each(producers: Sequence[PacedProducer], more: int, timeout: float = 30.0) -> None:
+    """Wait until each producer has ``more`` further messages receipted, counted from now for
+    all of them at once (waiting for one after the other would count each from when the
+    previous one was done)."""
+    deadline = time.monotonic() + timeout
+    targets = [len(p.receipted) + more for p in producers]
+    for producer, target in zip(producers, targets, strict=True):
+        producer.wait_until(target, deadline)
 
 
 @dataclass(slots=True, frozen=True)
