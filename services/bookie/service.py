@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from magnetar.bookie import disk_checker
 from magnetar.bookie.auditor import Auditor, AuditorSettings
 from magnetar.bookie.config import BookieConfig
-from magnetar.bookie.cookie import verify_identity
+from magnetar.bookie.cookie import BookieIdentityError, verify_identity
 from magnetar.bookie.gc import GarbageCollector
 from magnetar.bookie.ledger_storage import LedgerStorage
 from magnetar.bookie.metrics import BookieMetrics
@@ -25,6 +25,7 @@ from magnetar.bookie.server import BookieService, grpc_server_options
 from magnetar.common.ledger.bookies import BookieRegistration, registration_key
 from magnetar.common.ledger.client import LedgerClient
 from magnetar.common.ledger.identity import Cookie
+from magnetar.common.ledger.metadata import LEDGER_ID_COUNTER
 from magnetar.common.ledger.underreplication import decommissioning_key, read_settings
 from magnetar.common.metadata import MetadataError, MetadataStore, open_store
 from magnetar.common.net import AddressInUseError, listen_error
@@ -118,6 +119,7 @@ class Bookie:
             min_idle_s=self.config.gc_orphan_min_idle_s,
         )
         await self.storage.start()
+        await self._refuse_a_store_behind_the_data()
         self._check_disk()
         await self._grpc.start()
         await self._start_http()
@@ -140,6 +142,28 @@ class Bookie:
             )
         await self._start_autorecovery()
         log.info("bookie %s serving (http %s)", self.address, self.http_address)
+
+    async def _refuse_a_store_behind_the_data(self) -> None:
+        """Every ledger id was handed out by the store's counter before any bookie held it, so a
+        counter below a ledger this bookie holds means the store went back to an older state
+        (restored from an old backup, or a damaged WAL cut at start): ledger lists and cursors
+        would silently go back with it, and ids this bookie holds would be handed out again."""
+        assert self._store is not None
+        held = await self.storage.ledger_ids()
+        counter = await self._store.get(LEDGER_ID_COUNTER)
+        if not held or counter is None:
+            return  # a reset store (no counter) is the cookies' and instance id's business
+        highest, handed_out = max(held), int(counter.value)
+        if highest <= handed_out:
+            return
+        raise BookieIdentityError(
+            f"{self.store_name} is behind this bookie's data: its ledger-id counter is at "
+            f"{handed_out}, but this bookie holds ledger {highest}, which the counter handed "
+            "out before. The store went back to an older state (restored from an older backup, "
+            "or its write-ahead log was damaged and cut at start): topics and cursors would "
+            "silently lose what happened since, and ledger ids would be handed out twice; the "
+            f"bookie will not start. Restore {self.store_name} from its newest backup"
+        )
 
     async def stop(self) -> None:
         if self._stopping:

@@ -143,6 +143,48 @@ def test_standalone_refuses_a_reset_metadata_store_and_never_serves_old_data_as_
         print(node.log_tail())
 
 
+def test_standalone_refuses_a_metadata_store_restored_from_an_older_backup(
+    tmp_path: Path,
+) -> None:
+    node = StandaloneProcess(tmp_path / "standalone")
+    data_dir = node.data_dir
+    old = tmp_path / "old-backup"
+    try:
+        node.start()
+        produce(node, "before-backup", 10)
+        node.stop()
+        old.mkdir()
+        for path in data_dir.glob("meta.db*"):
+            shutil.copy2(path, old / path.name)
+        # Life goes on after the backup: new topics, new ledgers (the id counter moves on).
+        node.start()
+        sent = produce(node, "after-backup", 10)
+        node.stop()
+
+        # The store goes back to the older backup while the bookie keeps its newer data.
+        newer = tmp_path / "newer"
+        newer.mkdir()
+        for path in data_dir.glob("meta.db*"):
+            shutil.move(path, newer / path.name)
+        for path in old.iterdir():
+            shutil.copy2(path, data_dir / path.name)
+        refusal = start_refused(node)
+        assert "is behind this bookie's data: its ledger-id counter is at " in refusal, refusal
+        assert "Restore" in refusal and "from its newest backup" in refusal, refusal
+        assert "Traceback" not in refusal, refusal
+
+        # The way forward: the newest store. Nothing was lost.
+        for path in data_dir.glob("meta.db*"):
+            path.unlink()
+        for path in newer.iterdir():
+            shutil.copy2(path, data_dir / path.name)
+        node.start()
+        assert receive_all(node, "after-backup", "keep", 3000) == sent
+    finally:
+        node.kill()
+        print(node.log_tail())
+
+
 # -- bookies on a private etcd ------------------------------------------------------------------
 
 
