@@ -34,6 +34,7 @@ from magnetar.common.ledger.metadata import (
     ledger_key,
 )
 from magnetar.common.ledger.placement import PlacementPolicy, RandomPlacement
+from magnetar.common.ledger.recovery import recover_ledger
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError, MetadataStore
 from magnetar.common.proto import bookie_pb2 as pb
 
@@ -217,8 +218,6 @@ class LedgerClient:
         """Open for reading. With ``recovery`` (the default) an open ledger is fenced and closed
         first, so its end is final and its old writer can add nothing more."""
         if recovery:
-            from magnetar.common.ledger.recovery import recover_ledger
-
             metadata, version = await recover_ledger(self, ledger_id)
             return LedgerHandle(self, ledger_id, metadata, version, writable=False)
         metadata, version = await self.read_metadata(ledger_id)

@@ -1,5 +1,6 @@
 """Metadata store: one interface, an etcd and an embedded implementation."""
 
+from magnetar.common.metadata.factory import open_store as _open
 from magnetar.common.metadata.store import (
     NOT_EXISTS,
     BadVersionError,
@@ -44,6 +45,4 @@ __all__ = [
 
 async def open_store(url: str, **options: object) -> MetadataStore:
     """Open the store named by ``url`` (``etcd://h:p[,h:p]`` or ``local:///path/meta.db``)."""
-    from magnetar.common.metadata.factory import open_store as _open
-
     return await _open(url, **options)

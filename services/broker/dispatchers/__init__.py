@@ -4,19 +4,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from magnetar.broker.dispatchers.base import Dispatcher
+from magnetar.broker.dispatchers.exclusive import ExclusiveDispatcher
+from magnetar.broker.dispatchers.failover import FailoverDispatcher
+from magnetar.broker.dispatchers.key_shared import KeySharedDispatcher
+from magnetar.broker.dispatchers.shared import SharedDispatcher
 from magnetar.common.proto import pulsar_api_pb2 as pb
 
 if TYPE_CHECKING:
-    from magnetar.broker.dispatchers.base import Dispatcher
     from magnetar.broker.subscription import Subscription
 
 
 def for_mode(sub_type: int, subscription: Subscription) -> Dispatcher:
-    from magnetar.broker.dispatchers.exclusive import ExclusiveDispatcher
-    from magnetar.broker.dispatchers.failover import FailoverDispatcher
-    from magnetar.broker.dispatchers.key_shared import KeySharedDispatcher
-    from magnetar.broker.dispatchers.shared import SharedDispatcher
-
     if sub_type == pb.CommandSubscribe.Exclusive:
         return ExclusiveDispatcher(subscription)
     if sub_type == pb.CommandSubscribe.Failover:
