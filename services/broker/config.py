@@ -58,8 +58,12 @@ class TopicSettings:
     )
     keep_alive_interval_seconds: float = setting(
         30.0,
-        "send PING to a client silent this long, close it after as long again without an "
-        "answer (0: never)",
+        "send PING to a client silent this long (0: never)",
+    )
+    keep_alive_timeout_seconds: float = setting(
+        0.0,
+        "close a connection that sent nothing this long after a PING (0: as long as "
+        "keep_alive_interval_seconds, Pulsar's rule)",
     )
     max_unacked_messages_per_consumer: int = setting(
         50_000,
@@ -122,6 +126,8 @@ class TopicSettings:
                 raise ConfigError(f"{name} must be 0 (no bound) or positive")
         if self.keep_alive_interval_seconds < 0:
             raise ConfigError("keep_alive_interval_seconds must be 0 (off) or positive")
+        if self.keep_alive_timeout_seconds < 0:
+            raise ConfigError("keep_alive_timeout_seconds must be 0 or positive")
         if self.policy_check_interval_seconds <= 0:
             raise ConfigError("policy_check_interval_seconds must be positive")
         if not self.cluster_name or "/" in self.cluster_name:

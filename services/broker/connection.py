@@ -11,7 +11,7 @@ Writes are coalesced: everything written during one turn of the event loop leave
 ``transport.write``. When the transport's buffer passes its high-water mark
 (``pause_writing``), dispatchers stop sending to this connection's consumers until it drains.
 Keep-alive follows Pulsar: PING after ``keep_alive_interval_seconds`` without a frame from the
-peer, close after another interval without one.
+peer, close after ``keep_alive_timeout_seconds`` more without one.
 """
 
 from __future__ import annotations
@@ -274,13 +274,18 @@ class ServerConnection(asyncio.Protocol):
     # -- keep-alive ----------------------------------------------------------------------------
 
     def _schedule_keepalive(self) -> None:
-        interval = self.broker.config.keep_alive_interval_seconds
+        config = self.broker.config
+        interval = config.keep_alive_interval_seconds
         if interval > 0:
+            delay = interval
+            if self._ping_outstanding and config.keep_alive_timeout_seconds > 0:
+                delay = config.keep_alive_timeout_seconds
             loop = asyncio.get_running_loop()
-            self._keepalive = loop.call_later(interval, self._check_alive)
+            self._keepalive = loop.call_later(delay, self._check_alive)
 
     def _check_alive(self) -> None:
-        """Pulsar's rule: nothing heard for an interval -> PING; nothing for another -> close."""
+        """Pulsar's rule: nothing heard for an interval -> PING; nothing for the timeout after
+        it -> close."""
         if self.state is ConnectionState.CLOSED:
             return
         if self._heard:
