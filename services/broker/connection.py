@@ -108,6 +108,7 @@ class ServerConnection(asyncio.Protocol):
         self._schedule_keepalive()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._apply_buffered_acks()
         self.state = ConnectionState.CLOSED
         self.broker.connections.discard(self)
         if self._keepalive is not None:
@@ -121,6 +122,26 @@ class ServerConnection(asyncio.Protocol):
         self.producers.clear()
         for task in self._tasks:
             task.cancel()
+
+    def _apply_buffered_acks(self) -> None:
+        """Acks the peer sent before the connection went away, still waiting here to be handled
+        (frames are handled a slice per loop turn; a reset found while writing ends the
+        connection at once): they are applied, as a broker applies everything it read before
+        a channel closes. Nothing else is, and nothing is answered."""
+        if self.state is not ConnectionState.CONNECTED:
+            return
+        while True:
+            try:
+                frame = self.decoder.next_frame()
+            except codec.ProtocolError:
+                return
+            if frame is None:
+                return
+            if frame.type == pb.BaseCommand.ACK:
+                try:
+                    self._ack(frame.body, frame)  # type: ignore[arg-type]
+                except Exception:
+                    log.exception("connection %s: error applying an ack at close", self.peer)
 
     def pause_writing(self) -> None:
         self.writable = False

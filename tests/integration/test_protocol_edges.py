@@ -18,6 +18,8 @@ One standalone serves the module; its log must hold no traceback and no ERROR li
 from __future__ import annotations
 
 import json
+import socket
+import struct
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -27,6 +29,7 @@ import pulsar
 import pytest
 
 from magnetar.common.proto import pulsar_api_pb2 as pb
+from magnetar.common.protocol import codec
 from tests.support.raw_client import (
     RawConnection,
     admin,
@@ -380,3 +383,55 @@ def test_subscription_type_changes_once_no_consumer_is_attached(node: Standalone
 def test_standalone_log_is_clean(node: StandaloneProcess) -> None:
     """Runs last: the module's standalone logged no traceback and no ERROR line."""
     assert_log_clean(node)
+
+
+def test_acks_sent_just_before_a_reset_are_kept(node: StandaloneProcess, pc: pulsar.Client) -> None:
+    """A client acks everything and its connection is reset before the broker handled all of
+    it (the broker handles frames a slice at a time, and the answer to the first acks finds
+    the reset): every ack it sent still counts, as everything a broker read before a channel
+    closed does in Pulsar."""
+    topic, count = "edge-acks-before-reset", 300
+    producer = pc.create_producer(topic, batching_enabled=False)
+    for i in range(count):
+        producer.send_async(f"m{i}".encode(), None)
+    producer.flush()
+    producer.close()
+    with RawConnection(node) as raw:
+        raw.connect()
+        raw.command(
+            pb.CommandSubscribe(
+                topic=f"persistent://public/default/{topic}",
+                subscription="s",
+                subType=pb.CommandSubscribe.Exclusive,
+                consumer_id=1,
+                request_id=1,
+                initialPosition=pb.CommandSubscribe.Earliest,
+            )
+        )
+        raw.expect(Type.SUCCESS)
+        raw.command(pb.CommandFlow(consumer_id=1, messagePermits=count))
+        ids = [raw.expect(Type.MESSAGE).body.message_id for _ in range(count)]  # type: ignore[attr-defined]
+        acks = b"".join(
+            codec.encode_command(
+                pb.CommandAck(
+                    consumer_id=1,
+                    ack_type=pb.CommandAck.Individual,
+                    message_id=[message_id],
+                    request_id=100 + i,  # each asks for an answer: the broker writes early
+                )
+            )
+            for i, message_id in enumerate(ids)
+        )
+        raw.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        raw.sock.sendall(acks)  # then closed with a reset
+    deadline = time.monotonic() + 10
+    while True:  # the broker notices the reset, and frees the exclusive subscription, soon
+        try:
+            consumer = pc.subscribe(topic, "s")
+            break
+        except pulsar.ConsumerBusy:
+            assert time.monotonic() < deadline, "the reset connection's consumer stayed"
+            time.sleep(0.1)
+    back = [m.data() for m in drain(consumer, quiet_ms=1500)]
+    consumer.close()
+    assert back == [], f"{len(back)} of {count} acknowledged messages came back"
