@@ -112,17 +112,14 @@ def read_range(partition: RangePartition) -> Iterator[tuple[object, ...]]:
     quiet = logging.getLogger("pulsar-client")
     quiet.setLevel(logging.WARNING)
     decoder = _decoder(partition)
-    client = pulsar.Client(opts.service_url, logger=quiet, **opts.client)  # type: ignore[arg-type]
     start, end = partition.start, partition.end
+    first = (
+        pulsar.MessageId.earliest
+        if start == EARLIEST
+        else pulsar.MessageId(-1, start.ledger, max(start.entry, 0), -1)
+    )
+    client, reader = _open_reader(partition, first, quiet)
     try:
-        first = (
-            pulsar.MessageId.earliest
-            if start == EARLIEST
-            else pulsar.MessageId(-1, start.ledger, max(start.entry, 0), -1)
-        )
-        reader = client.create_reader(
-            partition.topic, first, start_message_id_inclusive=True, **opts.reader
-        )
         while True:
             if not _has_message_available(reader, opts.poll_timeout_ms):
                 _ended_early(partition, "the topic-partition ends before it")
@@ -146,6 +143,35 @@ def read_range(partition: RangePartition) -> Iterator[tuple[object, ...]]:
 #: What a reader's broker call can meet while its topic moves to another broker (the broker
 #: closed the reader as the call went out, or the reader is reconnecting): ask again.
 _MOVING = (pulsar.ConsumerNotFound, pulsar.NotConnected, pulsar.ServiceUnitNotReady, pulsar.Timeout)
+
+#: Operation timeout of a reader's client unless ``pulsar.client.operationTimeoutSeconds`` says
+#: otherwise: a reader that could not be created in time is created again, by a new client.
+READER_OPEN_TIMEOUT_S = 10
+
+
+def _open_reader(
+    partition: RangePartition, first: pulsar.MessageId, quiet: logging.Logger
+) -> tuple[pulsar.Client, pulsar.Reader]:
+    """A client and its reader at ``first``; created again (new client, new lookups) while the
+    topic is moving between brokers, until the poll timeout."""
+    opts = partition.options
+    settings = {"operation_timeout_seconds": READER_OPEN_TIMEOUT_S, **opts.client}
+    deadline = time.monotonic() + opts.poll_timeout_ms / 1000
+    while True:
+        client = pulsar.Client(opts.service_url, logger=quiet, **settings)  # type: ignore[arg-type]
+        try:
+            reader = client.create_reader(
+                partition.topic, first, start_message_id_inclusive=True, **opts.reader
+            )
+            return client, reader
+        except _MOVING as e:
+            client.close()
+            if time.monotonic() > deadline:
+                raise
+            quiet.warning("reader on %s not created (%s); creating it again", partition.topic, e)
+        except BaseException:
+            client.close()
+            raise
 
 
 def _has_message_available(reader: pulsar.Reader, timeout_ms: int) -> bool:
