@@ -60,7 +60,7 @@ SERVER_VERSION = "magnetar-0.1"
 #: How long a reader's subscription waits for the reader to come back after a seek.
 READER_RECONNECT_GRACE_S = 30.0
 #: Frames handled per turn of the event loop before the connection lets other work run.
-FRAMES_PER_SLICE = 16
+FRAMES_PER_SLICE = 32
 
 AnyTopic = PersistentTopic | NonPersistentTopic
 AnySubscription = Subscription | NonPersistentSubscription
