@@ -92,6 +92,16 @@ def bk(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def rebuild_index(bookie: BookieProcess) -> subprocess.CompletedProcess[str]:
+    return bk(
+        "indexrebuild",
+        "--ledger-dir",
+        str(bookie.ledger_dir),
+        "--journal-dir",
+        str(bookie.journal_dir),
+    )
+
+
 def overwrite(path: Path, offset: int, data: bytes) -> None:
     with open(path, "r+b") as f:
         f.seek(offset)
@@ -222,13 +232,7 @@ async def test_damaged_index_refuses_start_until_rebuilt_from_entry_logs(
     assert f"magnetar bk indexrebuild --ledger-dir {bookie.ledger_dir}" in message, message
     assert "Traceback" not in message and "sqlite3.DatabaseError" not in message, message
 
-    rebuilt = bk(
-        "indexrebuild",
-        "--ledger-dir",
-        str(bookie.ledger_dir),
-        "--journal-dir",
-        str(bookie.journal_dir),
-    )
+    rebuilt = rebuild_index(bookie)
     assert rebuilt.returncode == 0, rebuilt.stderr
     assert f"{ENTRIES} entries, 1 ledgers (all marked fenced)" in rebuilt.stdout, rebuilt.stdout
     assert (bookie.ledger_dir / "index.db.damaged").exists()
@@ -281,13 +285,7 @@ async def test_deleted_index_refuses_start_until_rebuilt(bookies: BookieFactory)
     assert f"magnetar bk indexrebuild --ledger-dir {bookie.ledger_dir}" in message, message
     assert not index.exists(), "a refused start must not create an empty index"
 
-    rebuilt = bk(
-        "indexrebuild",
-        "--ledger-dir",
-        str(bookie.ledger_dir),
-        "--journal-dir",
-        str(bookie.journal_dir),
-    )
+    rebuilt = rebuild_index(bookie)
     assert rebuilt.returncode == 0, rebuilt.stderr
     bookie.start()
     got = await read_all(bookie, list(sent))
