@@ -82,6 +82,14 @@ class Writer:
                 if len(self.acked) >= kill_after_acks and (
                     not need_checkpoint or entry_log_data_bytes(bookie) > 0
                 ):
+                    # Adds surely in flight when the kill lands (a fast bookie may have
+                    # answered every earlier one by now).
+                    for extra in range(n, n if sigterm else min(n + 8, TOTAL_ENTRIES)):
+                        key_and_data = self.make(extra)
+                        self.sent[key_and_data[:2]] = key_and_data[2]
+                        future = client.add(*key_and_data)
+                        pending.add(future)
+                        future.add_done_callback(self._done_callback(key_and_data[:2], window))
                     if sigterm:
                         # In a thread: the client keeps taking acks while the bookie shuts down.
                         code = await asyncio.to_thread(bookie.stop)

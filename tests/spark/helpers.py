@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import urllib.request
 
+from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import SparkSession
 
 from magnetar.spark import register
@@ -21,7 +22,7 @@ def shared_spark() -> SparkSession:
     global _shared
     if _shared is not None:
         return _shared
-    spark = (
+    builder = (
         SparkSession.builder.master("local[2]")
         .appName("magnetar-spark-tests")
         .config("spark.ui.enabled", "false")
@@ -30,8 +31,16 @@ def shared_spark() -> SparkSession:
         # A test's JVM lives a minute and computes little: the client compiler alone and the
         # serial collector start it several seconds sooner on two shared cores.
         .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
-        .getOrCreate()
     )
+    for attempt in range(3):
+        try:
+            spark = builder.getOrCreate()
+            break
+        except PySparkRuntimeError as e:
+            # Seen once after ~900 tests of one run: the JVM gateway, forked from a process
+            # whose gRPC threads were busy, exited before it gave its port. A new one starts.
+            if "JAVA_GATEWAY_EXITED" not in str(e) or attempt == 2:
+                raise
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     _shared = spark
