@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -123,7 +125,10 @@ def test_shedding_invariants(rates: dict[str, list[float]], threshold: float) ->
     loads = {b: sum((i.msg_rate if by_rate else 1.0) for i in items) for b, items in owned.items()}
     average = sum(loads.values()) / len(loads)
     for broker in {s.from_broker for s in shed}:
-        assert loads[broker] > average + average * threshold / 100.0  # as the rule computes it
+        # As the rule computes it; the rule sums a broker's bundles in another order, so the
+        # two sums may differ in their last bits.
+        bound = average + average * threshold / 100.0
+        assert loads[broker] > bound or math.isclose(loads[broker], bound, rel_tol=1e-9)
 
 
 # -- splitting ----------------------------------------------------------------------------
