@@ -129,6 +129,13 @@ class ManagedCursor:
         cursor._batch_acks = state.batch_ack_sets()
         cursor._advance()
         cursor.read_position = ml.next_position(cursor._mark_delete)
+        log.info(
+            "cursor %s/%s loaded at %s with %d acknowledged ranges above it",
+            ml.name,
+            name,
+            cursor._mark_delete,
+            cursor._acked.range_count,
+        )
         return cursor
 
     @classmethod
@@ -339,6 +346,14 @@ class ManagedCursor:
         finally:
             async with self._persist_lock:
                 await self._ledger.close()
+        log.info(
+            "cursor %s/%s closed at %s with %d acknowledged ranges above it%s",
+            self.ml.name,
+            self.name,
+            self._mark_delete,
+            self._acked.range_count,
+            "" if self.persist_error is None else f" (not all stored: {self.persist_error})",
+        )
 
     async def remove(self) -> None:
         """Delete the cursor's stored state (the subscription is gone): its record, then its
@@ -452,7 +467,7 @@ class ManagedCursor:
             except BaseException as e:
                 if self.moves == moves:
                     if result and isinstance(e, Exception):
-                        return result  # what was read before the failure; the next read retries
+                        break  # what was read before the failure; the next read retries
                     self.read_position = start
                 raise
             if self.moves != moves:
@@ -461,9 +476,12 @@ class ManagedCursor:
                 return []
             if not batch:
                 break
-            result.extend((p, data) for p, data in batch if p not in self._acked)
+            result.extend((p, data) for p, data in batch if not self.is_acked(p))
             self.read_position = self.ml.next_position(batch[-1][0])
-        return result
+        # Acknowledged as of now, not as of when the read started: an ack that came while a
+        # read waited may have moved mark-delete over entries read before (dropping their
+        # ranges from ``_acked``), and those must not go out again.
+        return [(p, data) for p, data in result if not self.is_acked(p)]
 
     def skip_past(self, position: Position) -> None:
         """Reading goes on after ``position`` (an entry that cannot be read)."""

@@ -254,13 +254,20 @@ def test_restart_redelivers_exactly_the_unacknowledged(tmp_path: Path, batched: 
         expected = set(range(total)) - acked
         got = drain_exactly(consumer, len(expected))
         c.close()
-        assert not set(got) & acked, f"acknowledged came back: {sorted(set(got) & acked)[:20]}"
+        came_back = sorted(set(got) & acked)
+        assert not came_back, f"acknowledged came back: {came_back[:20]}\n{cursor_lines(own)}"
         assert set(got) == expected, f"lost: {sorted(expected - set(got))[:20]}"
         assert len(got) == len(expected), "duplicates"
         assert got == sorted(got)
     finally:
         own.stop()
     assert_log_clean(own)
+
+
+def cursor_lines(node: StandaloneProcess) -> str:
+    """What the broker logged about cursors and acks (says where acknowledgements went)."""
+    lines = node.log_tail(200_000).splitlines()
+    return "\n".join(line for line in lines if "cursor" in line or " ack" in line)
 
 
 def test_standalone_log_is_clean(node: StandaloneProcess) -> None:

@@ -491,3 +491,21 @@ async def test_a_read_in_flight_across_a_rewind_is_dropped(env: Env) -> None:
     assert cursor.read_position == positions[0]
     again = await cursor.read_entries(20)
     assert [p for p, _ in again] == positions
+
+
+async def test_entries_acknowledged_while_a_read_waits_are_not_returned(env: Env) -> None:
+    """An ack that lands while a read waits on the bookies can move mark-delete over entries of
+    that read (dropping their ack ranges): they must not be dispatched again (seen as acked
+    messages redelivered after a restart, under load)."""
+    ml = await env.open()
+    positions = await add_many(ml, 0, 20)
+    cursor = await ml.open_cursor("sub", "earliest")
+    cursor.delete([positions[3], positions[4]])  # holes above mark-delete
+    ml._cache.entries.clear()
+    ml._cache.size = 0
+    reading = asyncio.create_task(cursor.read_entries(10))  # waits on the bookies
+    await asyncio.sleep(0)
+    cursor.delete(positions[:3])  # mark-delete moves to 4; ranges 3..4 are dropped
+    assert cursor.mark_delete_position == positions[4]
+    got = [p for p, _ in await reading]
+    assert got == positions[5:15]

@@ -152,8 +152,8 @@ class KeySharedDispatcher(ReplayingDispatcher):
                 blocked.add(h)
                 continue
             found = await self.cursor.ml.read_entries(position, 1)
-            if not found or found[0][0] != position:
-                self.replay.discard(position)  # trimmed away
+            if not found or found[0][0] != position or self.cursor.is_acked(position):
+                self.replay.discard(position)  # trimmed away, or acked while it was read
                 continue
             stored = found[0][1]
             if h is None:

@@ -55,7 +55,8 @@ class SharedDispatcher(ReplayingDispatcher):
             found = await self.cursor.ml.read_entries(position, 1)
             if found and found[0][0] == position:
                 entries.append(found[0])
-        return entries
+        # An ack may have come while a read waited.
+        return [(p, stored) for p, stored in entries if not self.cursor.is_acked(p)]
 
 
 def next_by_priority(consumers: list[Consumer], turn: itertools.count[int]) -> Consumer | None:
