@@ -426,7 +426,9 @@ class Broker:
         namespace = name.namespace_name
         bundle = await self.bundle_of(name)
         if (namespace, bundle) in self._unloading:
-            raise TopicNotOwnedError(f"bundle {namespace}/{bundle} is being unloaded")
+            raise TopicNotOwnedError(
+                f"its bundle {namespace}/{bundle} is unloading from this broker"
+            )
         if self.ownership.owns(namespace, bundle):
             return
         answer = await lookup(self, name)

@@ -247,6 +247,33 @@ class ServerConnection(asyncio.Protocol):
         elif isinstance(request, pb.CommandSend):
             self._send_error(request, pb.UnknownError, message)
 
+    def _not_served(self, request_id: int, name: TopicName, error: TopicNotOwnedError) -> None:
+        """PRODUCER or SUBSCRIBE for a topic this broker does not serve now (it moved, or is
+        moving, to another broker): ServiceNotReady in Pulsar's words, so the client looks the
+        topic up again. The message must not name an unload in progress: the official clients
+        keep the connection for such a message.
+
+        A connection left with no producer or consumer is then closed. The official C++ client
+        (under the Python one) marks a consumer as connected before its SUBSCRIBE is answered
+        and, when that SUBSCRIBE is refused, ignores its own retries because it believes it is
+        connected, so creating the consumer waits out the whole operation timeout (30 s by
+        default; seen with readers created while their topic moved). A closed connection makes
+        it drop that state and look the topic up again at once."""
+        self._error(
+            request_id,
+            pb.ServiceNotReady,
+            f"Namespace bundle for topic ({name}) not served by this instance ({error}). "
+            "Please redo the lookup.",
+        )
+        if not self.producers and not self.consumers:
+            log.info(
+                "connection %s: closed after refusing %s (not served here) so the client "
+                "looks it up again",
+                self.peer,
+                name,
+            )
+            self.close()
+
     def _error(self, request_id: int, error: int, message: str, reply: type | None = None) -> None:
         if reply in _OWN_RESPONSE:
             assert reply is not None
@@ -543,7 +570,7 @@ class ServerConnection(asyncio.Protocol):
             self._error(body.request_id, pb.TopicNotFound, str(e))
             return
         except TopicNotOwnedError as e:
-            self._error(body.request_id, pb.ServiceNotReady, str(e))
+            self._not_served(body.request_id, name, e)
             return
         except Exception as e:  # any storage failure: the client gets the reason, not a timeout
             log.warning("topic %s cannot be loaded: %s", name, e)
@@ -752,7 +779,7 @@ class ServerConnection(asyncio.Protocol):
             self._error(body.request_id, pb.TopicNotFound, str(e))
             return
         except TopicNotOwnedError as e:
-            self._error(body.request_id, pb.ServiceNotReady, str(e))
+            self._not_served(body.request_id, name, e)
             return
         except Exception as e:  # any storage failure: the client gets the reason, not a timeout
             log.warning("topic %s cannot be loaded: %s", name, e)

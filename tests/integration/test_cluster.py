@@ -260,6 +260,108 @@ def test_unload_to_an_unknown_broker_is_refused(cluster: MagnetarCluster) -> Non
     assert cluster.http_lookup(topic)["brokerUrl"] == owner_url  # nothing moved
 
 
+def test_subscribe_on_a_broker_that_does_not_serve_the_topic(cluster: MagnetarCluster) -> None:
+    """SUBSCRIBE or PRODUCER reaching a broker that does not own the topic (the client's lookup
+    raced a move): ServiceNotReady in Pulsar's words, never naming an unload in progress (the
+    official clients keep the connection for such a message), and a connection left with no
+    producer or consumer is closed so the client looks the topic up again."""
+    namespace = f"{TENANT}/elsewhere"
+    cluster.create_namespace(*namespace.split("/"))
+    topic = f"persistent://{namespace}/t"
+    other_topic = f"persistent://{namespace}/owned-here"
+    owner_url = cluster.http_lookup(topic)["brokerUrl"]
+    stranger = next(b for b in cluster.brokers if b.url != owner_url)
+    subscribe = pb.CommandSubscribe(
+        topic=topic, subscription="s", subType=pb.CommandSubscribe.Exclusive, consumer_id=1
+    )
+
+    with RawConnection(stranger) as conn:  # type: ignore[arg-type]
+        conn.connect()
+        subscribe.request_id = 1
+        conn.command(subscribe)
+        error = conn.expect(Type.ERROR).body
+        assert error.error == pb.ServiceNotReady, error
+        assert "not served by this instance" in error.message, error
+        assert "is being unloaded" not in error.message, error
+        assert conn.closed_by_peer(), "an idle connection stays open after the refusal"
+
+    # With a producer on the connection, it stays open for that producer.
+    stranger_topic = next(
+        f"{other_topic}-{i}"
+        for i in range(64)
+        if cluster.http_lookup(f"{other_topic}-{i}")["brokerUrl"] == stranger.url
+    )
+    with RawConnection(stranger) as conn:  # type: ignore[arg-type]
+        conn.connect()
+        conn.command(pb.CommandProducer(topic=stranger_topic, producer_id=1, request_id=1))
+        conn.expect(Type.PRODUCER_SUCCESS)
+        subscribe.request_id = 2
+        conn.command(subscribe)
+        assert conn.expect(Type.ERROR).body.error == pb.ServiceNotReady
+        conn.command(pb.CommandPing())
+        conn.expect(Type.PONG)
+    assert_no_traceback(stranger)
+
+
+def test_readers_created_while_bundles_move_are_created(
+    cluster: MagnetarCluster, entry: BrokerProcess
+) -> None:
+    """Readers created (official client, one client each, as the Spark source does) again and
+    again while their topics' bundles are unloaded: every one is created and reads. Seen before:
+    a SUBSCRIBE refused by the old owner left the client believing it was connected, and the
+    reader failed after the whole 30 s operation timeout."""
+    namespace = f"{TENANT}/readers"
+    cluster.create_namespace(*namespace.split("/"))
+    topics = [f"persistent://{namespace}/r{i}" for i in range(4)]
+    client = client_for(entry)
+    producers = [PacedProducer(client, topic, interval=0.02).start() for topic in topics]
+    stop = threading.Event()
+    failures: list[str] = []
+    created = [0] * len(topics)
+
+    def churn(i: int) -> None:
+        while not stop.is_set():
+            reader_client = client_for(entry)
+            try:
+                reader = reader_client.create_reader(topics[i], pulsar.MessageId.earliest)
+                read = 0
+                while read < 20 and reader.has_message_available():
+                    reader.read_next(10_000)
+                    read += 1
+                reader.close()
+                created[i] += 1
+            except Exception as e:  # every failure is the finding
+                failures.append(f"{topics[i]}: {type(e).__name__}: {e}")
+            finally:
+                reader_client.close()
+
+    threads = [threading.Thread(target=churn, args=(i,), daemon=True) for i in range(len(topics))]
+    try:
+        for producer in producers:
+            producer.wait_for(20)
+        for thread in threads:
+            thread.start()
+        for _ in range(UNLOADS):
+            for bundle in sorted({_bundle_of(cluster, namespace, t) for t in topics}):
+                cluster.unload_bundle(namespace, bundle)
+            time.sleep(2)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+        for producer in producers:
+            producer.close()
+        client.close()
+    print(f"readers created per topic across {UNLOADS} rounds of unloads: {created}")
+    # A reader asking has_message_available() just as the broker closes it for the move may be
+    # told ConsumerNotFound (as with Pulsar); nothing may time out.
+    timeouts = [f for f in failures if "Timeout" in f or "TimeOut" in f]
+    assert not timeouts, timeouts
+    assert all(created), created
+    for broker in cluster.brokers:
+        assert_no_traceback(broker)
+
+
 def _bundle_of(cluster: MagnetarCluster, namespace: str, topic: str) -> str:
     """The bundle (range text) of ``namespace`` holding ``topic`` that has an owner now."""
     h = topic_hash(topic)
