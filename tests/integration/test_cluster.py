@@ -285,12 +285,24 @@ def test_subscribe_on_a_broker_that_does_not_serve_the_topic(cluster: MagnetarCl
         assert "is being unloaded" not in error.message, error
         assert conn.closed_by_peer(), "an idle connection stays open after the refusal"
 
-    # With a producer on the connection, it stays open for that producer.
+    # With a producer on the connection, it stays open for that producer: a topic of another
+    # bundle, handed to the stranger if another broker took it.
     stranger_topic = next(
-        f"{other_topic}-{i}"
-        for i in range(64)
-        if cluster.http_lookup(f"{other_topic}-{i}")["brokerUrl"] == stranger.url
+        candidate
+        for candidate in (f"{other_topic}-{i}" for i in range(64))
+        if cluster.http_lookup(candidate)
+        and _bundle_of(cluster, namespace, candidate) != _bundle_of(cluster, namespace, topic)
     )
+    if cluster.owner_of_topic(stranger_topic) != stranger.broker_id:
+        cluster.admin_json(
+            "PUT",
+            f"/admin/v2/namespaces/{namespace}/{_bundle_of(cluster, namespace, stranger_topic)}"
+            f"/unload?destinationBroker={stranger.broker_id}",
+        )
+        cluster.wait_for(
+            lambda: cluster.http_lookup(stranger_topic)["brokerUrl"] == stranger.url,
+            what=f"{stranger_topic} served by {stranger.broker_id}",
+        )
     with RawConnection(stranger) as conn:  # type: ignore[arg-type]
         conn.connect()
         conn.command(pb.CommandProducer(topic=stranger_topic, producer_id=1, request_id=1))
