@@ -53,6 +53,7 @@ class Writer:
         self.errors: list[BaseException] = []
         self.futures: list[asyncio.Future[int]] = []
         self._progress = asyncio.Event()
+        self.pushed = asyncio.Event()  # set at every add started
 
     def payload(self, entry_id: int) -> bytes:
         return payload_for(self.handle.ledger_id, entry_id, self.size)
@@ -72,6 +73,7 @@ class Writer:
                 await self.wait_acked(self.next_id - max_in_flight)
             fut = await self.handle.add_async(self.payload(self.next_id))
             self.next_id += 1
+            self.pushed.set()
             fut.add_done_callback(self._done)
             self.futures.append(fut)
             if self.next_id % 100 == 0:
@@ -136,6 +138,11 @@ async def test_bookie_killed_mid_write_ensemble_change(cluster4: LedgerCluster) 
         writer = Writer(handle)
         pushing = asyncio.create_task(writer.push(5000, max_in_flight=1000))
         await writer.wait_acked(1000)
+        # Under load the acks can catch up with the pusher for a moment (seen once in a full
+        # run): wait until some adds are in flight, so the kill below lands mid-write.
+        while writer.next_id == len(writer.acked) and not pushing.done():
+            writer.pushed.clear()
+            await asyncio.wait_for(writer.pushed.wait(), WAIT_S)
         # Adds are still being pushed and many are in flight when the bookie dies.
         in_flight = writer.next_id - len(writer.acked)
         acked_at_kill = len(writer.acked)
