@@ -461,7 +461,9 @@ class ManagedCursor:
         result: list[tuple[Position, bytes]] = []
         moves = self.moves
         start = self.read_position
+        reads = 0
         while len(result) < max_entries:
+            reads += 1
             try:
                 batch = await self.ml.read_entries(self.read_position, max_entries - len(result))
             except BaseException as e:
@@ -476,12 +478,14 @@ class ManagedCursor:
                 return []
             if not batch:
                 break
+            # Acknowledged as of now, not as of when the read started: an ack that came while
+            # the read waited may have moved mark-delete over these entries (dropping their
+            # ranges from ``_acked``), and those must not go out again.
             result.extend((p, data) for p, data in batch if not self.is_acked(p))
             self.read_position = self.ml.next_position(batch[-1][0])
-        # Acknowledged as of now, not as of when the read started: an ack that came while a
-        # read waited may have moved mark-delete over entries read before (dropping their
-        # ranges from ``_acked``), and those must not go out again.
-        return [(p, data) for p, data in result if not self.is_acked(p)]
+        if reads > 1:  # entries of an earlier read may have been acked while later ones waited
+            result = [(p, data) for p, data in result if not self.is_acked(p)]
+        return result
 
     def skip_past(self, position: Position) -> None:
         """Reading goes on after ``position`` (an entry that cannot be read)."""
