@@ -5,7 +5,8 @@ Writer rules (ARCHITECTURE.md "Storage layer"): entry ``i`` is sent to its write
 earlier entry was acknowledged (completion strictly in entry order); it carries the LAC known
 when it was sent. A bookie that fails or times out is replaced: a new fragment starting at the
 first unacknowledged entry is CAS-ed into the metadata and the pending entries are resent to the
-replacement. A FENCED answer, or finding the metadata IN_RECOVERY or CLOSED, means another owner
+replacement; no add completes while the change is under way (an ack of the replaced bookie no
+longer counts for an entry the new fragment holds). A FENCED answer, or finding the metadata IN_RECOVERY or CLOSED, means another owner
 took the ledger: every pending add fails with LedgerFencedError (those entries may or may not be
 in the ledger; recovery decides).
 
@@ -283,6 +284,12 @@ class LedgerHandle:
         self._wake_window()
 
     def _complete_in_order(self) -> None:
+        if self._changing is not None:
+            # No add completes during an ensemble change (BookKeeper's rule too). The change
+            # starts at the first unacknowledged entry, and that entry must reach the
+            # replacement: completed on an ack of the replaced bookie, it would be left on
+            # fewer bookies than the metadata names. The change completes what it can.
+            return
         released = False
         while self._pending and self._pending[0].acks.complete:
             op = self._pending.popleft()
@@ -379,6 +386,8 @@ class LedgerHandle:
             self._fail_handle(LedgerError(f"ledger {self.ledger_id}: ensemble change failed: {e}"))
         finally:
             self._changing = None
+        if self._error is None:
+            self._complete_in_order()
 
     def _still_open(self, metadata: LedgerMetadata) -> None:
         """A concurrent metadata change is fine while the ledger is open (e.g. the replication

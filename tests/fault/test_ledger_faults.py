@@ -9,6 +9,7 @@ recoverer agrees on the ledger's end; a corrupt copy is detected and another rep
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import threading
@@ -194,6 +195,80 @@ async def test_bookie_killed_mid_write_ensemble_change(cluster4: LedgerCluster) 
                     entry = await bookie.read(handle.ledger_id, e)
                     assert entry.endswith(writer.payload(e))
         assert reader.corrupt_reads == 0
+
+
+async def test_no_add_completes_while_the_ensemble_changes(
+    cluster3: LedgerCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """E2/Qw2/Qa2 on [A, B]: A stores entry N while B is paused, then A dies. The next add
+    finds it gone; the change starts
+    at N (the first unacknowledged entry) and puts C in A's place, so N must reach C before it
+    is acknowledged. B's ack arriving while the change waits on the metadata store must not
+    complete N on A's earlier ack: that left N on B alone while the metadata named C (seen in
+    CI: a decommissioned bookie took the only other copy of an acknowledged entry with it)."""
+    caplog.set_level(logging.WARNING, logger="magnetar.common.ledger.handle")
+    async with cluster3.client() as client:
+        handle = await client.create_ledger(2, 2, 2)
+        a, b = handle.ensemble
+        for i in range(10):
+            await handle.add(payload_for(handle.ledger_id, i))
+        entry = 10
+        cluster3.bookie(b).pause()
+        try:
+            added = await handle.add_async(payload_for(handle.ledger_id, entry))
+            async with BookieClient(a) as on_a:
+                await wait_stored(on_a, handle.ledger_id, entry)
+            assert not added.done()
+            cluster3.etcd.pause()  # the change cannot reach the metadata store until resumed
+            try:
+                cluster3.bookie(a).kill()
+                # The next add finds A gone (as the writer in CI found its bookie read-only).
+                later = await handle.add_async(payload_for(handle.ledger_id, entry + 1))
+                failed = f"bookie {a} (position 0) failed"
+                for _ in range(int(WAIT_S / 0.01)):
+                    if any(failed in r.getMessage() for r in caplog.records):
+                        break
+                    await asyncio.sleep(0.01)
+                else:
+                    raise AssertionError(f"the writer never noticed {a} was gone")
+                cluster3.bookie(b).resume()
+                async with BookieClient(b) as on_b:
+                    await wait_stored(on_b, handle.ledger_id, entry)
+                await asyncio.sleep(0.3)  # B's ack reaches the handle meanwhile
+                assert not added.done(), "entry acknowledged during the ensemble change"
+            finally:
+                cluster3.etcd.resume()
+            assert await asyncio.wait_for(added, WAIT_S) == entry
+            assert await asyncio.wait_for(later, WAIT_S) == entry + 1
+            await handle.close()
+        finally:
+            cluster3.bookie(b).resume()
+            if not cluster3.bookie(a).running:
+                cluster3.bookie(a).start()
+        metadata, _ = await client.read_metadata(handle.ledger_id)
+        (_, first), (_, second) = [(f.first_entry_id, f.bookies) for f in metadata.fragments]
+        assert metadata.fragments[1].first_entry_id == entry and first == (a, b), metadata
+        replacement = second[0]
+        assert replacement not in (a, b) and second[1] == b, metadata
+        async with BookieClient(replacement) as on_c:
+            stored = await on_c.read(handle.ledger_id, entry)
+        assert stored.endswith(payload_for(handle.ledger_id, entry))
+
+
+async def wait_stored(bookie: BookieClient, ledger_id: int, entry_id: int) -> None:
+    """Until ``bookie`` answers a read of the entry (it stored it)."""
+
+    async def poll() -> None:
+        while True:
+            try:
+                await bookie.read(ledger_id, entry_id)
+                return
+            except BookieError as e:
+                if e.status not in (pb.NO_SUCH_ENTRY, pb.NO_SUCH_LEDGER):
+                    raise
+            await asyncio.sleep(0.02)
+
+    await asyncio.wait_for(poll(), WAIT_S)
 
 
 async def test_bookie_paused_adds_complete_at_ack_quorum(cluster4: LedgerCluster) -> None:

@@ -133,6 +133,15 @@ class EtcdServer:
         """Crash it (SIGKILL); the data dir stays for a later start()."""
         self._end(signal.SIGKILL)
 
+    def pause(self) -> None:
+        """SIGSTOP: connections stay open and nothing is answered until resume()."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
     def close(self) -> None:
         """Stop and delete the data dir."""
         self.stop()
