@@ -27,8 +27,8 @@ import pytest
 
 from magnetar.common.ledger.bookies import registration_key
 from magnetar.common.metadata import Versioned, open_store
-from tests.support.bookie import BookieFactory, BookieProcess, bookie_port
-from tests.support.etcd import EtcdCluster, EtcdServer
+from tests.support.bookie import BookieFactory, BookieProcess
+from tests.support.etcd import EtcdCluster, EtcdServer, free_port
 from tests.support.ledger_cluster import start_bookie
 from tests.support.standalone import QUIET
 
@@ -57,8 +57,8 @@ class BrokerProcess:
         base_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = base_dir / "broker.log"
         self.metadata_url = metadata_url
-        self.port = bookie_port()
-        self.http_port = bookie_port()
+        self.port = free_port()
+        self.http_port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
     @property

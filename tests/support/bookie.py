@@ -9,8 +9,8 @@ started, whatever the test did.
 Ports: a bookie's address is its identity. Its cookie stays in the metadata store under
 ``/magnetar/cookies/<address>`` after the bookie (and its test) is gone, so a new bookie on a
 shared store (the session-wide etcd) that got an earlier bookie's port from the kernel would be
-refused as "that bookie with wiped disks". :func:`bookie_port` therefore never hands out a port
-twice in one test run.
+refused as "that bookie with wiped disks". :func:`tests.support.etcd.free_port` therefore never
+hands out a port twice in one test run.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -30,20 +29,6 @@ from tests.support.etcd import free_port
 from tests.support.process import ServiceProcess
 
 START_TIMEOUT_SECONDS = 20.0
-
-_PORTS_HANDED_OUT: set[int] = set()
-_PORTS_LOCK = threading.Lock()  # clusters start bookies from a thread pool
-
-
-def bookie_port() -> int:
-    """A free loopback port that no bookie of this test run was given before (see the module
-    docstring: an address reused on a shared metadata store meets an earlier bookie's cookie)."""
-    with _PORTS_LOCK:
-        while True:
-            port = free_port()
-            if port not in _PORTS_HANDED_OUT:
-                _PORTS_HANDED_OUT.add(port)
-                return port
 
 
 class BookieStartError(RuntimeError):
@@ -72,8 +57,8 @@ class BookieProcess(ServiceProcess):
         self.metadata_url = metadata_url or f"local://{(base_dir / 'meta.db').resolve()}"
         self.settings: dict[str, object] = dict(settings or {})
         self.env = dict(env or {})
-        self.port = bookie_port()
-        self.http_port = bookie_port()
+        self.port = free_port()
+        self.http_port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
 

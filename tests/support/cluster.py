@@ -38,8 +38,7 @@ from magnetar.broker.ownership import OWNERSHIP_ROOT, BrokerInfo
 from magnetar.broker.registry import BROKERS_ROOT
 from magnetar.common.metadata import open_store
 from magnetar.common.metadata.election import leader_key
-from tests.support.bookie import bookie_port
-from tests.support.etcd import REPO_ROOT
+from tests.support.etcd import REPO_ROOT, free_port
 from tests.support.ledger_cluster import LedgerCluster
 from tests.support.process import ServiceProcess
 
@@ -70,8 +69,8 @@ class BrokerProcess(ServiceProcess):
         self.metadata_url = metadata_url
         self.settings: dict[str, object] = dict(settings or {})
         self.env = dict(env or {})
-        self.port = bookie_port()
-        self.http_port = bookie_port()
+        self.port = free_port()
+        self.http_port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
 

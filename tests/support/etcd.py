@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -44,10 +45,23 @@ def find_etcd() -> str:
     )
 
 
+_PORTS_HANDED_OUT: set[int] = set()
+_PORTS_LOCK = threading.Lock()  # clusters start bookies from a thread pool
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port never handed out before in this test run. The kernel can give
+    the same port to two binds in a row once the first is closed (a standalone once got the
+    same port for its broker's and its bookie's HTTP servers), and a bookie's address is its
+    identity in a shared metadata store (its cookie outlives it)."""
+    with _PORTS_LOCK:
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            if port not in _PORTS_HANDED_OUT:
+                _PORTS_HANDED_OUT.add(port)
+                return port
 
 
 class EtcdServer:

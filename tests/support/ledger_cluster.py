@@ -25,8 +25,8 @@ from pathlib import Path
 
 from magnetar.common.ledger.client import LedgerClient, LedgerClientConfig
 from magnetar.common.metadata import open_store
-from tests.support.bookie import BookieFactory, BookieProcess, BookieStartError, bookie_port
-from tests.support.etcd import REPO_ROOT, EtcdServer
+from tests.support.bookie import BookieFactory, BookieProcess, BookieStartError
+from tests.support.etcd import REPO_ROOT, EtcdServer, free_port
 
 FAST_BOOKIE = {"journal_sync": False}
 
@@ -47,7 +47,7 @@ def start_bookie(bookie: BookieProcess, attempts: int = 3) -> BookieProcess:
         except BookieStartError as e:
             if "address already in use" not in str(e) or attempt == attempts - 1:
                 raise
-            bookie.port, bookie.http_port = bookie_port(), bookie_port()
+            bookie.port, bookie.http_port = free_port(), free_port()
     raise AssertionError("unreachable")
 
 
