@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,11 +26,10 @@ import uvloop
 from magnetar.common.ledger.bookie_client import BookieClient
 from magnetar.common.ledger.entry import encode_entry
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.support.etcd import free_port  # noqa: E402
 
 
 def disk_fsync_rate(directory: Path, seconds: float) -> float:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from magnetar.common.proto import pulsar_api_pb2 as pb  # noqa: E402
 from magnetar.common.protocol import codec  # noqa: E402
+from tests.support.etcd import free_port  # noqa: E402
 
 Type = pb.BaseCommand.Type
 
@@ -102,12 +102,6 @@ async def serve(port: int) -> None:
     server = await loop.create_server(lambda: InstantReceipts(port), "127.0.0.1", port)
     print("ready", flush=True)
     await server.serve_forever()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def burst(client: pulsar.Client, topic: str, batched: bool, messages: int) -> float:

@@ -41,6 +41,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.support.etcd import free_port  # noqa: E402
+
 SEQUENCE_BYTES = 8
 # After the producer is done, how long the consumer may take to receive the rest.
 DRAIN_TIMEOUT_S = 60.0
@@ -236,12 +241,6 @@ def run_consumer(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------------
 # Brokers and processes
 # --------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Processes:

@@ -39,15 +39,10 @@ sys.path.insert(0, str(ROOT))
 
 from magnetar.common.proto import pulsar_api_pb2 as pb  # noqa: E402
 from magnetar.common.protocol import codec  # noqa: E402
+from tests.support.etcd import free_port  # noqa: E402
 
 BURST = 2000
 Type = pb.BaseCommand.Type
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_seconds(pid: int) -> float:

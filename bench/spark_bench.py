@@ -39,14 +39,12 @@ from pyspark.sql import SparkSession
 
 from magnetar.spark import register
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.support.etcd import free_port  # noqa: E402
+
 PAYLOAD_BYTES = 100
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Standalone:
@@ -63,7 +61,7 @@ class Standalone:
                     "--http-port", str(self.http_port), "--bookie-port", str(free_port()),
                     "--bookie-http-port", str(free_port()), "--journal-sync",
                 ],
-                cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
         deadline = time.monotonic() + 60
         while True:

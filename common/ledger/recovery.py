@@ -4,10 +4,12 @@
    steps are idempotent, and the closing CAS makes concurrent recoverers agree).
 2. Fence the last ensemble. Fencing holds once ``Qw - Qa + 1`` bookies of every write quorum
    answered; then the old writer can no longer collect ``Qa`` acks for any entry.
-3. Read forward from the highest LAC the fenced bookies reported. An entry found on any replica
-   is re-added (recovery flag) to its whole write set; a bookie that fails or does not answer
-   in time is replaced through an ensemble change, as a writer would. An entry is absent once
-   ``Qw - Qa + 1`` bookies of its write set say "no such entry", and recovery stops there. A
+3. Read forward from the highest LAC the fenced bookies reported, a window of entries at a
+   time (up to ``RECOVERY_WINDOW``). An entry found on any replica is re-added (recovery flag)
+   to its whole write set, the window's found entries at once; a bookie that fails or does not
+   answer in time is replaced through an ensemble change, as a writer would. An entry is
+   absent once ``Qw - Qa + 1`` bookies of its write set say "no such entry", and recovery
+   stops there (entries found after it were never acknowledged either). A
    bookie re-registered empty after losing its disks answers WIPED for ledgers older than its
    re-registration: that is not "no such entry" and does not count. Re-adds carry the
    ledger's master key from its metadata (bookies refuse any other key).
@@ -47,6 +49,11 @@ log = logging.getLogger(__name__)
 _ABSENT = (pb.NO_SUCH_ENTRY, pb.NO_SUCH_LEDGER)
 
 
+#: Most entries past the LAC recovery reads and re-adds at once (the window starts at one and
+#: doubles while every entry of it is found, so a writer that left few behind costs few reads).
+RECOVERY_WINDOW = 64
+
+
 class _ConcurrentChange(Exception):
     """Someone else changed the ledger's metadata mid-recovery; start again from it."""
 
@@ -81,13 +88,32 @@ async def _recover_once(client: LedgerClient, ledger_id: int) -> tuple[LedgerMet
     entry_id = max(max_lac, fragment.first_entry_id - 1) + 1
     writer = _RecoveryWriter(client, ledger_id, metadata, version)
     last_entry_id, length = entry_id - 1, None
+    window = 1
     while True:
-        entry = await _recovery_read(client, ledger_id, entry_id, quorum, bookies)
-        if entry is None:
+        # Entries past the LAC are read a window at a time (all at once), and the found
+        # prefix is re-added at once; the window grows while every entry of it is found.
+        results = await asyncio.gather(
+            *(
+                _recovery_read(client, ledger_id, e, quorum, bookies)
+                for e in range(entry_id, entry_id + window)
+            ),
+            return_exceptions=True,
+        )
+        found: list[tuple[int, bytes]] = []
+        for offset, result in enumerate(results):
+            if isinstance(result, BaseException):
+                raise result  # neither found nor provably absent, before the end was found
+            if result is None:
+                break  # absent: never acknowledged, and nothing after it was either
+            found.append((entry_id + offset, result))
+        await writer.rewrite_all(found)
+        if found:
+            last_entry_id, entry = found[-1]
+            length = decode_header(entry).length
+        if len(found) < window:
             break
-        await writer.rewrite(entry_id, entry)
-        last_entry_id, length = entry_id, decode_header(entry).length
-        entry_id += 1
+        entry_id += window
+        window = min(window * 2, RECOVERY_WINDOW)
     if length is None:
         length = await _length_through(client, ledger_id, metadata, last_entry_id)
     log.info("ledger %d recovered: last entry %d, length %d", ledger_id, last_entry_id, length)
@@ -213,14 +239,31 @@ class _RecoveryWriter:
         self.ensemble = list(metadata.last_fragment.bookies)
         self._failed: set[str] = set()
 
-    async def rewrite(self, entry_id: int, entry: bytes) -> None:
-        stored: set[int] = set()
+    async def rewrite_all(self, entries: list[tuple[int, bytes]]) -> None:
+        """Re-add consecutive entries, all at once. From the first one a bookie failed, one at
+        a time: its replacement's fragment starts there, so each later entry must reach the
+        new ensemble too (a copy a later entry left on the replaced bookie does not count)."""
+        results = await asyncio.gather(
+            *(self._add(e, entry, self.quorum.write_set(e)) for e, entry in entries)
+        )
+        for index, failed in enumerate(results):
+            if failed:
+                entry_id, entry = entries[index]
+                await self.rewrite(entry_id, entry, failed=failed)
+                for entry_id, entry in entries[index + 1 :]:
+                    await self.rewrite(entry_id, entry)
+                return
+
+    async def rewrite(
+        self, entry_id: int, entry: bytes, *, failed: list[int] | None = None
+    ) -> None:
+        """Re-add one entry; ``failed``: it was sent to its write set already, and the bookies
+        at these positions failed."""
         targets = self.quorum.write_set(entry_id)
-        while targets:
+        if failed is None:
             failed = await self._add(entry_id, entry, targets)
-            stored.update(p for p in targets if p not in failed)
-            if not failed:
-                break
+        stored = {p for p in targets if p not in failed}
+        while failed:
             try:
                 await self._replace(entry_id, failed)
             except NotEnoughBookiesError as e:
@@ -229,6 +272,8 @@ class _RecoveryWriter:
                 )
                 break
             targets = failed
+            failed = await self._add(entry_id, entry, targets)
+            stored.update(p for p in targets if p not in failed)
         if len(stored) < self.quorum.ack_quorum:
             raise RecoveryError(
                 f"ledger {self.ledger_id} entry {entry_id}: re-add reached {len(stored)} bookies, "

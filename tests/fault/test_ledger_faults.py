@@ -348,24 +348,36 @@ async def test_paused_bookie_is_replaced_after_add_timeout(cluster4: LedgerClust
 async def test_recovery_with_a_dead_ensemble_bookie(cluster4: LedgerCluster) -> None:
     """The writer stops (as if crashed) and a bookie of its ensemble dies too: recovery still
     fences (the two live bookies cover every write quorum of E3/Qw2/Qa2), finds the last
-    acknowledged entry and closes the ledger with it. That entry (past the LAC the bookies
-    know) must be re-replicated to Qa bookies, so recovery has to replace the dead one, as
-    BookKeeper's recovery does through an ensemble change."""
+    acknowledged entry and closes the ledger with it. The entries past the LAC the bookies
+    know (hundreds: the last adds were pipelined) must be re-replicated to Qa bookies, so
+    recovery has to replace the dead one, as BookKeeper's recovery does through an ensemble
+    change, and every entry from the change on must be on the bookies the metadata names."""
     async with cluster4.client() as a_client:
         a = await a_client.create_ledger(3, 2, 2)
         for i in range(100):
             assert await a.add(payload_for(a.ledger_id, i)) == i
-        # Entry 99 carried LAC 98: recovery must read and re-add 99; position 99 % 3 stores it.
-        dead = a.ensemble[99 % 3]
+        pipelined = [await a.add_async(payload_for(a.ledger_id, i)) for i in range(100, 400)]
+        assert await asyncio.gather(*pipelined) == list(range(100, 400))
+        dead = a.ensemble[0]
         cluster4.bookie(dead).kill()
         async with cluster4.client() as b_client:
             b = await asyncio.wait_for(b_client.open_ledger(a.ledger_id), WAIT_S)
             assert b.metadata.state is LedgerState.CLOSED
-            assert b.metadata.last_entry_id == 99, "an acknowledged entry was dropped"
-            entries = await b.read(0, 99)
-            assert [e.payload for e in entries] == [payload_for(a.ledger_id, i) for i in range(100)]
+            assert b.metadata.last_entry_id == 399, "an acknowledged entry was dropped"
+            entries = await b.read(0, 399)
+            assert [e.payload for e in entries] == [payload_for(a.ledger_id, i) for i in range(400)]
             with pytest.raises(LedgerFencedError):
                 await a.add(b"after recovery")
+        metadata = b.metadata
+        assert len(metadata.fragments) == 2, metadata.fragments
+        changed = metadata.fragments[1]
+        assert dead not in changed.bookies and changed.first_entry_id < 300, changed
+        for position, address in enumerate(changed.bookies):
+            async with BookieClient(address) as bookie:
+                for e in range(changed.first_entry_id, 400):
+                    if position in metadata.quorum.write_set(e):
+                        stored = await bookie.read(a.ledger_id, e)
+                        assert stored.endswith(payload_for(a.ledger_id, e)), (e, address)
 
 
 async def test_recovery_with_a_paused_ensemble_bookie(cluster3: LedgerCluster) -> None:
