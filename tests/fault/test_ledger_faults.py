@@ -115,18 +115,23 @@ async def check_every_copy(
     """Every copy any bookie of a fragment holds of an entry of that fragment is intact and is
     the entry that was sent (a bookie may lack entries it never got)."""
     ends = [f.first_entry_id for f in metadata.fragments[1:]] + [metadata.last_entry_id + 1]
+
+    async def check(bookie: BookieClient, address: str, e: int) -> None:
+        try:
+            entry = await bookie.read(ledger_id, e)
+        except BookieError as err:
+            assert err.status in (pb.NO_SUCH_ENTRY, pb.NO_SUCH_LEDGER), err
+            return
+        header = verify_entry(entry)
+        assert (header.ledger_id, header.entry_id) == (ledger_id, e)
+        assert entry.endswith(expected[e]), f"{address} holds a wrong entry {e}"
+
     for fragment, end in zip(metadata.fragments, ends, strict=True):
         for address in fragment.bookies:
             async with BookieClient(address) as bookie:
-                for e in range(fragment.first_entry_id, end):
-                    try:
-                        entry = await bookie.read(ledger_id, e)
-                    except BookieError as err:
-                        assert err.status in (pb.NO_SUCH_ENTRY, pb.NO_SUCH_LEDGER), err
-                        continue
-                    header = verify_entry(entry)
-                    assert (header.ledger_id, header.entry_id) == (ledger_id, e)
-                    assert entry.endswith(expected[e]), f"{address} holds a wrong entry {e}"
+                for first in range(fragment.first_entry_id, end, 100):
+                    last = min(first + 100, end)
+                    await asyncio.gather(*(check(bookie, address, e) for e in range(first, last)))
 
 
 async def test_bookie_killed_mid_write_ensemble_change(cluster4: LedgerCluster) -> None:
