@@ -22,6 +22,8 @@ import uuid
 from pathlib import Path
 from types import TracebackType
 
+from tests.support.process import Pausable
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 INSTALL_SCRIPT = REPO_ROOT / "scripts" / "install-test-deps.sh"
 START_TIMEOUT_SECONDS = 30.0
@@ -64,7 +66,7 @@ def free_port() -> int:
                 return port
 
 
-class EtcdServer:
+class EtcdServer(Pausable):
     """One etcd process. ``url`` is the Magnetar metadata URL (``etcd://127.0.0.1:PORT``).
 
     Alone it is a one-member cluster; ``EtcdCluster`` sets ``initial_cluster`` and
@@ -146,15 +148,6 @@ class EtcdServer:
     def kill(self) -> None:
         """Crash it (SIGKILL); the data dir stays for a later start()."""
         self._end(signal.SIGKILL)
-
-    def pause(self) -> None:
-        """SIGSTOP: connections stay open and nothing is answered until resume()."""
-        assert self.process is not None
-        self.process.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGCONT)
 
     def close(self) -> None:
         """Stop and delete the data dir."""

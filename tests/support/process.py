@@ -8,11 +8,25 @@ import subprocess
 from typing import Self
 
 
-class ServiceProcess:
+class Pausable:
+    """SIGSTOP / SIGCONT of the running ``process`` (a bookie, a broker, an etcd member)."""
+
+    process: subprocess.Popen[bytes] | None
+
+    def pause(self) -> None:
+        """SIGSTOP: the process keeps its sockets and connections but answers nothing."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
+
+class ServiceProcess(Pausable):
     """Subclasses set ``process`` when they start, and give ``start``, ``log_tail`` and
     ``describe`` (how error messages name the process)."""
 
-    process: subprocess.Popen[bytes] | None
     http_port: int
     #: How long a SIGTERM may take before the process is killed and the test fails.
     stop_timeout: float = 15.0
@@ -70,12 +84,3 @@ class ServiceProcess:
         else:
             self.stop()
         return self.start()
-
-    def pause(self) -> None:
-        """SIGSTOP: the process keeps its sockets but answers nothing."""
-        assert self.process is not None
-        self.process.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGCONT)
