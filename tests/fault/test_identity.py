@@ -59,12 +59,18 @@ def produce(node: StandaloneProcess, topic: str, count: int) -> list[bytes]:
     c = client(node)
     try:
         c.subscribe(topic, "keep").close()  # a durable cursor keeps every message
-        producer = c.create_producer(topic, batching_enabled=True, batching_max_messages=50)
+        # Blocking when the client's queue is full: without it, sends past its 1,000 pending
+        # messages fail with ProducerQueueIsFull (once 155 of 2,000 here, under load).
+        producer = c.create_producer(
+            topic, batching_enabled=True, batching_max_messages=50, block_if_queue_full=True
+        )
         sent = [f"{topic} #{i}".encode() for i in range(count)]
+        results: list[pulsar.Result] = []
         for data in sent:
-            producer.send_async(data, None)
+            producer.send_async(data, lambda result, _id: results.append(result))
         producer.flush()
         producer.close()
+        assert results == [pulsar.Result.Ok] * count, {str(r) for r in results}
         return sent
     finally:
         c.close()
