@@ -6,9 +6,9 @@ earlier entry was acknowledged (completion strictly in entry order); it carries 
 when it was sent. A bookie that fails or times out is replaced: a new fragment starting at the
 first unacknowledged entry is CAS-ed into the metadata and the pending entries are resent to the
 replacement; no add completes while the change is under way (an ack of the replaced bookie no
-longer counts for an entry the new fragment holds). A FENCED answer, or finding the metadata IN_RECOVERY or CLOSED, means another owner
-took the ledger: every pending add fails with LedgerFencedError (those entries may or may not be
-in the ledger; recovery decides).
+longer counts for an entry the new fragment holds). A FENCED answer, or finding the metadata
+IN_RECOVERY or CLOSED, means another owner took the ledger: every pending add fails with
+LedgerFencedError (those entries may or may not be in the ledger; recovery decides).
 
 Entry size: an entry over ``max_entry_size`` (the smallest limit the ensemble's bookies state)
 is refused before it gets an entry id, so only that add fails. A TOO_LARGE answer is the
