@@ -84,36 +84,32 @@ _COMMANDS = {
 
 def _add_command(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignore[type-arg]
     """The subcommand's options; imports only what that command needs."""
+    p = sub.add_parser(
+        name, help=_COMMANDS[name], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     if name == "bookie":
         from magnetar.bookie.config import BookieConfig
 
-        p = sub.add_parser(
-            name, help=_COMMANDS[name], formatter_class=argparse.RawDescriptionHelpFormatter
-        )
         add_arguments(p, BookieConfig)
         p.set_defaults(func=_cmd_bookie)
     elif name == "broker":
         from magnetar.broker.config import BrokerConfig
 
-        p = sub.add_parser(name, help=_COMMANDS[name])
         add_arguments(p, BrokerConfig)
         p.set_defaults(func=_cmd_broker)
     elif name == "standalone":
         from magnetar.standalone import StandaloneConfig
 
-        p = sub.add_parser(name, help=_COMMANDS[name])
         add_arguments(p, StandaloneConfig)
         p.set_defaults(func=_cmd_standalone)
     elif name == "perf":
         from magnetar import perf
 
-        p = sub.add_parser(name, help=_COMMANDS[name])
         perf.add_arguments(p)
         p.set_defaults(func=perf.run)
     else:
         from magnetar import bkshell
 
-        p = sub.add_parser(name, help=_COMMANDS[name])
         bkshell.add_arguments(p)
         p.set_defaults(func=_cmd_bk)
 

@@ -205,10 +205,9 @@ async def test_bookie_killed_mid_write_ensemble_change(cluster4: LedgerCluster) 
 async def test_no_add_completes_while_the_ensemble_changes(
     cluster3: LedgerCluster, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """E2/Qw2/Qa2 on [A, B]: A stores entry N while B is paused, then A dies. The next add
-    finds it gone; the change starts
-    at N (the first unacknowledged entry) and puts C in A's place, so N must reach C before it
-    is acknowledged. B's ack arriving while the change waits on the metadata store must not
+    """E2/Qw2/Qa2 on [A, B]: A stores entry N while B is paused, then A dies and the next add
+    finds it gone. The change starts at N (the first unacknowledged entry) and puts C in A's
+    place, so N must reach C before it is acknowledged. B's ack arriving while the change waits on the metadata store must not
     complete N on A's earlier ack: that left N on B alone while the metadata named C (seen in
     CI: a decommissioned bookie took the only other copy of an acknowledged entry with it)."""
     caplog.set_level(logging.WARNING, logger="magnetar.common.ledger.handle")

@@ -287,16 +287,18 @@ def test_subscribe_on_a_broker_that_does_not_serve_the_topic(cluster: MagnetarCl
 
     # With a producer on the connection, it stays open for that producer: a topic of another
     # bundle, handed to the stranger if another broker took it.
+    topic_bundle = _bundle_of(cluster, namespace, topic)
     stranger_topic = next(
         candidate
         for candidate in (f"{other_topic}-{i}" for i in range(64))
-        if cluster.http_lookup(candidate)
-        and _bundle_of(cluster, namespace, candidate) != _bundle_of(cluster, namespace, topic)
+        if cluster.http_lookup(candidate)  # assigns its bundle an owner
+        and _bundle_of(cluster, namespace, candidate) != topic_bundle
     )
     if cluster.owner_of_topic(stranger_topic) != stranger.broker_id:
+        stranger_bundle = _bundle_of(cluster, namespace, stranger_topic)
         cluster.admin_json(
             "PUT",
-            f"/admin/v2/namespaces/{namespace}/{_bundle_of(cluster, namespace, stranger_topic)}"
+            f"/admin/v2/namespaces/{namespace}/{stranger_bundle}"
             f"/unload?destinationBroker={stranger.broker_id}",
         )
         cluster.wait_for(
