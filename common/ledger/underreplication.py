@@ -148,7 +148,3 @@ async def update_settings(
             return new
         except BadVersionError:
             continue
-
-
-async def decommissioning_bookies(store: MetadataStore) -> set[str]:
-    return set(await store.children(DECOMMISSIONING_PATH))

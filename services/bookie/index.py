@@ -115,14 +115,6 @@ class LedgerIndex:
         )
         return -1 if row[0] is None else row[0]
 
-    def has_entries(self, ledger_id: int) -> bool:
-        row = (
-            self._reader()
-            .execute("SELECT 1 FROM entries WHERE ledger_id=? LIMIT 1", (ledger_id,))
-            .fetchone()
-        )
-        return row is not None
-
     def ledger_flags(self) -> tuple[set[int], set[int]]:
         fenced, deleted = set(), set()
         for ledger_id, is_fenced, is_deleted in self._writer.execute(
