@@ -596,6 +596,7 @@ class ServerConnection(asyncio.Protocol):
                 mode,
                 lambda assigned_url: self._fence_producer(body.producer_id, assigned_url),
                 epoch,
+                name=producer_name,
             )
         except ProducerFencedError as e:
             self._error(body.request_id, pb.ProducerFenced, f"topic {name}: {e}")

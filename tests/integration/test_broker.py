@@ -342,7 +342,7 @@ def test_producer_access_modes(standalone: StandaloneProcess) -> None:
         )
         with pytest.raises(pulsar.ProducerBusy):
             c.create_producer("guarded")  # shared, while an exclusive producer holds the topic
-        with pytest.raises(pulsar.ProducerBusy):
+        with pytest.raises(pulsar.ProducerFenced):  # as Pulsar: a second exclusive is fenced
             c.create_producer("guarded", access_mode=pulsar.ProducerAccessMode.Exclusive)
         exclusive.send(b"first owner")
 
@@ -361,6 +361,24 @@ def test_producer_access_modes(standalone: StandaloneProcess) -> None:
         reader = c.create_reader("guarded", pulsar.MessageId.earliest)
         got = [reader.read_next(10_000).data() for _ in range(3)]
         assert got == [b"first owner", b"second owner", b"shared again"]
+    finally:
+        c.close()
+
+
+def test_exclusive_producer_is_fenced_by_shared_ones_and_names_are_unique(
+    standalone: StandaloneProcess,
+) -> None:
+    c = client(standalone)
+    try:
+        shared = c.create_producer("named", producer_name="billing")
+        with pytest.raises(pulsar.ProducerFenced):  # shared producers hold the topic
+            c.create_producer("named", access_mode=pulsar.ProducerAccessMode.Exclusive)
+        with pytest.raises(pulsar.ProducerBusy):  # the name is taken on this topic
+            c.create_producer("named", producer_name="billing")
+        shared.send(b"still here")
+        shared.close()
+        again = c.create_producer("named", producer_name="billing")  # free once closed
+        again.send(b"back")
     finally:
         c.close()
 
