@@ -8,8 +8,12 @@ File layout: ``<id as 16 hex digits>.jnl`` starting with an 8-byte magic, then r
 ``[u32 body length][u32 CRC32C of body][body]``. The body is a one-byte record type and its data.
 
 Damage rule (replay): a bad record (short, or failing its CRC) after which no valid record
-follows, in the *newest* file, is a torn write of a group that was never acknowledged: it is cut
-off with a warning. A bad record followed by valid ones, or a bad record in any older file, is
+follows, in the *newest* file, is a torn tail: it is cut off. A crash mid-write leaves one of a
+group this bookie never acknowledged, but a disk that lost a written tail leaves one too, so the
+warning says only what is known: the bytes are not a whole record, which entries their (unverified)
+headers name, and whether a later entry's LAC shows any of those had been acknowledged to their
+writer (:func:`read_torn_tail`, :func:`acknowledged_in_tail`, :func:`torn_tail_message`). A bad
+record followed by valid ones, or a bad record in any older file, is
 damage to acknowledged data: replay raises JournalDamageError naming the file and offset, and
 the bookie refuses to start until the directory is restored or ``magnetar bk journalrepair``
 drops the damaged bytes (:func:`repair_journal_file`). "Valid records follow" is decided by
@@ -24,7 +28,7 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +36,7 @@ from pathlib import Path
 import crc32c
 
 from magnetar.bookie.fsutil import fsync_dir
-from magnetar.common.ledger.entry import EntryFormatError, decode_header
+from magnetar.common.ledger.entry import HEADER_SIZE, EntryFormatError, decode_header
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +70,8 @@ _COUNT = struct.Struct(">I")
 
 def encode_add_batch(entries: list[bytes]) -> bytes:
     """One record for a batch of adds: a handful of C-level calls instead of one record (with
-    its own header and CRC) per entry. A torn batch loses only adds none of which had been
-    acknowledged, because acknowledgements follow the fsync of the whole group."""
+    its own header and CRC) per entry. A batch torn by a crash mid-write loses only adds this
+    bookie had not acknowledged, because acknowledgements follow the fsync of the whole group."""
     sizes = struct.pack(f">{len(entries)}I", *map(len, entries))
     return encode_record(
         RecordType.ADD_BATCH, b"".join((_COUNT.pack(len(entries)), sizes, *entries))
@@ -462,6 +466,191 @@ def scan_journal_bytes(data: bytes) -> JournalScan:
     return JournalScan(len(data), records, damaged, bad_magic)
 
 
+# -- what a torn tail held (pure: no I/O) --------------------------------------------------------
+
+_ENTRY_IDS = struct.Struct(">qqq")  # ledger id, entry id, lac: the head of an entry's header
+
+
+@dataclass(slots=True, frozen=True)
+class EntryIds:
+    ledger_id: int
+    entry_id: int
+    lac: int  # last add confirmed when the writer sent this entry
+
+
+@dataclass(slots=True, frozen=True)
+class TornTail:
+    """What the bytes of a torn tail still say, read as far as their record and entry headers
+    go. No CRC vouches for any of it: the bytes failed theirs or were cut short. ``unread``:
+    some record or entry in them has no readable header (so it may have held more entries)."""
+
+    length: int
+    entries: tuple[EntryIds, ...]
+    fenced: tuple[int, ...]  # ledgers whose fence record is in the bytes
+    unread: bool
+
+
+@dataclass(slots=True, frozen=True)
+class AcknowledgedLoss:
+    """Entries of one ledger in cut bytes that a later entry's LAC shows were acknowledged to
+    their writer (by an ack quorum, not necessarily by this bookie) and that no record kept."""
+
+    ledger_id: int
+    entry_ids: tuple[int, ...]
+    lac: int  # the highest LAC of the ledger that any entry carries
+
+
+def _sane(ids: EntryIds) -> bool:
+    return ids.ledger_id >= 0 and ids.entry_id >= 0 and ids.lac >= -1
+
+
+def entry_ids_of(kind: RecordType, body: bytes | memoryview) -> tuple[list[EntryIds], bool]:
+    """Ids of the entries an ADD or ADD_BATCH record's data holds, read as far as ``body``
+    goes (it may be cut short), and whether every entry's header was read and made sense."""
+    if kind is RecordType.ADD:
+        starts = [0]
+    elif kind is RecordType.ADD_BATCH:
+        if len(body) < _COUNT.size:
+            return [], False
+        (count,) = _COUNT.unpack_from(body, 0)
+        start = _COUNT.size + 4 * count
+        if start > len(body):
+            return [], False
+        starts = []
+        for size in struct.unpack_from(f">{count}I", body, _COUNT.size):
+            starts.append(start)
+            start += size
+    else:
+        return [], True
+    found: list[EntryIds] = []
+    for start in starts:
+        if start + HEADER_SIZE > len(body):
+            return found, False
+        ids = EntryIds(*_ENTRY_IDS.unpack_from(body, start))
+        if not _sane(ids):
+            return found, False
+        found.append(ids)
+    return found, True
+
+
+def read_torn_tail(tail: bytes) -> TornTail:
+    """Read the record headers of a torn tail's bytes, and the entry headers inside them, as
+    far as they go and make sense; stop at the first that does not."""
+    view = memoryview(tail)
+    entries: list[EntryIds] = []
+    fenced: list[int] = []
+    pos, unread = 0, False
+    while pos < len(view):
+        if pos + _RECORD.size + 1 > len(view):
+            unread = True
+            break
+        (size,) = struct.unpack_from(">I", view, pos)
+        body_start = pos + _RECORD.size
+        try:
+            kind = RecordType(view[body_start])
+        except ValueError:
+            kind = None
+        if size == 0 or size > _MAX_RECORD or kind is None:
+            unread = True
+            break
+        body = view[body_start + 1 : body_start + size]
+        if kind is RecordType.FENCE and len(body) >= _LEDGER_ID.size:
+            fenced.append(_LEDGER_ID.unpack_from(body, 0)[0])
+        elif kind in (RecordType.ADD, RecordType.ADD_BATCH):
+            found, whole = entry_ids_of(kind, body)
+            entries += found
+            if not whole:
+                unread = True
+                break
+        pos = body_start + size
+    return TornTail(len(tail), tuple(entries), tuple(fenced), unread)
+
+
+def acknowledged_in_tail(tail: TornTail, recovered: Iterable[EntryIds]) -> list[AcknowledgedLoss]:
+    """The entries in a torn tail that some entry's LAC reaches (so their writer had them
+    acknowledged) and that no ``recovered`` entry holds: acknowledged, yet lost by the cut.
+    Entry LAC rule (BookKeeper): an entry carries the LAC its writer knew when sending it, and
+    the LAC only moves past an entry once an ack quorum acknowledged that entry."""
+    lac = {e.ledger_id: -1 for e in tail.entries}
+    kept: dict[int, set[int]] = {ledger: set() for ledger in lac}
+    for e in tail.entries:
+        lac[e.ledger_id] = max(lac[e.ledger_id], e.lac)
+    for e in recovered:
+        if e.ledger_id in lac:
+            lac[e.ledger_id] = max(lac[e.ledger_id], e.lac)
+            kept[e.ledger_id].add(e.entry_id)
+    losses = []
+    for ledger in sorted(lac):
+        lost = {
+            e.entry_id
+            for e in tail.entries
+            if e.ledger_id == ledger
+            and e.entry_id <= lac[ledger]
+            and e.entry_id not in kept[ledger]
+        }
+        if lost:
+            losses.append(AcknowledgedLoss(ledger, tuple(sorted(lost)), lac[ledger]))
+    return losses
+
+
+def _id_ranges(ids: Iterable[int]) -> str:
+    """``[3, 4, 5, 9]`` -> ``"3-5, 9"``."""
+    spans: list[list[int]] = []
+    for i in sorted(set(ids)):
+        if spans and i == spans[-1][1] + 1:
+            spans[-1][1] = i
+        else:
+            spans.append([i, i])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def _entries_of_ledger(ledger_id: int, entry_ids: Iterable[int]) -> str:
+    ids = set(entry_ids)
+    return f"ledger {ledger_id} {'entry' if len(ids) == 1 else 'entries'} {_id_ranges(ids)}"
+
+
+def torn_tail_message(
+    path: Path, offset: int, tail: TornTail, losses: list[AcknowledgedLoss]
+) -> str:
+    """The replay warning for a torn tail: what is known about the cut bytes, nothing more."""
+    said = (
+        f"{tail.length} trailing bytes of journal file {path} (from offset {offset}) are not a "
+        "whole record; cut."
+    )
+    if not tail.entries and not tail.fenced:
+        return (
+            f"{said} No record or entry header in them can be read, so nothing shows which adds "
+            "they held or whether any had been acknowledged."
+        )
+    by_ledger: dict[int, set[int]] = {}
+    for e in tail.entries:
+        by_ledger.setdefault(e.ledger_id, set()).add(e.entry_id)
+    held = [_entries_of_ledger(ledger, ids) for ledger, ids in sorted(by_ledger.items())]
+    held += [f"a fence of ledger {ledger}" for ledger in sorted(set(tail.fenced))]
+    if tail.unread:
+        held.append("bytes whose headers cannot be read")
+    said += f" By their headers (no CRC vouches for them) they held {'; '.join(held)}."
+    if losses:
+        lost = "; ".join(
+            f"{_entries_of_ledger(loss.ledger_id, loss.entry_ids)} (an entry carries LAC "
+            f"{loss.lac})"
+            for loss in losses
+        )
+        return (
+            f"{said} Acknowledged to their writer, yet no journal record keeps them: {lost}. "
+            "Unless the ledger storage already held them, this bookie has lost its copy and "
+            "answers NO_SUCH_ENTRY for them; the bookies of their ack quorum should still hold "
+            "them."
+        )
+    if not tail.entries:
+        return said
+    return (
+        f"{said} No later entry's LAC in the journal shows any of them had been acknowledged "
+        "(which is not proof they were not: a later entry that carried such a LAC may have "
+        "been in the lost bytes too, or only in the ledger storage)."
+    )
+
+
 # -- replay -------------------------------------------------------------------------------------
 
 
@@ -494,11 +683,30 @@ def damage_reason(scan: JournalScan, damage: DamagedRange, newest: bool) -> str 
     return None
 
 
+def _replayed_entry_ids(
+    directory: Path, earlier: list[int], newest: JournalScan
+) -> Iterator[EntryIds]:
+    """Ids of every entry replay kept: the older files are read again (only on a torn tail,
+    and only for its message: one that cannot be read now is left out)."""
+    for fid in earlier:
+        try:
+            scan = scan_journal_bytes((directory / file_name(fid)).read_bytes())
+        except OSError as e:
+            log.warning("journal file %s: not read again for the torn tail's LACs: %s", fid, e)
+            continue
+        for record in scan.records:
+            yield from entry_ids_of(record.kind, record.data)[0]
+    for record in newest.records:
+        yield from entry_ids_of(record.kind, record.data)[0]
+
+
 def replay(directory: Path, from_file_id: int) -> Iterator[ReplayedRecord]:
     """Yield every complete record of the files with id >= ``from_file_id``, in order.
 
-    A torn tail of the newest file is cut off (it was never acknowledged, because
-    acknowledgements follow the fsync of whole groups); any other damage raises
+    A torn tail of the newest file is cut off, with a warning that says which entries the cut
+    bytes name and whether a LAC shows any of them had been acknowledged (an error, then): a
+    crash mid-write tears only a group this bookie had not acknowledged, but a disk that lost a
+    written tail may take acknowledged adds with it. Any other damage raises
     JournalDamageError before a record of that file is yielded. ``directory`` is the journal's
     ``current`` folder; the message names its parent, the configured journal directory.
     """
@@ -520,12 +728,14 @@ def replay(directory: Path, from_file_id: int) -> Iterator[ReplayedRecord]:
             yield ReplayedRecord(fid, record.kind, record.data)
         tail = scan.torn_tail
         if tail is not None:
-            log.warning(
-                "journal file %s: torn record at offset %d (no valid record follows); cutting "
-                "%d trailing bytes of an unacknowledged write",
-                path,
-                tail.offset,
-                tail.length,
+            torn = read_torn_tail(data[tail.offset :])
+            losses = (
+                acknowledged_in_tail(torn, _replayed_entry_ids(directory, ids[:-1], scan))
+                if torn.entries
+                else []
+            )
+            (log.error if losses else log.warning)(
+                "%s", torn_tail_message(path, tail.offset, torn, losses)
             )
             with open(path, "r+b") as f:
                 f.truncate(tail.offset)
