@@ -8,6 +8,7 @@
 - ``GET    /admin/v2/{domain}/{tenant}/{namespace}`` lists topics (loaded ones and partitions)
 - ``GET    /admin/v2/{domain}/{tenant}/{namespace}/partitioned`` lists partitioned topics
 - ``GET    /admin/v2/{domain}/{tenant}/{namespace}/{topic}/subscriptions``
+- ``DELETE /admin/v2/{domain}/{tenant}/{namespace}/{topic}/subscription/{sub}`` (``?force``)
 - ``GET    /admin/v2/{domain}/{tenant}/{namespace}/{topic}/stats`` and ``.../internalStats``
 - ``GET    /admin/v2/namespaces/{tenant}/{namespace}`` the namespace's policy document
 - ``GET|POST|DELETE /admin/v2/namespaces/{tenant}/{namespace}/{policy}`` one policy, for
@@ -45,6 +46,8 @@ from magnetar.broker.policies import PartitionCountError, PolicyError, parse_doc
 from magnetar.broker.topic import (
     NamespaceNotFoundError,
     PersistentTopic,
+    SubscriptionBusyError,
+    SubscriptionNotFoundError,
     TopicBusyError,
     TopicNotFoundError,
     TopicNotOwnedError,
@@ -416,6 +419,18 @@ def build_app(broker: Broker) -> web.Application:
         return web.json_response(
             sorted(s for s, sub in topic.subscriptions.items() if sub.durable or not persistent)
         )
+
+    @routes.delete(base + "/{topic}/subscription/{subscription}")
+    async def delete_subscription(request: web.Request) -> web.Response:
+        topic = await _existing_topic(broker, _topic(request))
+        force = request.query.get("force", "false") == "true"
+        try:
+            await topic.delete_subscription(request.match_info["subscription"], force=force)
+        except SubscriptionNotFoundError as e:
+            raise AdminError(404, str(e)) from None
+        except SubscriptionBusyError as e:
+            raise AdminError(412, str(e)) from None
+        return web.Response(status=204)
 
     @routes.get("/metrics")
     async def metrics(request: web.Request) -> web.Response:

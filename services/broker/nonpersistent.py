@@ -21,7 +21,12 @@ from magnetar.broker.entry import entry_metadata, message_count
 from magnetar.broker.position import Position
 from magnetar.broker.producers import ProducerSet
 from magnetar.broker.subscription import SubscriptionTypeError
-from magnetar.broker.topic import TopicBusyError, publish_counters
+from magnetar.broker.topic import (
+    SubscriptionBusyError,
+    SubscriptionNotFoundError,
+    TopicBusyError,
+    publish_counters,
+)
 from magnetar.broker.topic_name import TopicName
 from magnetar.common.proto import pulsar_api_pb2 as pb
 
@@ -159,6 +164,23 @@ class NonPersistentTopic:
 
     async def unsubscribe(self, name: str) -> None:
         self.subscriptions.pop(name, None)
+
+    async def delete_subscription(self, name: str, *, force: bool) -> None:
+        """Admin ``DELETE .../subscription/{name}``, as for a persistent topic."""
+        subscription = self.subscriptions.get(name)
+        if subscription is None:
+            raise SubscriptionNotFoundError(f"Subscription {name} not found on topic {self.name}")
+        consumers = list(subscription.consumers)
+        if consumers and not force:
+            raise SubscriptionBusyError(
+                f"Subscription {name} of topic {self.name} has {len(consumers)} active "
+                "connected consumer(s); use force=true"
+            )
+        for consumer in consumers:
+            consumer.connection.close_consumer(subscription, consumer)
+        if self.subscriptions.get(name) is subscription:
+            del self.subscriptions[name]
+        await subscription.close()
 
     async def apply_policies(self, policies: Policies) -> None:
         pass  # retention, TTL and deduplication concern stored messages only

@@ -26,12 +26,16 @@ class SubscriptionTypeError(Exception):
 
 
 class Subscription:
+    """``sub_type`` None: recovered from its cursor when the topic loaded, with no consumer
+    since. Its mode is not stored (Pulsar does not store it either): stats report it as
+    ``None`` until a consumer comes, and the first consumer may use any mode."""
+
     def __init__(
         self,
         topic: PersistentTopic,
         name: str,
         cursor: ManagedCursor,
-        sub_type: int,
+        sub_type: int | None,
         limits: DispatchLimits,
     ) -> None:
         self.topic = topic
@@ -51,10 +55,21 @@ class Subscription:
         #: Messages and bytes dispatched (redeliveries included), for metrics.
         self.msg_out = 0
         self.bytes_out = 0
-        self.dispatcher = dispatchers.for_mode(sub_type, self)
+        # Without a mode yet, an idle dispatcher holds the place: with no consumer it never
+        # reads, and the first consumer replaces it with its own mode's.
+        self.dispatcher = dispatchers.for_mode(
+            pb.CommandSubscribe.Exclusive if sub_type is None else sub_type, self
+        )
 
     def __str__(self) -> str:
         return f"{self.topic.name}/{self.name}"
+
+    @property
+    def type_name(self) -> str:
+        """The mode as Pulsar's stats name it; ``None`` before a consumer gave it one."""
+        if self.sub_type is None:
+            return "None"
+        return pb.CommandSubscribe.SubType.Name(self.sub_type)
 
     def add_consumer(self, consumer: Consumer, sub_type: int) -> None:
         """Attach a consumer. A subscription without consumers takes the mode of the one that
@@ -66,7 +81,7 @@ class Subscription:
             self.dispatcher = dispatchers.for_mode(sub_type, self)
         if sub_type != self.sub_type:
             raise SubscriptionTypeError(
-                f"subscription {self} is {pb.CommandSubscribe.SubType.Name(self.sub_type)}, "
+                f"subscription {self} is {self.type_name}, "
                 f"not {pb.CommandSubscribe.SubType.Name(sub_type)}"
             )
         self.dispatcher.add_consumer(consumer)

@@ -62,7 +62,22 @@ class TopicBusyError(Exception):
     """The topic still has producers or consumers (delete without force)."""
 
 
+class SubscriptionNotFoundError(Exception):
+    """No subscription of that name on the topic."""
+
+
+class SubscriptionBusyError(Exception):
+    """The subscription still has consumers (delete without force)."""
+
+
 class PersistentTopic:
+    """A persistent topic. Every durable cursor of its managed ledger is a subscription from
+    the moment the topic loads, consumers or not (Pulsar's PersistentTopic makes one per
+    cursor it recovers): listed, in stats, in metrics, expired by TTL and removable. Pulsar
+    leaves out its internal cursors (deduplication's, replicators'); Magnetar has none: its
+    deduplication state lives in the managed ledger's properties and readers' cursors are
+    never stored."""
+
     def __init__(
         self,
         name: TopicName,
@@ -75,7 +90,10 @@ class PersistentTopic:
         ml.on_added = self._wake_dispatchers
         self.limits = limits or DispatchLimits()
         self.metrics = metrics or BrokerMetrics()
-        self.subscriptions: dict[str, Subscription] = {}
+        self.subscriptions: dict[str, Subscription] = {
+            name: Subscription(self, name, cursor, None, self.limits)
+            for name, cursor in ml.cursors.items()
+        }
         self.producers = ProducerSet()
         self.producers.topic_epoch = int(ml.properties.get(TOPIC_EPOCH_PROPERTY, "0"))
         self.loaded_at = time.monotonic()
@@ -227,7 +245,7 @@ class PersistentTopic:
         for name, sub in self.subscriptions.items():
             consumers = sub.dispatcher.consumers
             subscriptions[name] = {
-                "type": pb.CommandSubscribe.SubType.Name(sub.sub_type),
+                "type": sub.type_name,
                 "msgBacklog": sub.cursor.backlog,
                 "isDurable": sub.durable,
                 "unackedMessages": sum(sum(c.pending.values()) for c in consumers),
@@ -335,6 +353,31 @@ class PersistentTopic:
         await self.ml.trim_retained(retention.time_minutes, retention.size_mb)
 
     async def unsubscribe(self, name: str) -> None:
+        """Remove the subscription and its cursor (UNSUBSCRIBE from its last consumer)."""
+        async with self._subscribe_lock:
+            await self._remove_subscription(name)
+
+    async def delete_subscription(self, name: str, *, force: bool) -> None:
+        """Admin ``DELETE .../subscription/{name}``: refused while it has consumers unless
+        ``force``, which disconnects them first (as Pulsar does)."""
+        async with self._subscribe_lock:
+            subscription = self.subscriptions.get(name)
+            if subscription is None:
+                raise SubscriptionNotFoundError(
+                    f"Subscription {name} not found on topic {self.name}"
+                )
+            consumers = list(subscription.consumers)
+            if consumers and not force:
+                raise SubscriptionBusyError(
+                    f"Subscription {name} of topic {self.name} has {len(consumers)} active "
+                    "connected consumer(s); use force=true"
+                )
+            for consumer in consumers:
+                consumer.connection.close_consumer(subscription, consumer)
+            await self._remove_subscription(name)
+        log.info("topic %s: subscription %s deleted", self.name, name)
+
+    async def _remove_subscription(self, name: str) -> None:
         subscription = self.subscriptions.pop(name, None)
         if subscription is not None:
             await subscription.close()
