@@ -16,6 +16,7 @@ import crc32c
 from magnetar.bookie import journal as jnl
 from magnetar.bookie.auditor import ELECTION as AUDITOR_ELECTION
 from magnetar.bookie.auditor import ledgers_by_bookie, mark_ledgers_of
+from magnetar.bookie.gc import find_unlisted, managed_ledger_of
 from magnetar.bookie.index import rebuild_index
 from magnetar.bookie.metrics import BookieMetrics
 from magnetar.bookie.replication import ReplicationSettings, ReplicationWorker
@@ -32,6 +33,7 @@ from magnetar.common.ledger.identity import (
     read_instance_id,
 )
 from magnetar.common.ledger.identity import reregister as reregister_cookie
+from magnetar.common.ledger.metadata import LedgerMetadata
 from magnetar.common.ledger.placement import NotEnoughBookiesError
 from magnetar.common.ledger.underreplication import (
     LOCKS_PATH,
@@ -42,6 +44,7 @@ from magnetar.common.ledger.underreplication import (
     update_settings,
 )
 from magnetar.common.metadata import MetadataStore, open_store
+from magnetar.common.proto import bookie_pb2 as pb
 
 DEFAULT_METADATA_URL = "etcd://127.0.0.1:2379"
 
@@ -109,6 +112,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser(
         "listunderreplicated", help="ledgers marked under-replicated, with the bookies to replace"
+    )
+    _metadata_option(p, argparse.SUPPRESS)
+    p.add_argument("--json", action="store_true", help="one JSON object per ledger")
+
+    p = sub.add_parser(
+        "listunreferenced",
+        help="ledgers with entries whose topic does not list them (the store lost the update)",
+        description="Ledgers whose metadata names a topic (custom field managed-ledger) that "
+        "does not list them, or that has no ledger list at all, and that hold entries: the "
+        "metadata store went back in time (restored from an older backup, or its log cut at a "
+        "damage). Garbage collection never deletes them; adopt each into its topic's ledger "
+        "list or delete it (`magnetar bk deleteledger`). Ledgers whose metadata the store lost "
+        "too are reported by the bookies that hold them (log, and the "
+        "magnetar_bookie_unreferenced_ledgers gauge).",
     )
     _metadata_option(p, argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", help="one JSON object per ledger")
@@ -417,6 +434,57 @@ async def listunderreplicated(client: LedgerClient, args: argparse.Namespace) ->
     return 0
 
 
+async def listunreferenced(client: LedgerClient, args: argparse.Namespace) -> int:
+    """Ledgers with entries that their topic does not list (``magnetar.bookie.gc``'s rule:
+    entries looked at first, the topic's record read after)."""
+    candidates: dict[int, tuple[str, int | None]] = {}
+    for ledger_id in await client.list_ledgers():
+        try:
+            metadata, _ = await client.read_metadata(ledger_id)
+        except LedgerError:
+            continue  # deleted since the list was taken
+        name = managed_ledger_of(metadata)
+        if name is None:
+            continue
+        last = await _last_entry_held(client, ledger_id, metadata)
+        if last is None or last >= 0:
+            candidates[ledger_id] = (name, last)
+    for ledger in await find_unlisted(client.store, candidates):
+        _emit(
+            args,
+            {
+                "ledger_id": ledger.ledger_id,
+                "reason": ledger.reason.value,
+                "managed_ledger": ledger.managed_ledger,
+                "last_entry_id": ledger.last_entry_id,
+            },
+            ledger.describe(),
+        )
+    return 0
+
+
+async def _last_entry_held(
+    client: LedgerClient, ledger_id: int, metadata: LedgerMetadata
+) -> int | None:
+    """A closed ledger's last entry; for an open one, the highest entry its bookies hold
+    (None: none of them answered)."""
+    if metadata.is_closed:
+        return metadata.last_entry_id
+    bookies = sorted({b for f in metadata.fragments for b in f.bookies})
+    answers = await asyncio.gather(
+        *(client.bookie(b).read_lac(ledger_id) for b in bookies), return_exceptions=True
+    )
+    held = [a.last_entry_id for a in answers if not isinstance(a, BaseException)]
+    absent = [
+        a
+        for a in answers
+        if isinstance(a, BookieError) and a.status in (pb.NO_SUCH_LEDGER, pb.NO_SUCH_ENTRY)
+    ]
+    if not held and len(absent) < len(answers):
+        return None
+    return max(held, default=-1)
+
+
 async def _ledgers_on(client: LedgerClient, address: str) -> list[int]:
     return sorted(
         i for i, (_, named) in (await ledgers_by_bookie(client.store)).items() if address in named
@@ -618,6 +686,7 @@ LEDGER_TOOLS = {
     "readledger": readledger,
     "recover": recover,
     "listunderreplicated": listunderreplicated,
+    "listunreferenced": listunreferenced,
     "decommissionbookie": decommissionbookie,
     "deleteledger": deleteledger,
     "simpletest": simpletest,

@@ -17,6 +17,13 @@
 - Damage: a file SQLite cannot read (not a database, malformed pages found by ``quick_check``
   at open or by any later statement) raises MetadataDamagedError naming the file, never a bare
   ``sqlite3.DatabaseError``. The file is left as it was, for the operator to restore.
+- A damaged write-ahead log is damage too, though SQLite does not see it: its recovery replays
+  the log up to the first bad frame and drops the rest in silence, committed transactions
+  included. Before SQLite opens the file, ``<path>-wal`` is read (``sqlite_wal.scan_wal``): a
+  valid commit frame after a bad one refuses the open with MetadataDamagedError naming the log,
+  where it is damaged, what would be lost and the way forward (restore, or cut the log at the
+  damage to accept the loss). A torn tail (bad or partial frames at the end, no valid commit
+  after them: a crash in the middle of a write) is accepted with a warning.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from typing import TypeVar
 
 from magnetar.common.filelock import LockedError, acquire_lock
 from magnetar.common.metadata.election import StoreLeaderElection
+from magnetar.common.metadata.sqlite_wal import WalScan, WalState, scan_wal
 from magnetar.common.metadata.store import (
     NOT_EXISTS,
     BadVersionError,
@@ -280,6 +288,8 @@ class _Database:
         lock_fd = _lock(path)
         conn: sqlite3.Connection | None = None
         try:
+            # Before SQLite's recovery reads (and then rewrites) the log.
+            _check_wal(path)
             # isolation_level=None: we issue BEGIN IMMEDIATE/COMMIT ourselves.
             conn = sqlite3.connect(path, isolation_level=None)
             conn.execute("PRAGMA journal_mode=WAL")
@@ -457,6 +467,76 @@ def _check_integrity(path: Path, conn: sqlite3.Connection) -> None:
     problems = [row[0] for row in conn.execute("PRAGMA quick_check(5)")]
     if problems != ["ok"]:
         raise MetadataDamagedError(_damage_message(path, "; ".join(problems)))
+
+
+def _check_wal(path: Path) -> None:
+    """Refuse a write-ahead log whose damage SQLite would silently cut committed transactions
+    from; warn about a torn tail, which it cuts as designed (see the module docstring)."""
+    wal = path.with_name(path.name + "-wal")
+    try:
+        data = wal.read_bytes()
+    except FileNotFoundError:
+        return
+    if not data:
+        return
+    scan = scan_wal(data, _page_size_of(path))
+    if scan.state is WalState.DAMAGED:
+        raise MetadataDamagedError(_wal_damage_message(path, wal, scan))
+    if scan.state is WalState.TORN_TAIL or (scan.state is WalState.EMPTY and scan.size):
+        where = (
+            scan.damage_offset if scan.damage_offset is not None else scan.size - scan.partial_tail
+        )
+        log.warning(
+            "local metadata store %s: the write-ahead log %s ends in a torn write at offset %d "
+            "(%s; %d bytes, no valid commit after it): SQLite replays the %d transactions "
+            "before it and drops the rest, the transaction being written when the process "
+            "stopped (had it not crashed, the bytes were damaged and that last transaction "
+            "was lost)",
+            path,
+            wal,
+            where,
+            scan.damage_reason or "an incomplete frame",
+            scan.size - where,
+            scan.replayed_commits,
+        )
+
+
+def _page_size_of(path: Path) -> int | None:
+    """The database file's page size (header bytes 16-17; 1 means 65536), if readable."""
+    try:
+        with open(path, "rb") as f:
+            header = f.read(18)
+    except OSError:
+        return None
+    if len(header) < 18:
+        return None
+    size = int.from_bytes(header[16:18], "big")
+    return 65536 if size == 1 else size
+
+
+def _wal_damage_message(path: Path, wal: Path, scan: WalScan) -> str:
+    offset = scan.damage_offset or 0
+    if scan.header_valid:
+        what = f"{scan.damage_reason} at offset {offset}"
+        kept = f"as it was after the {scan.replayed_commits} logged transactions before the damage"
+    else:
+        what = f"its {scan.damage_reason}"
+        kept = f"as {path.name} alone holds it (its last checkpoint)"
+    lost = max(scan.commits_after_damage, len(scan.later_commits))
+    return (
+        f"the local metadata store {path} has a damaged write-ahead log {wal}: {what}, and "
+        f"valid commit records of {len(scan.later_commits)} transactions follow it (the "
+        f"first at offset {scan.later_commits[0]}). SQLite would replay the log only up to the "
+        f"damage and silently drop at least {lost} committed transactions (ledgers created, "
+        "topics' ledger lists, cursor positions), so the store will not start; its files were "
+        f"left as they were. Way forward: stop this node and restore {path.name} together with "
+        f"{wal.name} from a backup (delete a stale {path.name}-shm next to them); or accept "
+        f"the loss: keep a copy and cut the log at the damage, `cp {wal} {wal}.damaged && "
+        f"truncate -s {offset} {wal}`, and start again: the store opens {kept}, and at least "
+        f"{lost} committed transactions are lost for good. Ledgers they created keep their "
+        "entries on the bookies: the bookies' garbage collectors report them instead of "
+        "deleting them, and `magnetar bk listunreferenced` lists those whose metadata survived"
+    )
 
 
 def _is_damage(error: BaseException | None) -> bool:

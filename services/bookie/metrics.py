@@ -70,6 +70,14 @@ class BookieMetrics:
             ["outcome"],
             registry=r,
         )
+        self.unreferenced_ledgers = Gauge(
+            "magnetar_bookie_unreferenced_ledgers",
+            "Ledgers with entries here that no topic refers to, as the last GC round found "
+            "them (reason: unlisted, topic-missing, above-counter); kept for an operator to "
+            "adopt or delete",
+            ["reason"],
+            registry=r,
+        )
         # Autorecovery (set by the auditor on the bookie that holds the auditor role; the
         # counters by this bookie's replication worker).
         self.under_replicated_ledgers = Gauge(

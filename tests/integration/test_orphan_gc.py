@@ -3,6 +3,7 @@
 A ledger whose metadata is gone but whose data stayed on a bookie (the bookie was down when the
 ledger was deleted, or the metadata was removed by hand) is deleted by that bookie's GC; the
 other ledgers stay, and so does a ledger being created right now (adds before its metadata).
+A ledger whose topic's list lost it (a store that went back in time) stays and is reported.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from magnetar.bookie.gc import managed_ledger_key
 from magnetar.common.ledger.bookie_client import (
     BookieClient,
     BookieError,
@@ -230,3 +232,66 @@ async def test_periodic_gc_collects_on_its_own(cluster: LedgerCluster) -> None:
             await store.close()
     finally:
         bookie.stop()
+
+
+async def test_a_ledger_its_topic_does_not_list_is_reported_and_kept(
+    cluster: LedgerCluster,
+) -> None:
+    """A store that went back in time: the topic's ledger list lost the two newest of its
+    ledgers (one closed, one still open), whose metadata survived. GC deletes neither; every
+    bookie holding them reports them, and ``magnetar bk listunreferenced`` lists them."""
+    name = "t/ns/persistent/rolled-back"
+    custom = {"managed-ledger": name.encode(), "application": b"magnetar"}
+    entries = 10
+    async with cluster.client() as client:
+        ids = []
+        for close in (True, True, False):
+            handle = await client.create_ledger(3, 3, 2, custom_metadata=custom)
+            for i in range(entries):
+                await handle.add_async(payload_for(handle.ledger_id, i, 2000))
+            if close:
+                await handle.close()
+            ids.append(handle.ledger_id)
+        listed, lost_closed, lost_open = ids
+        holders = [b for b in cluster.bookies if b.address in handle.metadata.fragments[0].bookies]
+        assert len(holders) == 3
+        record = {
+            "name": name,
+            "ledgers": [{"ledger_id": listed, "entries": entries, "closed": True}],
+            "properties": {},
+        }
+        await client.store.put(managed_ledger_key(name), json.dumps(record).encode())
+        try:
+            for bookie in holders:
+                assert run_gc(bookie)["orphan_ledgers"] == []
+                assert metric(bookie, UNLISTED) == 2
+                log = bookie.log_text()
+                for ledger_id in (lost_closed, lost_open):
+                    assert f"ledger {ledger_id} (entries up to {entries - 1}) belongs to" in log
+            bk = cluster.bk("listunreferenced", "--json")
+            assert bk.returncode == 0, bk.stderr
+            rows = [json.loads(line) for line in bk.stdout.splitlines()]
+            assert rows == [
+                {
+                    "ledger_id": ledger_id,
+                    "reason": "unlisted",
+                    "managed_ledger": name,
+                    "last_entry_id": entries - 1,
+                }
+                for ledger_id in (lost_closed, lost_open)
+            ]
+            await read_back(client, lost_closed, entries)
+
+            # Adopted (listed again): no longer reported.
+            record["ledgers"] += [{"ledger_id": i} for i in (lost_closed, lost_open)]
+            await client.store.put(managed_ledger_key(name), json.dumps(record).encode())
+            for bookie in holders:
+                run_gc(bookie)
+                assert metric(bookie, UNLISTED) == 0
+        finally:
+            for ledger_id in ids:
+                await client.delete_ledger(ledger_id)
+            await client.store.delete(managed_ledger_key(name))
+
+
+UNLISTED = 'magnetar_bookie_unreferenced_ledgers{reason="unlisted"}'
