@@ -15,7 +15,6 @@ joins again with a new session. A standalone is a cluster of one through the sam
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Coroutine, Mapping
@@ -25,12 +24,11 @@ from aiohttp import ClientSession, ClientTimeout, web
 
 from magnetar.broker.admin import (
     NAMESPACES_PATH,
-    PartitionedMetadataError,
     build_app,
     ensure_default_namespace,
-    partition_count,
     partitioned_key,
     partitioned_topics,
+    read_partitioned,
 )
 from magnetar.broker.bundles import (
     BUNDLES_ROOT,
@@ -54,6 +52,8 @@ from magnetar.broker.nonpersistent import NonPersistentTopic
 from magnetar.broker.ownership import BrokerInfo, OwnershipStore
 from magnetar.broker.policies import (
     PartitionCountError,
+    PartitionedMetadataError,
+    PartitionedTopicRecord,
     Policies,
     check_partition_count,
     effective,
@@ -97,6 +97,9 @@ class Broker:
         self.ledger_client: LedgerClient | None = None
         self.topics: dict[str, PersistentTopic | NonPersistentTopic] = {}
         self._loading: dict[str, asyncio.Task[PersistentTopic | NonPersistentTopic]] = {}
+        #: Topics being deleted from their stored records (not loaded): not loaded meanwhile;
+        #: set when that delete is over.
+        self._deleting: dict[str, asyncio.Event] = {}
         self.connections: set[ServerConnection] = set()
         self.metrics = BrokerMetrics()
         self.metrics.bind(self)  # Pulsar's families, computed from the topics when scraped
@@ -553,9 +556,14 @@ class Broker:
         """The loaded topic, loading it (and recovering its last ledger) on first use.
 
         ``auto``: a client asked for it (PRODUCER, SUBSCRIBE), so a topic that does not exist
-        yet is created only if the namespace allows auto-creation; otherwise (admin) it is
-        created."""
+        yet is created only if the namespace allows auto-creation, and a partition only as a
+        partition (``check_partition``); otherwise (admin) it is created."""
         key = str(name)
+        partition = auto and name.partition_index >= 0
+        if partition:
+            await self.check_partition(name)
+        if key in self._deleting:
+            raise TopicNotFoundError(f"topic {name} is being deleted")
         topic = self.topics.get(key)
         if topic is not None:
             return topic
@@ -565,13 +573,73 @@ class Broker:
                 self._load(name, auto)
             )
         try:
-            return await asyncio.shield(task)
+            topic = await asyncio.shield(task)
         finally:
             if task.done():
                 self._loading.pop(key, None)
+        if partition:  # its partitioned topic's delete may have started while it loaded
+            await self.check_partition(name)
+        return topic
+
+    async def check_partition(self, name: TopicName) -> None:
+        """A client gets partition ``name`` only while it is one: its partitioned topic exists,
+        is not being deleted (``PartitionedTopicRecord.deleted``, as Pulsar refuses to create
+        partitions then), and counts it. Else TopicNotFoundError, except for a topic of that
+        name that is stored or loaded while its partitioned topic is not being deleted (a
+        non-partitioned topic named so, created by the admin API).
+
+        So a partition never outlives its parent through a client: not while a delete runs,
+        not after it (a producer the delete closed comes back and is refused), not after a
+        crash in between (the record stays marked until a DELETE finishes). Unlike Pulsar,
+        which lets a client auto-create a non-partitioned ``t-partition-i`` once ``t`` is gone.
+        """
+        parent = name.partitioned_topic_name
+        record = await read_partitioned(self, parent)
+        if record is not None and record.deleted:
+            raise TopicNotFoundError(
+                f"topic {name}: partitioned topic {parent} is being deleted (a delete that was "
+                "interrupted is finished by the next DELETE of it)"
+            )
+        if record is not None and name.partition_index < record.partitions:
+            return
+        assert self.store is not None
+        if str(name) in self.topics or (
+            name.persistent
+            and await self.store.get(managed_ledger_key(name.managed_ledger_name)) is not None
+        ):
+            return
+        raise TopicNotFoundError(
+            f"topic {name} is not a partition of partitioned topic {parent} "
+            f"({record.partitions if record else 0} partitions): a partition is created with its "
+            "partitioned topic (create or grow that with the admin API)"
+        )
 
     async def delete_topic(self, name: TopicName, *, force: bool) -> None:
-        """Delete a topic's data (ledgers, cursors) and unload it."""
+        """Delete a topic's data (ledgers, cursors) and unload it; only its owner does
+        (TopicNotOwnedError otherwise). A loaded topic refuses with TopicBusyError while it has
+        producers or consumers, unless ``force``. A persistent topic that is not loaded has no
+        clients and is deleted from its stored record without being opened: no ledger is
+        created on the way, and a delete cut short (a crash) is finished by the next."""
+        key = str(name)
+        while name.persistent and key not in self.topics and key not in self._loading:
+            running = self._deleting.get(key)
+            if running is not None:
+                await running.wait()
+                continue
+            await self.check_owner(name)
+            if key in self.topics or key in self._loading or key in self._deleting:
+                continue  # loaded, or being deleted, while the owner was checked
+            assert self.ledger_client is not None and self.store is not None
+            done = self._deleting[key] = asyncio.Event()
+            try:
+                if await ManagedLedger.delete_stored(
+                    name.managed_ledger_name, self.ledger_client, self.store
+                ):
+                    log.info("topic %s deleted", name)
+            finally:
+                del self._deleting[key]
+                done.set()
+            return
         topic = await self.get_topic(name)
         await topic.delete(force=force)
         self.topics.pop(str(name), None)
@@ -595,7 +663,11 @@ class Broker:
         if await self.store.get(managed_ledger_key(name.managed_ledger_name)) is not None:
             return True
         index = name.partition_index
-        return index >= 0 and index < await partition_count(self, name.partitioned_topic_name)
+        if index < 0:
+            return False
+        record = await read_partitioned(self, name.partitioned_topic_name)
+        # A partition not stored yet of a topic being deleted is not created again.
+        return record is not None and not record.deleted and index < record.partitions
 
     def policies_changed(self) -> None:
         """A namespace policy was set: apply it to the loaded topics now."""
@@ -649,10 +721,13 @@ class Broker:
             for partitioned in await partitioned_topics(self, tenant, local_namespace, domain):
                 name = TopicName.parse(partitioned)
                 try:
-                    count = await partition_count(self, name)
+                    record = await read_partitioned(self, name)
                 except PartitionedMetadataError as e:
                     log.warning("listing %s: %s", namespace, e)
                     continue
+                if record is None or record.deleted:
+                    continue  # being deleted: only its partitions still stored are listed
+                count = record.partitions
                 if count > limit:  # a damaged record must not make the listing unbounded
                     log.warning(
                         "listing %s: partitioned topic %s has %d partitions, more than "
@@ -675,7 +750,13 @@ class Broker:
         record, or the setting lowered since) raises ``PartitionCountError``: the client gets an
         error naming the setting rather than a count it would open that many producers for."""
         limit = self.config.max_num_partitions_per_partitioned_topic
-        count = await partition_count(self, name)
+        record = await read_partitioned(self, name)
+        if record is not None and record.deleted:
+            raise TopicNotFoundError(
+                f"partitioned topic {name} is being deleted (a delete that was interrupted is "
+                "finished by the next DELETE of it)"
+            )
+        count = record.partitions if record is not None else 0
         if count:
             if not 0 < count <= limit:
                 raise PartitionCountError(
@@ -690,7 +771,7 @@ class Broker:
         if auto.allow and auto.topic_type == "partitioned" and not await self.topic_exists(name):
             assert self.store is not None
             check_partition_count(auto.default_partitions, limit)
-            document = json.dumps({"partitions": auto.default_partitions}).encode()
+            document = PartitionedTopicRecord(auto.default_partitions).to_bytes()
             try:
                 await self.store.put(partitioned_key(name), document, NOT_EXISTS)
                 log.info("partitioned topic %s auto-created (%d)", name, auto.default_partitions)

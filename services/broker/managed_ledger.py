@@ -922,3 +922,24 @@ class ManagedLedger:
         await self.store.delete(self.key)
         self.cursors.clear()
         log.info("managed ledger %s deleted", self.name)
+
+    @classmethod
+    async def delete_stored(cls, name: str, client: LedgerClient, store: MetadataStore) -> bool:
+        """Delete a managed ledger that is open nowhere from its stored record alone (Pulsar's
+        ManagedLedgerFactory.asyncDelete of a ledger that is not open): cursors, ledgers, and
+        the record last, so an interrupted delete is finished by the next. Nothing is opened,
+        so no ledger is created on the way. The caller makes sure nobody opens it meanwhile.
+        False if there was no record."""
+        ml = cls(name, client, store, ManagedLedgerConfig())
+        found = await store.get(ml.key)
+        if found is None:
+            return False
+        ml._ledgers = [LedgerInfo.from_json(d) for d in json.loads(found.value)["ledgers"]]
+        for segment in await store.children(f"{ml.key}/cursors"):
+            await delete_stored_cursor(ml, decode_name(segment))
+        await ml._delete_ledgers(ml.ledger_ids)
+        for key in await store.scan(f"{ml.key}/"):
+            await store.delete(key)
+        await store.delete(ml.key)
+        log.info("managed ledger %s deleted (it was not open)", name)
+        return True

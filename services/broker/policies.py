@@ -9,6 +9,9 @@ A namespace's policies are the JSON document at its key in the metadata store
 - ``deduplicationEnabled``: true/false
 - ``autoTopicCreationOverride``: ``{"allowAutoTopicCreation": b, "topicType": "partitioned" |
   "non-partitioned", "defaultNumPartitions": N}``
+
+A partitioned topic's record (``PartitionedTopicRecord``) lives here too: it is read by the admin
+API, the lookup side (PARTITIONED_METADATA) and topic loading alike.
 """
 
 from __future__ import annotations
@@ -27,6 +30,48 @@ class PolicyError(ValueError):
 class PartitionCountError(PolicyError):
     """A partition count outside ``1 .. max_num_partitions_per_partitioned_topic`` (the admin API
     answers 406 Not Acceptable with this text, as Pulsar does)."""
+
+
+class PartitionedMetadataError(ValueError):
+    """A stored partitioned-topic record that is not ``{"partitions": N}`` with an integer N."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionedTopicRecord:
+    """A partitioned topic as stored: ``{"partitions": N}``, and ``"deleted": true`` from the
+    moment a delete starts (Pulsar's ``PartitionedTopicMetadata.deleted``). A topic marked so is
+    only ever deleted further: its partitions take no new producer or consumer, none is created,
+    it cannot grow, and the next DELETE finishes an interrupted one."""
+
+    partitions: int
+    deleted: bool = False
+
+    def to_bytes(self) -> bytes:
+        document: dict[str, Any] = {"partitions": self.partitions}
+        if self.deleted:
+            document["deleted"] = True
+        return json.dumps(document).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, topic: str) -> PartitionedTopicRecord:
+        """Raises PartitionedMetadataError (naming ``topic``) for anything else."""
+        try:
+            document = json.loads(raw)
+            partitions = document["partitions"]
+            deleted = document.get("deleted", False)
+        except (ValueError, RecursionError, KeyError, TypeError, AttributeError) as e:
+            raise PartitionedMetadataError(
+                f"partitioned topic {topic}: unreadable metadata: {e}"
+            ) from None
+        if not isinstance(partitions, int) or isinstance(partitions, bool):
+            raise PartitionedMetadataError(
+                f"partitioned topic {topic}: partition count {partitions!r} is not an integer"
+            )
+        if not isinstance(deleted, bool):
+            raise PartitionedMetadataError(
+                f"partitioned topic {topic}: deleted marker {deleted!r} is not true or false"
+            )
+        return cls(partitions, deleted)
 
 
 def check_partition_count(partitions: Any, limit: int) -> int:
