@@ -41,7 +41,7 @@ import pulsar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from magnetar.broker.bundles import BundleRange, topic_hash
+from magnetar.broker.cluster.bundles import BundleRange, topic_hash
 from tests.support.cluster import MagnetarCluster
 from tests.support.standalone import QUIET
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout, web
 
-from magnetar.broker.admin import (
+from magnetar.broker.admin.app import (
     NAMESPACES_PATH,
     build_app,
     ensure_default_namespace,
@@ -30,7 +30,7 @@ from magnetar.broker.admin import (
     partitioned_topics,
     read_partitioned,
 )
-from magnetar.broker.bundles import (
+from magnetar.broker.cluster.bundles import (
     BUNDLES_ROOT,
     BundleRange,
     bundle_for,
@@ -39,18 +39,16 @@ from magnetar.broker.bundles import (
     split,
     topic_hash,
 )
+from magnetar.broker.cluster.load_manager import LoadManager
+from magnetar.broker.cluster.lookup import LookupKind, lookup
+from magnetar.broker.cluster.ownership import BrokerInfo, OwnershipStore
+from magnetar.broker.cluster.registry import BrokerRegistry, BundleStats, LoadReport, cpu_and_memory
 from magnetar.broker.config import BrokerConfig
-from magnetar.broker.connection import ServerConnection
-from magnetar.broker.deduplication import Deduplication
-from magnetar.broker.dispatch_limits import DispatchLimits
-from magnetar.broker.keys import MANAGED_LEDGERS_PATH, decode_name, managed_ledger_key
-from magnetar.broker.load_manager import LoadManager
-from magnetar.broker.lookup import LookupKind, lookup
-from magnetar.broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
+from magnetar.broker.ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from magnetar.broker.metrics import BrokerMetrics
-from magnetar.broker.nonpersistent import NonPersistentTopic
-from magnetar.broker.ownership import BrokerInfo, OwnershipStore
-from magnetar.broker.policies import (
+from magnetar.broker.model.keys import MANAGED_LEDGERS_PATH, decode_name, managed_ledger_key
+from magnetar.broker.model.topic_name import TopicName
+from magnetar.broker.namespace.policies import (
     PartitionCountError,
     PartitionedMetadataError,
     PartitionedTopicRecord,
@@ -59,14 +57,16 @@ from magnetar.broker.policies import (
     effective,
     parse_document,
 )
-from magnetar.broker.registry import BrokerRegistry, BundleStats, LoadReport, cpu_and_memory
-from magnetar.broker.topic import (
+from magnetar.broker.protocol.connection import ServerConnection
+from magnetar.broker.topics.deduplication import Deduplication
+from magnetar.broker.topics.dispatch_limits import DispatchLimits
+from magnetar.broker.topics.nonpersistent import NonPersistentTopic
+from magnetar.broker.topics.persistent import (
     NamespaceNotFoundError,
     PersistentTopic,
     TopicNotFoundError,
     TopicNotOwnedError,
 )
-from magnetar.broker.topic_name import TopicName
 from magnetar.common.ledger.client import LedgerClient
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError, MetadataStore, open_store
 from magnetar.common.net import AddressInUseError, listen_error

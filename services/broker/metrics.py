@@ -29,14 +29,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from magnetar.broker.bundles import BundleRange, topic_hash
+from magnetar.broker.cluster.bundles import BundleRange, topic_hash
 
 if TYPE_CHECKING:
     from magnetar.broker.broker import Broker
-    from magnetar.broker.consumer import Consumer
-    from magnetar.broker.cursor import ManagedCursor
-    from magnetar.broker.managed_ledger import ManagedLedger
-    from magnetar.broker.topic_name import TopicName
+    from magnetar.broker.ledger.cursor import ManagedCursor
+    from magnetar.broker.ledger.managed_ledger import ManagedLedger
+    from magnetar.broker.model.topic_name import TopicName
+    from magnetar.broker.topics.consumer import Consumer
 
 #: Rates are recomputed at most this often, so scrapes close together (two Prometheus servers,
 #: a person with curl) do not make them noisy: a scrape sooner gets the previous rates.

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pulsar
 import pytest
 
-from magnetar.broker.bundles import BundleRange, topic_hash
+from magnetar.broker.cluster.bundles import BundleRange, topic_hash
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
 from tests.support.cluster import (

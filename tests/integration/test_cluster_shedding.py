@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pulsar
 import pytest
 
-from magnetar.broker.bundles import BundleRange, topic_hash
+from magnetar.broker.cluster.bundles import BundleRange, topic_hash
 from tests.support.cluster import (
     ConsumerThread,
     MagnetarCluster,

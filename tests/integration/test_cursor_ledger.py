@@ -19,9 +19,9 @@ import pytest
 
 from magnetar.bookie.config import BookieConfig
 from magnetar.bookie.service import Bookie
-from magnetar.broker.cursor import ManagedCursor
-from magnetar.broker.managed_ledger import ManagedLedger
-from magnetar.broker.position import Position
+from magnetar.broker.ledger.cursor import ManagedCursor
+from magnetar.broker.ledger.managed_ledger import ManagedLedger
+from magnetar.broker.model.position import Position
 from magnetar.common.ledger.errors import NoSuchLedgerError
 from magnetar.common.metadata import open_store
 from tests.integration.test_managed_ledger import Env, crash, start_bookie
@@ -232,7 +232,7 @@ async def test_bookies_down_stores_a_bounded_state_and_says_so_once(
     for bookie in env.bookies:
         await bookie.stop()
     cursor.delete([positions[2]])
-    caplog.set_level(logging.INFO, logger="magnetar.broker.cursor")
+    caplog.set_level(logging.INFO, logger="magnetar.broker.ledger.cursor")
     for _ in range(3):
         cursor.delete([positions[4]])
         await cursor.persist()
@@ -275,7 +275,7 @@ async def test_store_and_bookies_both_failing_is_an_error_once(
         raise ConnectionError("metadata store unavailable")
 
     monkeypatch.setattr(env.store, "put", refuse)
-    caplog.set_level(logging.ERROR, logger="magnetar.broker.cursor")
+    caplog.set_level(logging.ERROR, logger="magnetar.broker.ledger.cursor")
     delays = []
     for i in range(4):
         cursor.delete([positions[2 + i]])

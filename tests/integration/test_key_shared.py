@@ -9,7 +9,7 @@ from collections import defaultdict
 import pulsar
 import pytest
 
-from magnetar.broker.dispatchers.key_hash import key_hash
+from magnetar.broker.topics.dispatchers.key_hash import key_hash
 from tests.support.standalone import StandaloneProcess, client
 
 

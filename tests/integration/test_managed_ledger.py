@@ -17,15 +17,15 @@ import pytest
 
 from magnetar.bookie.config import BookieConfig
 from magnetar.bookie.service import Bookie
-from magnetar.broker.cursor import ManagedCursor
-from magnetar.broker.keys import managed_ledger_key
-from magnetar.broker.managed_ledger import (
+from magnetar.broker.ledger.cursor import ManagedCursor
+from magnetar.broker.ledger.managed_ledger import (
     ManagedLedger,
     ManagedLedgerConfig,
     ManagedLedgerError,
     ManagedLedgerFencedError,
 )
-from magnetar.broker.position import Position
+from magnetar.broker.model.keys import managed_ledger_key
+from magnetar.broker.model.position import Position
 from magnetar.common.ledger.client import LedgerClient
 from magnetar.common.ledger.errors import NoSuchLedgerError
 from magnetar.common.metadata import MetadataStore, open_store

@@ -24,12 +24,12 @@ from typing import TypeVar
 
 import pytest
 
-from magnetar.broker import bundles
-from magnetar.broker.bundles import BundleRange, default_ranges
+from magnetar.broker.cluster import bundles
+from magnetar.broker.cluster.bundles import BundleRange, default_ranges
+from magnetar.broker.cluster.load_manager import LoadManager
+from magnetar.broker.cluster.ownership import BrokerInfo, OwnershipStore, ownership_key
+from magnetar.broker.cluster.registry import BrokerRegistry, BundleStats, LoadReport
 from magnetar.broker.config import BrokerConfig
-from magnetar.broker.load_manager import LoadManager
-from magnetar.broker.ownership import BrokerInfo, OwnershipStore, ownership_key
-from magnetar.broker.registry import BrokerRegistry, BundleStats, LoadReport
 from magnetar.common.metadata import BadVersionError, MetadataError, MetadataStore, open_store
 
 T = TypeVar("T")

@@ -26,7 +26,7 @@ import pulsar
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from magnetar.broker.bundles import BundleRange, topic_hash
+from magnetar.broker.cluster.bundles import BundleRange, topic_hash
 from tests.support.cluster import (
     BrokerProcess,
     MagnetarCluster,

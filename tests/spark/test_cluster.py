@@ -20,7 +20,7 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from magnetar.broker.bundles import BundleRange, topic_hash
+from magnetar.broker.cluster.bundles import BundleRange, topic_hash
 from tests.support.cluster import (
     BrokerProcess,
     MagnetarCluster,

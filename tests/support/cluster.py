@@ -33,9 +33,9 @@ from typing import Any, TypeVar
 
 import pulsar
 
-from magnetar.broker.bundles import BundleRange, topic_hash
-from magnetar.broker.ownership import OWNERSHIP_ROOT, BrokerInfo
-from magnetar.broker.registry import BROKERS_ROOT
+from magnetar.broker.cluster.bundles import BundleRange, topic_hash
+from magnetar.broker.cluster.ownership import OWNERSHIP_ROOT, BrokerInfo
+from magnetar.broker.cluster.registry import BROKERS_ROOT
 from magnetar.common.metadata import open_store
 from magnetar.common.metadata.election import leader_key
 from tests.support.etcd import REPO_ROOT, free_port

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from magnetar.broker.consumer import acked_from_bit_set, unacked_bit_set
+from magnetar.broker.topics.consumer import acked_from_bit_set, unacked_bit_set
 
 
 @st.composite

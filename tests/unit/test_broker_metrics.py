@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from magnetar.broker.metrics import BrokerMetrics, CounterRates
-from magnetar.broker.topic_name import TopicName
+from magnetar.broker.model.topic_name import TopicName
 
 
 class Clock:

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from magnetar.broker import bundles
-from magnetar.broker.bundles import (
+from magnetar.broker.cluster import bundles
+from magnetar.broker.cluster.bundles import (
     FULL_RANGE,
     FULL_UPPER,
     BundleError,

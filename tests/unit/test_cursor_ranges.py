@@ -7,8 +7,8 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from magnetar.broker.ack_ranges import AckRanges
-from magnetar.broker.position import Position
+from magnetar.broker.ledger.ack_ranges import AckRanges
+from magnetar.broker.model.position import Position
 
 positions = st.builds(Position, st.integers(0, 3), st.integers(0, 40))
 operations = st.lists(st.tuples(st.sampled_from(["add", "remove_through"]), positions), max_size=80)

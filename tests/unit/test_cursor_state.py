@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from magnetar.broker.ack_ranges import AckRanges
-from magnetar.broker.cursor_state import (
+from magnetar.broker.ledger.ack_ranges import AckRanges
+from magnetar.broker.ledger.cursor_state import (
     MAX_METADATA_BYTES,
     CursorState,
     CursorStateError,
@@ -21,7 +21,7 @@ from magnetar.broker.cursor_state import (
     from_json,
     to_json,
 )
-from magnetar.broker.position import Position
+from magnetar.broker.model.position import Position
 
 positions = st.builds(Position, st.integers(0, 2**40), st.integers(0, 2**20))
 small_positions = st.builds(Position, st.integers(0, 4), st.integers(0, 60))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from magnetar.broker.dispatchers.key_hash import HASH_RANGE_SIZE, key_hash, murmur3_32
+from magnetar.broker.topics.dispatchers.key_hash import HASH_RANGE_SIZE, key_hash, murmur3_32
 
 
 @pytest.mark.parametrize(

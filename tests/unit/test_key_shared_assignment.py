@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from magnetar.broker.dispatchers.hash_assignment import AssignmentConflict, HashAssignment
-from magnetar.broker.dispatchers.key_hash import HASH_RANGE_SIZE
+from magnetar.broker.topics.dispatchers.hash_assignment import AssignmentConflict, HashAssignment
+from magnetar.broker.topics.dispatchers.key_hash import HASH_RANGE_SIZE
 
 ALL = range(HASH_RANGE_SIZE)
 

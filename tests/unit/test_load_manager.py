@@ -8,16 +8,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from magnetar.broker.bundles import BundleRange, default_ranges
-from magnetar.broker.load_manager import (
+from magnetar.broker.cluster.bundles import BundleRange, default_ranges
+from magnetar.broker.cluster.load_manager import (
     NoBrokerAvailableError,
     Shed,
     bundles_to_shed,
     bundles_to_split,
     select_broker,
 )
-from magnetar.broker.ownership import BrokerInfo
-from magnetar.broker.registry import (
+from magnetar.broker.cluster.ownership import BrokerInfo
+from magnetar.broker.cluster.registry import (
     BundleStats,
     LoadReport,
     cpu_and_memory,

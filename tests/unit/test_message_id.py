@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from magnetar.broker.message_id import EARLIEST, LATEST, from_wire, to_wire
-from magnetar.broker.position import Position
+from magnetar.broker.model.message_id import EARLIEST, LATEST, from_wire, to_wire
+from magnetar.broker.model.position import Position
 from magnetar.common.proto import pulsar_api_pb2 as pb
 
 signed64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)

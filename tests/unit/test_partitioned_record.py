@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from magnetar.broker.policies import PartitionedMetadataError, PartitionedTopicRecord
+from magnetar.broker.namespace.policies import PartitionedMetadataError, PartitionedTopicRecord
 
 
 @given(st.integers(min_value=-(2**40), max_value=2**40), st.booleans())

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from magnetar.broker.producers import ProducerBusyError, ProducerFencedError, ProducerSet
+from magnetar.broker.topics.producers import ProducerBusyError, ProducerFencedError, ProducerSet
 from magnetar.common.proto import pulsar_api_pb2 as pb
 
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from magnetar.broker.schema_compatibility import (
+from magnetar.broker.schema.compatibility import (
     InvalidSchemaError,
     full_problems,
     parse,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from magnetar.broker.consumer import Consumer
-from magnetar.broker.dispatchers.shared import SharedDispatcher
+from magnetar.broker.topics.consumer import Consumer
+from magnetar.broker.topics.dispatchers.shared import SharedDispatcher
 
 
 def consumer(name: str, priority: int, permits: int) -> Consumer:

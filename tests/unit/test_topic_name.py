@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from magnetar.broker.topic_name import InvalidTopicNameError, TopicName
+from magnetar.broker.model.topic_name import InvalidTopicNameError, TopicName
 
 part = st.from_regex(r"[a-zA-Z0-9_][-a-zA-Z0-9_.=:]{0,20}", fullmatch=True)
 

@@ -1,0 +1,1 @@
+"""The admin REST app: one module per resource group, one error class."""

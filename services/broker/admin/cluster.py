@@ -1,0 +1,184 @@
+"""Admin REST of the cluster, on Pulsar's paths and JSON shapes: clusters, brokers, the
+leader, a namespace's bundles, unloading and splitting bundles, unloading a topic, and the HTTP
+lookup. Errors go through the admin app's one error middleware (``admin.py``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from magnetar.broker.cluster import bundles as bundle_math
+from magnetar.broker.cluster.lookup import LookupKind, lookup
+from magnetar.broker.model.topic_name import TopicName
+
+if TYPE_CHECKING:
+    from magnetar.broker.broker import Broker
+
+
+class ClusterAdminError(Exception):
+    """Turned into Pulsar's status and ``{"reason": ...}`` by the admin error middleware."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def _namespace(request: web.Request) -> str:
+    return f"{request.match_info['tenant']}/{request.match_info['namespace']}"
+
+
+async def _bundle(broker: Broker, namespace: str, text: str) -> bundle_math.BundleRange:
+    try:
+        wanted = bundle_math.BundleRange.parse(text)
+    except ValueError as e:
+        raise ClusterAdminError(412, f"Bundle range is not valid: {text!r} ({e})") from None
+    if wanted not in await broker.namespace_bundles(namespace):
+        broker.forget_bundles(namespace)  # split elsewhere meanwhile? read them again
+        if wanted not in await broker.namespace_bundles(namespace):
+            raise ClusterAdminError(404, f"Bundle {namespace}/{text} does not exist")
+    return wanted
+
+
+def add_cluster_routes(routes: web.RouteTableDef, broker: Broker) -> None:
+    def owner_url(info_http_url: str, request: web.Request) -> str:
+        return f"{info_http_url}{request.path_qs}"
+
+    @routes.get("/admin/v2/clusters")
+    async def clusters(request: web.Request) -> web.Response:
+        return web.json_response([broker.config.cluster_name])
+
+    @routes.get("/admin/v2/brokers/ready")
+    async def ready(request: web.Request) -> web.Response:
+        if broker.ownership is None or broker.store is None or broker.store.session_lost:
+            raise ClusterAdminError(503, "the broker is not in the cluster (no metadata session)")
+        return web.Response(text="ok")
+
+    @routes.get("/admin/v2/brokers/leaderBroker")
+    async def leader(request: web.Request) -> web.Response:
+        assert broker.load_manager is not None
+        info = await broker.load_manager.leader_info()
+        if info is None:
+            raise ClusterAdminError(404, "No leader broker is elected")
+        return web.json_response({"serviceUrl": info.http_url, "brokerId": info.broker_id})
+
+    @routes.get("/admin/v2/brokers/{cluster}")
+    async def brokers(request: web.Request) -> web.Response:
+        if request.match_info["cluster"] != broker.config.cluster_name:
+            raise ClusterAdminError(404, f"Cluster {request.match_info['cluster']} does not exist")
+        assert broker.registry is not None
+        return web.json_response(sorted(await broker.registry.active()))
+
+    @routes.get("/admin/v2/brokers/{cluster}/{broker_id}/ownedNamespaces")
+    async def owned_namespaces(request: web.Request) -> web.Response:
+        assert broker.ownership is not None
+        wanted = request.match_info["broker_id"]
+        owned: dict[str, dict[str, object]] = {}
+        for (namespace, bundle), info in sorted(broker.ownership.owners().items()):
+            if info.broker_id == wanted:
+                owned[f"{namespace}/{bundle}"] = {
+                    "broker_assignment": "primary",
+                    "is_controlled": False,
+                    "is_active": True,
+                }
+        return web.json_response(owned)
+
+    @routes.get("/admin/v2/namespaces/{tenant}/{namespace}/bundles")
+    async def namespace_bundles(request: web.Request) -> web.Response:
+        namespace = _namespace(request)
+        await broker.namespace_policies(namespace)  # 404 for an unknown namespace
+        broker.forget_bundles(namespace)
+        ranges = await broker.namespace_bundles(namespace)
+        # Pulsar's BundlesData: {"boundaries": ["0x00000000", ...], "numBundles": n}
+        return web.Response(body=bundle_math.encode(ranges), content_type="application/json")
+
+    @routes.put("/admin/v2/namespaces/{tenant}/{namespace}/unload")
+    async def unload_namespace(request: web.Request) -> web.Response:
+        namespace = _namespace(request)
+        await broker.namespace_policies(namespace)
+        assert broker.ownership is not None
+        for (ns, bundle), info in broker.ownership.owners().items():
+            if ns == namespace:
+                await broker.request_unload(info, ns, bundle)
+        return web.Response(status=204)
+
+    @routes.put("/admin/v2/namespaces/{tenant}/{namespace}/{bundle}/unload")
+    async def unload_bundle(request: web.Request) -> web.Response:
+        namespace = _namespace(request)
+        bundle = await _bundle(broker, namespace, request.match_info["bundle"])
+        assert broker.ownership is not None
+        owner = await broker.ownership.owner(namespace, bundle)
+        if owner is None:
+            return web.Response(status=204)  # nobody serves it: nothing to unload
+        if owner.broker_id != broker.info.broker_id:
+            raise web.HTTPTemporaryRedirect(owner_url(owner.http_url, request))
+        receiver = None
+        destination = request.query.get("destinationBroker")
+        if destination:
+            assert broker.registry is not None
+            found = (await broker.registry.active()).get(destination)
+            if found is None:
+                raise ClusterAdminError(404, f"Broker {destination} is not active")
+            if destination == broker.info.broker_id:
+                raise ClusterAdminError(
+                    412, f"The bundle is already owned by destination broker {destination}"
+                )
+            receiver = found[0]
+        await broker.unload_bundle(namespace, bundle, receiver)
+        return web.Response(status=204)
+
+    @routes.put("/admin/v2/namespaces/{tenant}/{namespace}/{bundle}/split")
+    async def split_bundle(request: web.Request) -> web.Response:
+        namespace = _namespace(request)
+        bundle = await _bundle(broker, namespace, request.match_info["bundle"])
+        algorithm = request.query.get("splitAlgorithmName", "range_equally_divide")
+        if algorithm not in ("range_equally_divide", "topic_count_equally_divide"):
+            raise ClusterAdminError(412, f"Unsupported split algorithm: {algorithm}")
+        unload = request.query.get("unload", "false").lower() == "true"
+        assert broker.ownership is not None
+        owner = await broker.ownership.owner(namespace, bundle)
+        if owner is not None and owner.broker_id != broker.info.broker_id:
+            raise web.HTTPTemporaryRedirect(owner_url(owner.http_url, request))
+        try:
+            await broker.split_bundle(namespace, bundle, algorithm, unload=unload)
+        except bundle_math.BundleError as e:
+            raise ClusterAdminError(
+                412, f"Bundle {namespace}/{bundle} cannot be split: {e}"
+            ) from None
+        return web.Response(status=204)
+
+    @routes.put("/admin/v2/{domain:persistent|non-persistent}/{tenant}/{namespace}/{topic}/unload")
+    async def unload_topic(request: web.Request) -> web.Response:
+        m = request.match_info
+        name = TopicName.parse(f"{m['domain']}://{m['tenant']}/{m['namespace']}/{m['topic']}")
+        topic = broker.topics.get(str(name))
+        if topic is None:
+            answer = await lookup(broker, name)
+            if answer.broker.broker_id != broker.info.broker_id:
+                raise web.HTTPTemporaryRedirect(owner_url(answer.broker.http_url, request))
+            return web.Response(status=204)  # not loaded here: nothing to unload
+        await broker.unload_topic(topic)
+        return web.Response(status=204)
+
+    @routes.get("/lookup/v2/topic/{domain:persistent|non-persistent}/{tenant}/{namespace}/{topic}")
+    async def http_lookup(request: web.Request) -> web.Response:
+        m = request.match_info
+        name = TopicName.parse(f"{m['domain']}://{m['tenant']}/{m['namespace']}/{m['topic']}")
+        await broker.namespace_policies(name.namespace_name)  # 404 for an unknown namespace
+        authoritative = request.query.get("authoritative", "false").lower() == "true"
+        answer = await lookup(broker, name, authoritative)
+        if answer.kind is LookupKind.REDIRECT:
+            target = f"{answer.broker.http_url}{request.path}"
+            if answer.authoritative:
+                target += "?authoritative=true"
+            raise web.HTTPTemporaryRedirect(target)
+        return web.json_response(
+            {
+                "brokerUrl": answer.broker.service_url,
+                "httpUrl": answer.broker.http_url,
+                "nativeUrl": answer.broker.service_url,
+                "brokerUrlTls": "",
+                "httpUrlTls": "",
+            }
+        )

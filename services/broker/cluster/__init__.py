@@ -1,0 +1,1 @@
+"""Bundles, ownership, the broker registry, the load manager, lookup and membership."""

@@ -1,0 +1,1 @@
+"""The managed ledger: a topic's sequence of ledgers, its entry cache, and its cursors with their persistence."""

@@ -1,0 +1,945 @@
+"""ManagedLedger: a topic's log as a sequence of ledgers, one of them open for writes.
+
+Metadata lives at ``/magnetar/managed-ledgers/<encoded name>`` as JSON::
+
+    {"name": "persistent://t/ns/topic",
+     "ledgers": [{"ledger_id": 7, "entries": 100, "size": 5120, "ctime_ms": ..., "closed": true},
+                 {"ledger_id": 9, "entries": 0, "size": 0, "ctime_ms": ..., "closed": false}],
+     "properties": {}}
+
+Keys: see ``keys.py``; the cursors live under the managed ledger's key.
+
+Ownership rules (why this is safe to move between brokers):
+
+* The metadata is changed only by compare-and-set on its version. A CAS that fails means
+  another broker changed it: this instance is fenced and takes no more adds.
+* ``open`` recovers the last ledger (``open_ledger(id, recovery=True)``): recovery fences the
+  bookies, so the previous owner's pending and later adds on that ledger fail with
+  LedgerFencedError, and the recovered end includes every entry that owner had acknowledged.
+* A new ledger is written only after the metadata listing it was CAS-ed, so a fenced owner never
+  acknowledges an entry in a ledger that the new owner does not know about.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import enum
+import functools
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from magnetar.broker.ledger.cursor import ManagedCursor, delete_stored_cursor
+from magnetar.broker.model.keys import decode_name, managed_ledger_key
+from magnetar.broker.model.position import Position
+from magnetar.common.ledger.client import LedgerClient
+from magnetar.common.ledger.errors import (
+    EntryDigestError,
+    EntryTooLargeError,
+    LedgerError,
+    LedgerFencedError,
+    NoSuchLedgerError,
+)
+from magnetar.common.ledger.handle import LedgerHandle
+from magnetar.common.metadata import NOT_EXISTS, BadVersionError, MetadataStore
+
+log = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+#: Waits between rollovers whose ledgers took no entry: the first, doubled up to the last.
+ROLL_BACKOFF_FIRST_S = 0.1
+ROLL_BACKOFF_MAX_S = 5.0
+#: The writer yields to the event loop after this many adds in a row.
+YIELD_EVERY = 64
+#: Passes of read-recover-claim when opening, against a previous owner still rolling over.
+OPEN_ATTEMPTS = 5
+
+
+@dataclass(slots=True)
+class ManagedLedgerConfig:
+    ensemble_size: int = 1
+    write_quorum: int = 1
+    ack_quorum: int = 1
+    max_entries_per_ledger: int = 50_000
+    max_ledger_size_bytes: int = 512 * MiB
+    max_ledger_age_s: float = 4 * 3600.0  # checked when an add arrives
+    cursor_persist_interval_s: float = 1.0
+    #: A cursor with more ack-hole ranges than this stores its state in a cursor ledger.
+    max_unacked_ranges_in_metadata: int = 1000
+    cursor_ledger_max_entries: int = 10_000  # a cursor ledger rolls after this many states
+    cursor_ledger_max_bytes: int = 64 * MiB  # ... or this many bytes
+    cache_bytes: int = 16 * MiB  # recently added entries kept for tailing readers
+
+
+class ManagedLedgerError(Exception):
+    """A managed ledger operation failed."""
+
+
+class ManagedLedgerFencedError(ManagedLedgerError):
+    """Another broker owns this managed ledger now; close it and let the owner serve the topic."""
+
+
+class ManagedLedgerClosedError(ManagedLedgerError):
+    """The managed ledger was closed."""
+
+
+class UnreadableEntryError(ManagedLedgerError):
+    """No bookie holds an intact copy of this entry (every copy failed its digest or is gone).
+    The managed ledger remembers it (``unreadable``) for stats."""
+
+    def __init__(self, message: str, position: Position) -> None:
+        super().__init__(message)
+        self.position = position
+
+
+class EntryTooLargeForLedgerError(ManagedLedgerError):
+    """One entry is over the bookies' entry size limit: that add fails, nothing else does."""
+
+
+@dataclass(slots=True, frozen=True)
+class LedgerInfo:
+    ledger_id: int
+    entries: int = 0  # final count once closed; 0 for the ledger still open for writes
+    size: int = 0
+    ctime_ms: int = 0
+    closed: bool = False
+    closed_ms: int = 0  # when the broker closed it (0: unknown, use ctime_ms)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ledger_id": self.ledger_id,
+            "entries": self.entries,
+            "size": self.size,
+            "ctime_ms": self.ctime_ms,
+            "closed": self.closed,
+            "closed_ms": self.closed_ms,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> LedgerInfo:
+        return cls(
+            int(d["ledger_id"]),
+            int(d["entries"]),
+            int(d["size"]),
+            int(d["ctime_ms"]),
+            bool(d["closed"]),
+            int(d.get("closed_ms", 0)),
+        )
+
+
+class _State(enum.Enum):
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+@dataclass(slots=True)
+class _EntryCache:
+    """Recently added entries, oldest evicted first once over ``max_bytes``."""
+
+    max_bytes: int
+    entries: collections.OrderedDict[Position, bytes] = field(
+        default_factory=collections.OrderedDict
+    )
+    size: int = 0
+
+    def put(self, position: Position, data: bytes) -> None:
+        if len(data) > self.max_bytes:
+            return
+        self.entries[position] = data
+        self.size += len(data)
+        while self.size > self.max_bytes:
+            _, old = self.entries.popitem(last=False)
+            self.size -= len(old)
+
+    def get(self, position: Position) -> bytes | None:
+        return self.entries.get(position)
+
+    def drop_ledger(self, ledger_id: int) -> None:
+        for position in [p for p in self.entries if p.ledger_id == ledger_id]:
+            self.size -= len(self.entries.pop(position))
+
+
+class ManagedLedger:
+    """A topic's log. Create with ``await ManagedLedger.open(...)``; one owner at a time."""
+
+    def __init__(
+        self,
+        name: str,
+        client: LedgerClient,
+        store: MetadataStore,
+        config: ManagedLedgerConfig,
+    ) -> None:
+        self.name = name
+        self.client = client
+        self.store = store
+        self.config = config
+        self.key = managed_ledger_key(name)
+        self.properties: dict[str, str] = {}
+        self._ledgers: list[LedgerInfo] = []
+        self._version = NOT_EXISTS
+        self._current: LedgerHandle | None = None
+        self._current_failed = False  # a non-fence add error: replace the ledger before more adds
+        self._confirmed_in_current = False  # an add to the current ledger was acknowledged
+        self._failed_rolls = 0  # rollovers in a row whose ledger took no entry
+        self._pushed_entries = 0  # adds sent to the current ledger (acked or not)
+        self._pushed_bytes = 0
+        self._read_handles: dict[int, LedgerHandle] = {}
+        self._cache = _EntryCache(config.cache_bytes)
+        self._queue: collections.deque[tuple[bytes, asyncio.Future[Position]]] = collections.deque()
+        self._wake = asyncio.Event()
+        #: Set and dropped after each completed add; made only when a tailer waits.
+        self._added: asyncio.Event | None = None
+        self._error: ManagedLedgerError | None = None
+        self._state = _State.OPEN
+        self._meta_lock = asyncio.Lock()  # one metadata CAS at a time from this instance
+        self._writer: asyncio.Task[None] | None = None
+        self.cursors: dict[str, ManagedCursor] = {}
+        #: Entries found with no intact copy on any bookie -> why (cleared once read again).
+        self.unreadable: dict[Position, str] = {}
+        self.epoch = 0
+        #: Called (synchronously) after every acknowledged add: one call where a done callback
+        #: on each add's future would cost a turn of the event loop per message.
+        self.on_added: Callable[[], None] | None = None
+
+    def __repr__(self) -> str:
+        return f"ManagedLedger({self.name!r}, ledgers={[i.ledger_id for i in self._ledgers]})"
+
+    # -- open ----------------------------------------------------------------------------------
+
+    @classmethod
+    async def open(
+        cls,
+        name: str,
+        ledger_client: LedgerClient,
+        store: MetadataStore,
+        config: ManagedLedgerConfig | None = None,
+    ) -> ManagedLedger:
+        """Load (or create) the managed ledger, recover its last ledger (fencing any previous
+        owner), and start a new ledger for writes. Raises ManagedLedgerFencedError if another
+        broker changed the metadata meanwhile."""
+        ml = cls(name, ledger_client, store, config or ManagedLedgerConfig())
+        await ml._initialize()
+        return ml
+
+    async def _initialize(self) -> None:
+        # A previous owner still writing may roll over to a new ledger (and CAS the list) between
+        # the read and the claim; the claim then fails and the list is read again.
+        for attempt in range(OPEN_ATTEMPTS):
+            if await self._recover_and_claim():
+                break
+            log.info(
+                "managed ledger %s: its ledger list changed while opening (attempt %d); "
+                "reading it again",
+                self.name,
+                attempt + 1,
+            )
+        else:
+            raise ManagedLedgerFencedError(
+                f"managed ledger {self.name}: another broker kept changing its metadata while "
+                f"this one opened it ({OPEN_ATTEMPTS} attempts); it has another owner now"
+            )
+        # The metadata version this instance's ownership started at: later owners have higher
+        # ones, which lets a cursor tell a stale owner's write from a newer owner's.
+        self.epoch = self._version
+        for segment in await self.store.children(f"{self.key}/cursors"):
+            cursor = await ManagedCursor.load(self, decode_name(segment))
+            if cursor is not None:
+                self.cursors[cursor.name] = cursor
+        self._writer = asyncio.create_task(self._write_loop(), name=f"ml-{self.name}-writer")
+        log.info("managed ledger %s opened: ledgers %s", self.name, self.ledger_ids)
+
+    async def _recover_and_claim(self) -> bool:
+        """Claim the ledger list, recover (fence) its open ledgers, add a new ledger for writes
+        and CAS the list; False (nothing claimed) when the list changed since it was read.
+
+        The claim is a rewrite of the list as read: it bumps its version, so a previous owner
+        still writing can no longer roll over (its CAS fails and fences it). Recovery then
+        fences the one ledger it can still append to. Without the claim, an owner rolling over
+        quickly keeps moving past the ledger being recovered and the final CAS never wins."""
+        found = await self.store.get(self.key)
+        self._version = NOT_EXISTS
+        if found is not None:
+            doc = json.loads(found.value)
+            try:
+                self._version = await self.store.put(self.key, found.value, found.version)
+            except BadVersionError:
+                return False
+            self._ledgers = [LedgerInfo.from_json(d) for d in doc["ledgers"]]
+            self.properties = dict(doc.get("properties", {}))
+        recovered: list[LedgerInfo] = []
+        for info in self._ledgers:
+            if info.closed:
+                recovered.append(info)
+                continue
+            try:
+                handle = await self.client.open_ledger(info.ledger_id, recovery=True)
+            except NoSuchLedgerError:
+                log.warning(
+                    "managed ledger %s: ledger %d is gone; dropping it", self.name, info.ledger_id
+                )
+                continue
+            self._read_handles[info.ledger_id] = handle
+            recovered.append(
+                replace(
+                    info,
+                    entries=handle.metadata.last_entry_id + 1,
+                    size=handle.metadata.length,
+                    closed=True,
+                    closed_ms=int(time.time() * 1000),
+                )
+            )
+        empty = [i.ledger_id for i in recovered if i.entries == 0]
+        self._ledgers = [i for i in recovered if i.entries > 0]
+        handle = await self._create_ledger()
+        self._ledgers.append(LedgerInfo(handle.ledger_id, ctime_ms=handle.metadata.ctime_ms))
+        try:
+            self._version = await self.store.put(self.key, self._metadata_doc(), self._version)
+        except BadVersionError:
+            await self._delete_ledgers([handle.ledger_id])
+            return False
+        self._current = handle
+        await self._delete_ledgers(empty)
+        return True
+
+    async def _create_ledger(self) -> LedgerHandle:
+        cfg = self.config
+        return await self.client.create_ledger(
+            cfg.ensemble_size,
+            cfg.write_quorum,
+            cfg.ack_quorum,
+            custom_metadata={"managed-ledger": self.name.encode(), "application": b"magnetar"},
+        )
+
+    def _metadata_doc(self) -> bytes:
+        doc = {
+            "name": self.name,
+            "ledgers": [i.to_json() for i in self._ledgers],
+            "properties": self.properties,
+        }
+        return json.dumps(doc).encode()
+
+    async def _write_metadata(self) -> None:
+        """CAS the ledger list; a conflict means another owner: fence this instance."""
+        try:
+            self._version = await self.store.put(self.key, self._metadata_doc(), self._version)
+        except BadVersionError:
+            raise self._fence(f"metadata of {self.key} changed under us") from None
+
+    async def _delete_ledgers(self, ledger_ids: list[int]) -> None:
+        for ledger_id in ledger_ids:
+            self._cache.drop_ledger(ledger_id)
+            handle = self._read_handles.pop(ledger_id, None)
+            if handle is not None:
+                await handle.close()
+            try:
+                await self.client.delete_ledger(ledger_id)
+            except NoSuchLedgerError:
+                pass
+            except Exception as e:  # the ledger leaks on the bookies; the auditor may find it
+                log.warning(
+                    "managed ledger %s: deleting ledger %d failed: %s", self.name, ledger_id, e
+                )
+
+    @property
+    def is_fenced(self) -> bool:
+        return isinstance(self._error, ManagedLedgerFencedError)
+
+    async def set_property(self, key: str, value: str) -> None:
+        """Store a property in the metadata (CAS, like every metadata change)."""
+        async with self._meta_lock:
+            if self._error is not None:
+                raise self._error
+            old = self.properties.get(key)
+            self.properties[key] = value
+            try:
+                await self._write_metadata()
+            except ManagedLedgerFencedError:
+                if old is None:
+                    self.properties.pop(key, None)
+                else:
+                    self.properties[key] = old
+                raise
+
+    def _fence(self, why: str) -> ManagedLedgerFencedError:
+        if not isinstance(self._error, ManagedLedgerFencedError):
+            self._error = ManagedLedgerFencedError(
+                f"managed ledger {self.name} is fenced ({why}): another broker owns it now"
+            )
+            log.warning("%s", self._error)
+            self._fail_queued(self._error)
+            self._notify_added()  # tailers stop waiting
+        return self._error
+
+    # -- adds ----------------------------------------------------------------------------------
+
+    async def add_entry(self, data: bytes) -> Position:
+        return await self.add_entry_async(data)
+
+    def add_entry_async(self, data: bytes) -> asyncio.Future[Position]:
+        """Queue one entry; the future gives its position once acknowledged. Futures complete in
+        the order of the calls, across rollovers."""
+        future: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
+        if self._error is not None:
+            future.set_exception(self._error)
+        elif self._state is not _State.OPEN:
+            future.set_exception(ManagedLedgerClosedError(f"managed ledger {self.name} is closed"))
+        else:
+            self._queue.append((data, future))
+            self._wake.set()
+        return future
+
+    def _fail_queued(self, error: BaseException) -> None:
+        while self._queue:
+            _, future = self._queue.popleft()
+            if not future.done():
+                future.set_exception(error)
+
+    async def _write_loop(self) -> None:
+        """The single writer: adds go out in call order; a rollover holds the queue meanwhile."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._queue:
+                if self._error is not None:
+                    self._fail_queued(self._error)
+                    break
+                data, future = self._queue[0]
+                try:
+                    if self._should_roll():
+                        await self._wait_before_roll()
+                        await self._roll()
+                    assert self._current is not None
+                    entry_future = self._current.try_add(data)
+                    if entry_future is None:  # the ledger's in-flight window is full
+                        entry_future = await self._current.add_async(data)
+                except LedgerFencedError as e:
+                    self._fence(str(e))
+                    continue
+                except EntryTooLargeError as e:  # the caller's error: the ledger is fine
+                    if self._queue and self._queue[0][1] is future:
+                        self._queue.popleft()
+                    if not future.done():
+                        future.set_exception(
+                            EntryTooLargeForLedgerError(f"managed ledger {self.name}: {e}")
+                        )
+                    continue
+                except Exception as e:  # a failed rollover or handle: this add fails, next retries
+                    if self._queue and self._queue[0][1] is future:
+                        self._queue.popleft()
+                    if isinstance(e, LedgerError):
+                        self._current_failed = True
+                    if not future.done():
+                        future.set_exception(
+                            e
+                            if isinstance(e, ManagedLedgerError)
+                            else ManagedLedgerError(f"managed ledger {self.name}: add failed: {e}")
+                        )
+                    continue
+                self._queue.popleft()
+                self._pushed_entries += 1
+                self._pushed_bytes += len(data)
+                entry_future.add_done_callback(
+                    functools.partial(self._add_done, self._current.ledger_id, data, future)
+                )
+                if self._pushed_entries % YIELD_EVERY == 0:
+                    # Let the bookies start on what was pushed: a burst is journaled in
+                    # pieces, so its first receipts do not wait for its last entry.
+                    await asyncio.sleep(0)
+            if self._state is not _State.OPEN and not self._queue:
+                return
+
+    def _add_done(
+        self,
+        ledger_id: int,
+        data: bytes,
+        future: asyncio.Future[Position],
+        entry_future: asyncio.Future[int],
+    ) -> None:
+        error = entry_future.exception()
+        if error is not None:
+            if isinstance(error, LedgerFencedError):
+                error = self._fence(str(error))
+            elif isinstance(error, EntryTooLargeError):
+                error = EntryTooLargeForLedgerError(f"managed ledger {self.name}: {error}")
+            else:
+                self._current_failed = True
+                error = ManagedLedgerError(f"managed ledger {self.name}: add failed: {error}")
+            if not future.done():
+                future.set_exception(error)
+            return
+        position = Position(ledger_id, entry_future.result())
+        if self._current is not None and ledger_id == self._current.ledger_id:
+            self._confirmed_in_current = True
+        self._cache.put(position, data)
+        if not future.done():
+            future.set_result(position)
+        self._notify_added()
+        if self.on_added is not None:
+            self.on_added()
+
+    def _notify_added(self) -> None:
+        added, self._added = self._added, None
+        if added is not None:
+            added.set()
+
+    async def _wait_before_roll(self) -> None:
+        """After rollovers that gave ledgers nobody could write to, wait before the next one
+        (doubling, up to ROLL_BACKOFF_MAX_S): failing bookies must not turn every add into a
+        new empty ledger."""
+        if not self._current_failed or self._confirmed_in_current:
+            self._failed_rolls = 0
+            return
+        self._failed_rolls += 1
+        if self._failed_rolls > 1:
+            delay = min(ROLL_BACKOFF_FIRST_S * 2 ** (self._failed_rolls - 2), ROLL_BACKOFF_MAX_S)
+            log.warning(
+                "managed ledger %s: ledger %s took no entry; next ledger in %.1f s",
+                self.name,
+                self._current.ledger_id if self._current is not None else "?",
+                delay,
+            )
+            await asyncio.sleep(delay)
+
+    def _should_roll(self) -> bool:
+        if self._current is None or self._current_failed or self._current.is_closed:
+            return True  # also after a rollover that closed the ledger but failed later
+        cfg = self.config
+        if self._pushed_entries == 0:
+            return False  # an empty ledger gains nothing from a rollover
+        age_s = time.time() - self._current.metadata.ctime_ms / 1000
+        return (
+            self._pushed_entries >= cfg.max_entries_per_ledger
+            or self._pushed_bytes >= cfg.max_ledger_size_bytes
+            or age_s >= cfg.max_ledger_age_s
+        )
+
+    async def _roll(self) -> None:
+        """Close the current ledger, create the next, CAS both into the metadata. Adds wait in
+        the queue meanwhile, so they land in the new ledger in order."""
+        async with self._meta_lock:
+            old = self._current
+            assert old is not None
+            info = await self._finish_current()
+            if self._error is not None:
+                raise self._error
+            new = await self._create_ledger()
+            ledgers = list(self._ledgers)
+            self._ledgers = self._ledgers[:-1]
+            if info.entries > 0:
+                self._ledgers.append(info)
+            self._ledgers.append(LedgerInfo(new.ledger_id, ctime_ms=new.metadata.ctime_ms))
+            try:
+                await self._write_metadata()
+            except ManagedLedgerFencedError:
+                self._ledgers = ledgers
+                await self._delete_ledgers([new.ledger_id])
+                raise
+            self._current = new
+            self._current_failed = False
+            self._confirmed_in_current = False
+            self._pushed_entries = self._pushed_bytes = 0
+            if info.entries == 0:
+                await self._delete_ledgers([old.ledger_id])
+            log.info(
+                "managed ledger %s: rolled over from ledger %d (%d entries) to %d",
+                self.name,
+                old.ledger_id,
+                info.entries,
+                new.ledger_id,
+            )
+
+    async def _finish_current(self) -> LedgerInfo:
+        """Close the write handle; the closed ledger's info (not yet in the metadata)."""
+        handle = self._current
+        assert handle is not None
+        try:
+            await handle.close()
+        except LedgerFencedError as e:
+            raise self._fence(str(e)) from None
+        if self._error is not None:
+            raise self._error
+        if handle.metadata.is_closed:
+            last, length = handle.metadata.last_entry_id, handle.metadata.length
+            self._read_handles[handle.ledger_id] = handle
+        else:
+            # The handle failed (not fenced): recovery decides which of its adds are in it.
+            recovered = await self.client.open_ledger(handle.ledger_id, recovery=True)
+            last, length = recovered.metadata.last_entry_id, recovered.metadata.length
+            self._read_handles[handle.ledger_id] = recovered
+        return replace(
+            self._ledgers[-1],
+            entries=last + 1,
+            size=length,
+            closed=True,
+            closed_ms=int(time.time() * 1000),
+        )
+
+    # -- positions -----------------------------------------------------------------------------
+
+    @property
+    def ledger_ids(self) -> list[int]:
+        return [i.ledger_id for i in self._ledgers]
+
+    def _readable(self, info: LedgerInfo) -> int:
+        """Entries of the ledger that can be read: the current ledger's LAC + 1."""
+        current = self._current
+        if current is not None and info.ledger_id == current.ledger_id:
+            return current.last_add_confirmed + 1
+        return info.entries
+
+    def ledger_extents(self) -> list[tuple[int, int]]:
+        """(ledger id, readable entry count) of every ledger, in order."""
+        return [(i.ledger_id, self._readable(i)) for i in self._ledgers]
+
+    def first_at_or_after(self, position: Position) -> Position | None:
+        """The first existing entry at or after ``position``, or None."""
+        for info in self._ledgers:
+            if info.ledger_id < position.ledger_id:
+                continue
+            start = max(position.entry_id, 0) if info.ledger_id == position.ledger_id else 0
+            if start < self._readable(info):
+                return Position(info.ledger_id, start)
+        return None
+
+    def _end_position(self) -> Position:
+        """Where the next added entry will go, as far as is known now."""
+        if self._current is not None:
+            return Position(self._current.ledger_id, self._current.last_add_confirmed + 1)
+        if self._ledgers:
+            return Position(self._ledgers[-1].ledger_id, self._ledgers[-1].entries)
+        return Position(-1, 0)
+
+    def next_position(self, position: Position) -> Position:
+        """The entry after ``position``: an existing one, else where the next add will go."""
+        following = Position(position.ledger_id, position.entry_id + 1)
+        found = self.first_at_or_after(following)
+        if found is not None:
+            return found
+        return max(self._end_position(), following)
+
+    @property
+    def first_position(self) -> Position:
+        """The first existing entry (or where the first entry will go, when empty)."""
+        found = self.first_at_or_after(Position(-1, 0))
+        return found if found is not None else self._end_position()
+
+    @property
+    def last_confirmed_position(self) -> Position:
+        """The last acknowledged entry; ``(first ledger, -1)`` when there is none."""
+        for ledger_id, count in reversed(self.ledger_extents()):
+            if count > 0:
+                return Position(ledger_id, count - 1)
+        first = self._ledgers[0].ledger_id if self._ledgers else -1
+        return Position(first, -1)
+
+    @property
+    def number_of_entries(self) -> int:
+        return sum(count for _, count in self.ledger_extents())
+
+    @property
+    def total_size(self) -> int:
+        size = sum(i.size for i in self._ledgers if i.closed)
+        if self._current is not None:
+            size += self._current.length
+        return size
+
+    def entries_after(self, position: Position) -> int:
+        """How many existing entries are strictly after ``position``."""
+        total = 0
+        for ledger_id, count in self.ledger_extents():
+            if ledger_id > position.ledger_id:
+                total += count
+            elif ledger_id == position.ledger_id:
+                total += max(count - (position.entry_id + 1), 0)
+        return total
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    async def read_entries(self, start: Position, max_entries: int) -> list[tuple[Position, bytes]]:
+        """Up to ``max_entries`` entries from ``start`` (or the first existing one after it),
+        across ledgers, up to the last acknowledged entry."""
+        result: list[tuple[Position, bytes]] = []
+        position = self.first_at_or_after(start)
+        while position is not None and len(result) < max_entries:
+            # Fresh each time: adds confirmed while a read awaited the bookies extend the ledger.
+            count = next(
+                (self._readable(i) for i in self._ledgers if i.ledger_id == position.ledger_id), 0
+            )
+            last = min(count - 1, position.entry_id + max_entries - len(result) - 1)
+            try:
+                result.extend(await self._read_range(position.ledger_id, position.entry_id, last))
+            except UnreadableEntryError:
+                if result:
+                    return result  # what comes before it; the next read stops at it
+                raise
+            position = self.first_at_or_after(Position(position.ledger_id, last + 1))
+        return result
+
+    async def _read_range(
+        self, ledger_id: int, first: int, last: int
+    ) -> list[tuple[Position, bytes]]:
+        result: list[tuple[Position, bytes]] = []
+        entry_id = first
+        while entry_id <= last:
+            cached = self._cache.get(Position(ledger_id, entry_id))
+            if cached is None:
+                break
+            result.append((Position(ledger_id, entry_id), cached))
+            entry_id += 1
+        if entry_id <= last:
+            handle = await self._handle_for_read(ledger_id)
+            try:
+                entries = await handle.read(entry_id, last)
+            except EntryDigestError as e:
+                bad = Position(ledger_id, e.entry_id)
+                if e.entry_id > entry_id:
+                    # Give what comes before the damaged entry; the next read stops at it.
+                    return result + await self._read_range(ledger_id, entry_id, e.entry_id - 1)
+                if bad not in self.unreadable:
+                    log.error(
+                        "managed ledger %s: entry %s is unreadable, no bookie has an intact "
+                        "copy: %s",
+                        self.name,
+                        bad,
+                        e,
+                    )
+                self.unreadable[bad] = str(e)
+                raise UnreadableEntryError(
+                    f"managed ledger {self.name}: entry {bad} is unreadable: {e}", bad
+                ) from e
+            except LedgerError as e:
+                raise ManagedLedgerError(
+                    f"managed ledger {self.name}: reading ledger {ledger_id} "
+                    f"entries {entry_id}..{last} failed: {e}"
+                ) from e
+            result.extend((Position(ledger_id, e.entry_id), e.payload) for e in entries)
+            if self.unreadable:
+                for item in entries:
+                    self.unreadable.pop(Position(ledger_id, item.entry_id), None)
+        return result
+
+    async def _handle_for_read(self, ledger_id: int) -> LedgerHandle:
+        if self._current is not None and self._current.ledger_id == ledger_id:
+            return self._current
+        handle = self._read_handles.get(ledger_id)
+        if handle is None:
+            # Closed ledgers only (the current one is read through the writer), so no recovery.
+            handle = await self.client.open_ledger(ledger_id, recovery=False)
+            self._read_handles[ledger_id] = handle
+        return handle
+
+    async def wait_for_entries_after(self, position: Position, timeout: float) -> bool:
+        """Wait until an entry after ``position`` is acknowledged; False on timeout or when the
+        managed ledger is closed or fenced."""
+        following = Position(position.ledger_id, position.entry_id + 1)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            added = self._added
+            if added is None:
+                added = self._added = asyncio.Event()
+            if self.first_at_or_after(following) is not None:
+                return True
+            remaining = deadline - loop.time()
+            if remaining <= 0 or self._error is not None or self._state is not _State.OPEN:
+                return False
+            try:
+                await asyncio.wait_for(added.wait(), remaining)
+            except TimeoutError:
+                return self.first_at_or_after(following) is not None
+
+    # -- cursors -------------------------------------------------------------------------------
+
+    async def open_cursor(
+        self, name: str, initial: Literal["earliest", "latest"] = "latest"
+    ) -> ManagedCursor:
+        """The durable cursor ``name``: loaded if it exists, else created at ``initial``."""
+        cursor = self.cursors.get(name)
+        if cursor is not None:
+            return cursor
+        cursor = await ManagedCursor.load(self, name)
+        if cursor is None:
+            if initial == "earliest":
+                first = self.first_position
+                mark_delete = Position(first.ledger_id, first.entry_id - 1)
+            else:
+                mark_delete = self.last_confirmed_position
+            cursor = await ManagedCursor.create(self, name, mark_delete)
+        self.cursors[name] = cursor
+        return cursor
+
+    async def delete_cursor(self, name: str) -> None:
+        cursor = self.cursors.pop(name, None)
+        if cursor is not None:
+            await cursor.remove()
+        else:
+            await delete_stored_cursor(self, name)
+
+    # -- trimming ------------------------------------------------------------------------------
+
+    def _closed_before(self, before: Position) -> list[LedgerInfo]:
+        """The closed ledgers (never the current one) whose every entry is before ``before``."""
+        current = self._current.ledger_id if self._current is not None else None
+        return [
+            i
+            for i in self._ledgers
+            if i.ledger_id != current and i.closed and Position(i.ledger_id, i.entries - 1) < before
+        ]
+
+    async def trim(self, before: Position) -> list[int]:
+        """Delete the ledgers whose every entry is before ``before`` (never the current one);
+        returns their ids."""
+        async with self._meta_lock:
+            if self._error is not None:
+                raise self._error
+            doomed = [i.ledger_id for i in self._closed_before(before)]
+            return await self._drop_ledgers(doomed)
+
+    async def trim_retained(self, retention_minutes: int, retention_mb: int) -> list[int]:
+        """Apply a retention policy, as Pulsar does: oldest first, a ledger every durable cursor
+        has consumed (every ledger, without cursors) is deleted while it is older than
+        ``retention_minutes`` or the rest of the topic is over ``retention_mb``; -1 is no limit
+        for either. The ledger being written is never deleted. Returns the deleted ids."""
+        if retention_minutes < 0 and retention_mb < 0:
+            return []
+        async with self._meta_lock:
+            if self._error is not None:
+                raise self._error
+            slowest = self.slowest_mark_delete()
+            consumed_before = (
+                Position(slowest.ledger_id, slowest.entry_id + 1)
+                if slowest is not None
+                else self.next_position(self.last_confirmed_position)
+            )
+            consumed = {i.ledger_id for i in self._closed_before(consumed_before)}
+            now_ms = time.time() * 1000
+            total, deleted, doomed = self.total_size, 0, []
+            for info in self._ledgers:
+                if info.ledger_id not in consumed:
+                    break
+                expired = (
+                    retention_minutes >= 0
+                    and (info.closed_ms or info.ctime_ms) < now_ms - retention_minutes * 60_000
+                )
+                over_size = retention_mb >= 0 and total - deleted > retention_mb * MiB
+                if not expired and not over_size:
+                    break
+                doomed.append(info.ledger_id)
+                deleted += info.size
+            return await self._drop_ledgers(doomed)
+
+    async def _drop_ledgers(self, doomed: list[int]) -> list[int]:
+        """Remove ``doomed`` from the ledger list (CAS) and delete them; under the meta lock."""
+        if not doomed:
+            return []
+        kept = self._ledgers
+        self._ledgers = [i for i in self._ledgers if i.ledger_id not in doomed]
+        try:
+            await self._write_metadata()
+        except ManagedLedgerFencedError:
+            self._ledgers = kept
+            raise
+        await self._delete_ledgers(doomed)
+        log.info("managed ledger %s: trimmed ledgers %s", self.name, doomed)
+        return doomed
+
+    def last_position_closed_before(self, cutoff_ms: float) -> Position | None:
+        """The last entry of the oldest run of ledgers closed before ``cutoff_ms`` (their every
+        entry is older than that), or None."""
+        last = None
+        for info in self._ledgers:
+            if not info.closed or not info.closed_ms or info.closed_ms >= cutoff_ms:
+                break
+            if info.entries > 0:
+                last = Position(info.ledger_id, info.entries - 1)
+        return last
+
+    def slowest_mark_delete(self) -> Position | None:
+        if not self.cursors:
+            return None
+        return min(c.mark_delete_position for c in self.cursors.values())
+
+    async def trim_consumed(self) -> list[int]:
+        """Delete the ledgers every cursor has fully acknowledged. Without cursors nothing is
+        trimmed (retention policies are the topic's business, not this one's)."""
+        slowest = self.slowest_mark_delete()
+        if slowest is None:
+            return []
+        return await self.trim(Position(slowest.ledger_id, slowest.entry_id + 1))
+
+    # -- close / delete ------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Finish queued adds, persist the cursors, close the current ledger in the metadata."""
+        if self._state is not _State.OPEN:
+            return
+        self._state = _State.CLOSING
+        self._wake.set()
+        if self._writer is not None:
+            # gather, not await: a writer that was cancelled (the loop is shutting down) must
+            # not stop the close.
+            await asyncio.gather(self._writer, return_exceptions=True)
+        for cursor in list(self.cursors.values()):
+            await cursor.close()
+        async with self._meta_lock:
+            if self._error is None and self._current is not None:
+                try:
+                    info = await self._finish_current()
+                    old = self._current
+                    self._ledgers = self._ledgers[:-1] + ([info] if info.entries > 0 else [])
+                    self._current = None
+                    await self._write_metadata()
+                    if info.entries == 0:
+                        await self._delete_ledgers([old.ledger_id])
+                except ManagedLedgerError as e:
+                    log.warning("managed ledger %s: close: %s", self.name, e)
+            self._current = None
+        for handle in self._read_handles.values():
+            await handle.close()
+        self._read_handles.clear()
+        self._state = _State.CLOSED
+        self._notify_added()
+        log.info("managed ledger %s closed", self.name)
+
+    async def delete(self) -> None:
+        """Delete every ledger, every cursor and the metadata."""
+        if isinstance(self._error, ManagedLedgerFencedError):
+            raise self._error  # the ledgers belong to the new owner now
+        await self.close()
+        if isinstance(self._error, ManagedLedgerFencedError):
+            raise self._error
+        for cursor in list(self.cursors.values()):
+            await cursor.remove()  # its record and its cursor ledgers
+        await self._delete_ledgers(self.ledger_ids)
+        self._ledgers = []
+        for key in await self.store.scan(f"{self.key}/"):
+            await self.store.delete(key)
+        await self.store.delete(self.key)
+        self.cursors.clear()
+        log.info("managed ledger %s deleted", self.name)
+
+    @classmethod
+    async def delete_stored(cls, name: str, client: LedgerClient, store: MetadataStore) -> bool:
+        """Delete a managed ledger that is open nowhere from its stored record alone (Pulsar's
+        ManagedLedgerFactory.asyncDelete of a ledger that is not open): cursors, ledgers, and
+        the record last, so an interrupted delete is finished by the next. Nothing is opened,
+        so no ledger is created on the way. The caller makes sure nobody opens it meanwhile.
+        False if there was no record."""
+        ml = cls(name, client, store, ManagedLedgerConfig())
+        found = await store.get(ml.key)
+        if found is None:
+            return False
+        ml._ledgers = [LedgerInfo.from_json(d) for d in json.loads(found.value)["ledgers"]]
+        for segment in await store.children(f"{ml.key}/cursors"):
+            await delete_stored_cursor(ml, decode_name(segment))
+        await ml._delete_ledgers(ml.ledger_ids)
+        for key in await store.scan(f"{ml.key}/"):
+            await store.delete(key)
+        await store.delete(ml.key)
+        log.info("managed ledger %s deleted (it was not open)", name)
+        return True

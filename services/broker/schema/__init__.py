@@ -1,0 +1,1 @@
+"""The schema registry and its compatibility rules."""

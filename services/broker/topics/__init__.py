@@ -1,0 +1,1 @@
+"""Persistent and non-persistent topics, their subscriptions, consumers, producers and dispatchers."""

@@ -1,0 +1,234 @@
+"""Non-persistent topics (``non-persistent://...``): nothing is stored. A published message is
+acknowledged at once and handed to each subscription's consumer that can take it now (one with
+permits, chosen by the subscription's mode); when there is none, it is dropped for that
+subscription and counted. Acks, redelivery requests and seeks have nothing to act on.
+
+Message ids are ``(0, n)`` with ``n`` counting the topic's published entries from 0 since it
+was loaded (they are not durable and not comparable across broker restarts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from magnetar.broker.model.entry import entry_metadata, message_count
+from magnetar.broker.model.position import Position
+from magnetar.broker.model.topic_name import TopicName
+from magnetar.broker.topics.consumer import Consumer
+from magnetar.broker.topics.dispatchers.live import LiveDispatcher, for_live_mode
+from magnetar.broker.topics.persistent import (
+    SubscriptionBusyError,
+    SubscriptionNotFoundError,
+    TopicBusyError,
+    publish_counters,
+)
+from magnetar.broker.topics.producers import ProducerSet
+from magnetar.broker.topics.subscription import SubscriptionTypeError
+from magnetar.common.proto import pulsar_api_pb2 as pb
+
+if TYPE_CHECKING:
+    from magnetar.broker.namespace.policies import Policies
+
+log = logging.getLogger(__name__)
+
+Sub = pb.CommandSubscribe
+
+
+class NonPersistentSubscription:
+    durable = False
+
+    def __init__(self, topic: NonPersistentTopic, name: str, sub_type: int) -> None:
+        self.topic = topic
+        self.name = name
+        self.sub_type = sub_type
+        self.dispatcher: LiveDispatcher = for_live_mode(sub_type, topic.name, name)
+        self.dropped = 0
+        #: Messages and bytes sent to consumers, for metrics.
+        self.msg_out = 0
+        self.bytes_out = 0
+
+    def __str__(self) -> str:
+        return f"{self.topic.name}/{self.name}"
+
+    @property
+    def consumers(self) -> list[Consumer]:
+        return self.dispatcher.consumers
+
+    def add_consumer(self, consumer: Consumer, sub_type: int) -> None:
+        if sub_type != self.sub_type and not self.consumers:
+            self.sub_type = sub_type  # no consumers: the subscription takes the new mode
+            self.dispatcher = for_live_mode(sub_type, self.topic.name, self.name)
+        if sub_type != self.sub_type:
+            raise SubscriptionTypeError(
+                f"subscription {self} is {Sub.SubType.Name(self.sub_type)}, "
+                f"not {Sub.SubType.Name(sub_type)}"
+            )
+        self.dispatcher.add_consumer(consumer)
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        self.dispatcher.remove_consumer(consumer)
+
+    def deliver(
+        self, position: Position, stored: bytes, metadata: pb.MessageMetadata, count: int
+    ) -> None:
+        consumer = self.dispatcher.choose(stored, metadata)
+        if consumer is None:
+            self.dropped += count
+            return
+        consumer.send(position, stored, count)
+        consumer.clear_pending()  # nothing to acknowledge on a non-persistent topic
+        self.msg_out += count
+        self.bytes_out += len(stored)
+        self.topic.msg_out += count
+        self.topic.bytes_out += len(stored)
+
+    def flow(self, consumer: Consumer, permits: int) -> None:
+        consumer.permits += permits
+
+    def wake(self) -> None:
+        pass  # live delivery: nothing waits to be sent
+
+    def ack(self, consumer: Consumer, ack_type: int, message_ids: list[pb.MessageIdData]) -> None:
+        pass  # nothing is kept, so nothing to mark
+
+    def redeliver(self, consumer: Consumer, message_ids: list[pb.MessageIdData] | None) -> None:
+        pass  # nothing is kept to send again
+
+    async def close(self) -> None:
+        for consumer in list(self.consumers):
+            self.remove_consumer(consumer)
+
+
+class NonPersistentTopic:
+    persistent = False
+
+    def __init__(self, name: TopicName) -> None:
+        self.name = name
+        self.subscriptions: dict[str, NonPersistentSubscription] = {}
+        self.producers = ProducerSet()
+        self.deduplication = None  # not for a topic that stores nothing
+        self.loaded_at = time.monotonic()
+        #: Counters as PersistentTopic's (entries, bytes, messages in; messages, bytes out).
+        self.msg_in = 0
+        self.bytes_in = 0
+        self.messages_in = 0
+        self.msg_out = 0
+        self.bytes_out = 0
+        self._entry_ids = itertools.count()
+
+    def publish(
+        self,
+        stored: bytes,
+        producer_name: str = "",
+        sequence_id: int = -1,
+        highest: int = -1,
+        messages: int | None = None,
+    ) -> asyncio.Future[Position | None]:
+        """Deliver one entry to each subscription's chosen consumer now (``messages``: taken
+        from the entry's metadata, which is decoded here anyway)."""
+        position = Position(0, next(self._entry_ids))
+        metadata = entry_metadata(stored)  # once, for every subscription
+        count = message_count(metadata)
+        self.msg_in += 1
+        self.bytes_in += len(stored)
+        self.messages_in += count
+        for subscription in list(self.subscriptions.values()):
+            subscription.deliver(position, stored, metadata, count)
+        done: asyncio.Future[Position | None] = asyncio.get_running_loop().create_future()
+        done.set_result(position)
+        return done
+
+    async def subscribe(
+        self,
+        consumer: Consumer,
+        name: str,
+        sub_type: int,
+        initial_position: int,
+        start_message_id: pb.MessageIdData | None = None,
+    ) -> NonPersistentSubscription:
+        subscription = self.subscriptions.get(name)
+        if subscription is None:
+            subscription = self.subscriptions[name] = NonPersistentSubscription(
+                self, name, sub_type
+            )
+        subscription.add_consumer(consumer, sub_type)
+        return subscription
+
+    async def remove_subscription_if_unused(self, subscription: NonPersistentSubscription) -> None:
+        if not subscription.consumers and self.subscriptions.get(subscription.name) is subscription:
+            del self.subscriptions[subscription.name]
+
+    async def unsubscribe(self, name: str) -> None:
+        self.subscriptions.pop(name, None)
+
+    async def delete_subscription(self, name: str, *, force: bool) -> None:
+        """Admin ``DELETE .../subscription/{name}``, as for a persistent topic."""
+        subscription = self.subscriptions.get(name)
+        if subscription is None:
+            raise SubscriptionNotFoundError(f"Subscription {name} not found on topic {self.name}")
+        consumers = list(subscription.consumers)
+        if consumers and not force:
+            raise SubscriptionBusyError(
+                f"Subscription {name} of topic {self.name} has {len(consumers)} active "
+                "connected consumer(s); use force=true"
+            )
+        for consumer in consumers:
+            consumer.connection.close_consumer(subscription, consumer)
+        if self.subscriptions.get(name) is subscription:
+            del self.subscriptions[name]
+        await subscription.close()
+
+    async def apply_policies(self, policies: Policies) -> None:
+        pass  # retention, TTL and deduplication concern stored messages only
+
+    def stats(self) -> dict[str, object]:
+        return {
+            **publish_counters(
+                self.messages_in, self.bytes_in, self.loaded_at, len(self.producers)
+            ),
+            "subscriptions": {
+                name: {
+                    "type": Sub.SubType.Name(sub.sub_type),
+                    "msgDropped": sub.dropped,
+                    "consumers": [
+                        {"consumerName": c.name, "availablePermits": c.permits}
+                        for c in sub.consumers
+                    ],
+                }
+                for name, sub in self.subscriptions.items()
+            },
+        }
+
+    async def stop_publishing(self) -> None:
+        pass  # a send is acknowledged at once: nothing is ever in flight
+
+    async def store_epoch(self, epoch: int) -> None:
+        pass  # nothing outlives a non-persistent topic's owner
+
+    def disconnect_clients(self, assigned_url: str | None = None) -> None:
+        """Unloading: producers and consumers are told to reconnect (to the owner; the
+        broker at ``assigned_url`` when the topic is handed over)."""
+        self.producers.close_all(assigned_url)
+        for subscription in self.subscriptions.values():
+            for consumer in list(subscription.consumers):
+                consumer.connection.close_consumer(subscription, consumer, assigned_url)
+
+    async def delete(self, *, force: bool) -> None:
+        busy = len(self.producers) + sum(len(s.consumers) for s in self.subscriptions.values())
+        if busy and not force:
+            raise TopicBusyError(
+                f"topic {self.name} has {busy} producer(s)/consumer(s); use force=true"
+            )
+        self.producers.close_all()
+        for subscription in self.subscriptions.values():
+            for consumer in list(subscription.consumers):
+                consumer.connection.close()
+        self.subscriptions.clear()
+
+    async def close(self) -> None:
+        for subscription in self.subscriptions.values():
+            await subscription.close()

@@ -1,0 +1,409 @@
+"""A persistent topic: its managed ledger, its producers and its subscriptions."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from magnetar.broker.cluster.ownership import BrokerInfo
+from magnetar.broker.ledger.cursor import NonDurableCursor
+from magnetar.broker.ledger.managed_ledger import ManagedLedger
+from magnetar.broker.metrics import BrokerMetrics
+from magnetar.broker.model.entry import entry_metadata, message_count
+from magnetar.broker.model.message_id import LATEST, from_wire, to_wire
+from magnetar.broker.model.position import Position
+from magnetar.broker.model.topic_name import TopicName
+from magnetar.broker.namespace.policies import Policies
+from magnetar.broker.topics.consumer import Consumer
+from magnetar.broker.topics.deduplication import Deduplication, DuplicateStatus
+from magnetar.broker.topics.dispatch_limits import DispatchLimits
+from magnetar.broker.topics.producers import ProducerSet
+from magnetar.broker.topics.subscription import Subscription
+from magnetar.common.proto import pulsar_api_pb2 as pb
+from magnetar.common.protocol import codec
+from magnetar.common.tasks import spawn_logged
+
+log = logging.getLogger(__name__)
+
+
+#: Managed-ledger property holding the topic epoch (exclusive producer generations).
+TOPIC_EPOCH_PROPERTY = "topic-epoch"
+
+
+class NamespaceNotFoundError(Exception):
+    """A topic was asked for in a namespace that does not exist."""
+
+
+class TopicNotFoundError(Exception):
+    """The topic does not exist and may not be created automatically."""
+
+
+class TopicNotOwnedError(Exception):
+    """This broker does not serve the topic now (another owns its bundle, or it is moving):
+    the client gets ServiceNotReady and looks the topic up again; an admin call is redirected
+    (307) to ``owner`` (the owner, or the broker that decides) when it is known."""
+
+    def __init__(self, message: str, owner: BrokerInfo | None = None) -> None:
+        super().__init__(message)
+        self.owner = owner
+
+
+class DuplicateInFlightError(Exception):
+    """Deduplication cannot tell yet whether a resent message is a duplicate: its first copy
+    is still being stored (Pulsar's MessageDupUnknown). The client sends it again."""
+
+
+class TopicUnloadingError(Exception):
+    """The topic is being unloaded from this broker: the client sends again to the next owner."""
+
+
+class TopicBusyError(Exception):
+    """The topic still has producers or consumers (delete without force)."""
+
+
+class SubscriptionNotFoundError(Exception):
+    """No subscription of that name on the topic."""
+
+
+class SubscriptionBusyError(Exception):
+    """The subscription still has consumers (delete without force)."""
+
+
+class PersistentTopic:
+    """A persistent topic. Every durable cursor of its managed ledger is a subscription from
+    the moment the topic loads, consumers or not (Pulsar's PersistentTopic makes one per
+    cursor it recovers): listed, in stats, in metrics, expired by TTL and removable. Pulsar
+    leaves out its internal cursors (deduplication's, replicators'); Magnetar has none: its
+    deduplication state lives in the managed ledger's properties and readers' cursors are
+    never stored."""
+
+    def __init__(
+        self,
+        name: TopicName,
+        ml: ManagedLedger,
+        limits: DispatchLimits | None = None,
+        metrics: BrokerMetrics | None = None,
+    ) -> None:
+        self.name = name
+        self.ml = ml
+        ml.on_added = self._wake_dispatchers
+        self.limits = limits or DispatchLimits()
+        self.metrics = metrics or BrokerMetrics()
+        self.subscriptions: dict[str, Subscription] = {
+            name: Subscription(self, name, cursor, None, self.limits)
+            for name, cursor in ml.cursors.items()
+        }
+        self.producers = ProducerSet()
+        self.producers.topic_epoch = int(ml.properties.get(TOPIC_EPOCH_PROPERTY, "0"))
+        self.loaded_at = time.monotonic()
+        #: Plain counters since the topic was loaded (metrics and load reports take rates from
+        #: their deltas): entries and bytes stored, messages stored (a batch counts each of its
+        #: messages), messages and bytes dispatched to consumers (redeliveries included).
+        self.msg_in = 0
+        self.bytes_in = 0
+        self.messages_in = 0
+        self.msg_out = 0
+        self.bytes_out = 0
+        self.deduplication: Deduplication | None = None  # set by the broker when enabled
+        self._subscribe_lock = asyncio.Lock()
+        #: Unloading: new sends are refused while those in flight get their receipts.
+        self.unloading = False
+        self._last_publish: asyncio.Future[Position] | None = None
+
+    def publish(
+        self,
+        stored: bytes,
+        producer_name: str = "",
+        sequence_id: int = -1,
+        highest: int = -1,
+        messages: int | None = None,
+    ) -> asyncio.Future[Position | None]:
+        """Append one entry (a producer's payload section); resolves once it is durable, to
+        None for a duplicate that deduplication dropped. ``messages``: the entry's messages when
+        the caller knows them (SEND's ``num_messages``); else they are read from its metadata."""
+        if self.unloading:
+            refused: asyncio.Future[Position | None] = asyncio.get_running_loop().create_future()
+            refused.set_exception(TopicUnloadingError(f"topic {self.name} is being unloaded"))
+            return refused
+        dedup = self.deduplication
+        if dedup is not None:
+            status = dedup.check(producer_name, sequence_id, highest)
+            if status is not DuplicateStatus.NEW:
+                done: asyncio.Future[Position | None] = asyncio.get_running_loop().create_future()
+                if status is DuplicateStatus.DUPLICATE:
+                    done.set_result(None)
+                else:
+                    done.set_exception(
+                        DuplicateInFlightError(
+                            f"topic {self.name}: message {sequence_id} of {producer_name} is "
+                            "still being stored; send it again"
+                        )
+                    )
+                return done
+        future = self.ml.add_entry_async(stored)
+        self._last_publish = future
+        self.msg_in += 1
+        self.bytes_in += len(stored)
+        self.messages_in += message_count(stored) if messages is None else messages
+        if dedup is not None:
+            last = max(sequence_id, highest)
+            future.add_done_callback(lambda f: self._persisted(f, producer_name, last))
+        return future  # type: ignore[return-value]
+
+    def _persisted(
+        self, future: asyncio.Future[Position], producer_name: str, sequence_id: int
+    ) -> None:
+        if future.cancelled() or self.deduplication is None:
+            return
+        if future.exception() is not None:
+            self.deduplication.failed(producer_name)
+            return
+        if self.deduplication.persisted_up_to(producer_name, sequence_id):
+            spawn_logged(
+                self.deduplication.snapshot(), log, f"topic {self.name}: deduplication snapshot"
+            )
+
+    def _wake_dispatchers(self) -> None:
+        """A new entry is stored: every subscription may have something to send."""
+        for subscription in self.subscriptions.values():
+            subscription.dispatcher.wake()
+
+    async def subscribe(
+        self,
+        consumer: Consumer,
+        name: str,
+        sub_type: int,
+        initial_position: int,
+        start_message_id: pb.MessageIdData | None = None,
+    ) -> Subscription:
+        """Attach a consumer. ``start_message_id`` makes a non-durable subscription (a reader)
+        starting at that message, or at the earliest/latest one for Pulsar's special ids."""
+        async with self._subscribe_lock:
+            subscription = self.subscriptions.get(name)
+            if subscription is None and start_message_id is not None:
+                cursor = NonDurableCursor(self.ml, name, self.position_for(start_message_id))
+                subscription = Subscription(self, name, cursor, sub_type, self.limits)
+                subscription.durable = False
+                self.subscriptions[name] = subscription
+            elif subscription is None:
+                initial = (
+                    "earliest" if initial_position == pb.CommandSubscribe.Earliest else "latest"
+                )
+                cursor = await self.ml.open_cursor(name, initial)
+                subscription = Subscription(self, name, cursor, sub_type, self.limits)
+                self.subscriptions[name] = subscription
+            subscription.add_consumer(consumer, sub_type)
+            return subscription
+
+    def position_for(self, message_id: pb.MessageIdData) -> Position:
+        """Where a message id points: Pulsar's earliest/latest ids mean the first entry and the
+        end of the log; any other id at most as early as the first entry still stored."""
+        position = from_wire(message_id)
+        if position.ledger_id < 0:  # MessageId.earliest
+            return self.ml.first_position
+        if position.ledger_id >= LATEST.ledger_id:  # MessageId.latest
+            return self.ml.next_position(self.ml.last_confirmed_position)
+        return max(position, self.ml.first_position)
+
+    async def last_message_id(self) -> pb.MessageIdData:
+        """The last stored message (for GET_LAST_MESSAGE_ID); entry -1 when there is none. For
+        a batch, the id of its last message, as Pulsar answers: a reader that has read part of
+        the last batch still sees messages available."""
+        last = self.ml.last_confirmed_position
+        batch_index = -1
+        if last.entry_id >= 0:
+            entries = await self.ml.read_entries(last, 1)
+            if entries and entries[0][0] == last:
+                count = message_count(entries[0][1])
+                if count > 1 or codec.is_batch(entry_metadata(entries[0][1])):
+                    batch_index = count - 1
+        return to_wire(last, self.name.partition_index, batch_index)
+
+    def remove_subscription_later(self, subscription: Subscription, delay_s: float) -> None:
+        """Remove a reader's subscription after ``delay_s`` if no reader attached again."""
+
+        def remove() -> None:
+            spawn_logged(
+                self.remove_subscription_if_unused(subscription),
+                log,
+                f"topic {self.name}: removing {subscription}",
+            )
+
+        asyncio.get_running_loop().call_later(delay_s, remove)
+
+    async def remove_subscription_if_unused(self, subscription: Subscription) -> None:
+        """Readers' subscriptions go away with their last consumer."""
+        if not subscription.durable and not subscription.dispatcher.consumers:
+            if self.subscriptions.get(subscription.name) is subscription:
+                del self.subscriptions[subscription.name]
+            await subscription.close()
+
+    def stats(self) -> dict[str, object]:
+        """Topic stats in the shape of Pulsar's ``.../stats`` (the fields built so far)."""
+        subscriptions = {}
+        for name, sub in self.subscriptions.items():
+            consumers = sub.dispatcher.consumers
+            subscriptions[name] = {
+                "type": sub.type_name,
+                "msgBacklog": sub.cursor.backlog,
+                "isDurable": sub.durable,
+                "unackedMessages": sum(sum(c.pending.values()) for c in consumers),
+                "consumers": [
+                    {
+                        "consumerName": c.name,
+                        "availablePermits": c.permits,
+                        "unackedMessages": c.unacked,
+                    }
+                    for c in consumers
+                ],
+            }
+        return {
+            **publish_counters(
+                self.messages_in, self.bytes_in, self.loaded_at, len(self.producers)
+            ),
+            "storageSize": self.ml.total_size,
+            "entries": self.ml.number_of_entries,
+            # Entries no bookie could give back intact (digest errors on every copy).
+            "unreadableEntries": {str(p): why for p, why in sorted(self.ml.unreadable.items())},
+            "subscriptions": subscriptions,
+        }
+
+    def internal_stats(self) -> dict[str, object]:
+        """Storage view in the shape of Pulsar's ``.../internalStats``: ledgers and cursors."""
+        ml = self.ml
+        return {
+            "numberOfEntries": ml.number_of_entries,
+            "totalSize": ml.total_size,
+            "lastConfirmedEntry": str(ml.last_confirmed_position),
+            "ledgers": [
+                {"ledgerId": ledger_id, "entries": entries}
+                for ledger_id, entries in ml.ledger_extents()
+            ],
+            "cursors": {
+                name: {
+                    "markDeletePosition": str(sub.cursor.mark_delete_position),
+                    "readPosition": str(sub.cursor.read_position),
+                    "messagesConsumedCounter": ml.number_of_entries - sub.cursor.backlog,
+                    **sub.cursor.persistence_stats(),
+                }
+                for name, sub in self.subscriptions.items()
+                if sub.durable
+            },
+        }
+
+    async def stop_publishing(self) -> None:
+        """Refuse new sends and wait until those in flight are stored (or failed), so every
+        receipt leaves before the producers are told to go. Adds complete in order, so the
+        last one is enough to wait for."""
+        self.unloading = True
+        if self._last_publish is not None:
+            await asyncio.gather(self._last_publish, return_exceptions=True)
+
+    async def store_epoch(self, epoch: int) -> None:
+        """Keep the topic epoch with the managed ledger, so it survives a move: a producer
+        fenced here stays fenced on the next owner."""
+        if int(self.ml.properties.get(TOPIC_EPOCH_PROPERTY, "0")) < epoch:
+            await self.ml.set_property(TOPIC_EPOCH_PROPERTY, str(epoch))
+
+    def disconnect_clients(self, assigned_url: str | None = None) -> None:
+        """Unloading: every producer and consumer is told to go (CLOSE_PRODUCER /
+        CLOSE_CONSUMER); the clients look the topic up again and reconnect to its owner
+        (the broker at ``assigned_url`` when the topic is handed over)."""
+        self.producers.close_all(assigned_url)
+        for subscription in self.subscriptions.values():
+            for consumer in list(subscription.consumers):
+                consumer.connection.close_consumer(subscription, consumer, assigned_url)
+
+    async def delete(self, *, force: bool) -> None:
+        busy = len(self.producers) + sum(
+            len(s.dispatcher.consumers) for s in self.subscriptions.values()
+        )
+        if busy and not force:
+            raise TopicBusyError(
+                f"topic {self.name} has {busy} producer(s)/consumer(s); use force=true"
+            )
+        self.producers.close_all()
+        for subscription in self.subscriptions.values():
+            for consumer in list(subscription.dispatcher.consumers):
+                consumer.connection.close()
+            await subscription.close()
+        await self.ml.delete()
+
+    async def apply_policies(self, policies: Policies) -> None:
+        """Bring the topic in line with its namespace's policies (run periodically)."""
+        if policies.deduplication and self.deduplication is None:
+            self.deduplication = await Deduplication.load(self.ml)
+        elif not policies.deduplication:
+            self.deduplication = None
+        if policies.message_ttl_seconds > 0:
+            cutoff_ms = int(time.time() * 1000) - policies.message_ttl_seconds * 1000
+            for subscription in list(self.subscriptions.values()):
+                if subscription.durable:
+                    expired = await subscription.expire_before(cutoff_ms)
+                    if expired:
+                        log.info(
+                            "topic %s: %d entries expired for subscription %s (TTL %d s)",
+                            self.name,
+                            expired,
+                            subscription.name,
+                            policies.message_ttl_seconds,
+                        )
+        retention = policies.retention
+        await self.ml.trim_retained(retention.time_minutes, retention.size_mb)
+
+    async def unsubscribe(self, name: str) -> None:
+        """Remove the subscription and its cursor (UNSUBSCRIBE from its last consumer)."""
+        async with self._subscribe_lock:
+            await self._remove_subscription(name)
+
+    async def delete_subscription(self, name: str, *, force: bool) -> None:
+        """Admin ``DELETE .../subscription/{name}``: refused while it has consumers unless
+        ``force``, which disconnects them first (as Pulsar does)."""
+        async with self._subscribe_lock:
+            subscription = self.subscriptions.get(name)
+            if subscription is None:
+                raise SubscriptionNotFoundError(
+                    f"Subscription {name} not found on topic {self.name}"
+                )
+            consumers = list(subscription.consumers)
+            if consumers and not force:
+                raise SubscriptionBusyError(
+                    f"Subscription {name} of topic {self.name} has {len(consumers)} active "
+                    "connected consumer(s); use force=true"
+                )
+            for consumer in consumers:
+                consumer.connection.close_consumer(subscription, consumer)
+            await self._remove_subscription(name)
+        log.info("topic %s: subscription %s deleted", self.name, name)
+
+    async def _remove_subscription(self, name: str) -> None:
+        subscription = self.subscriptions.pop(name, None)
+        if subscription is not None:
+            await subscription.close()
+        await self.ml.delete_cursor(name)
+
+    async def close(self) -> None:
+        for subscription in self.subscriptions.values():
+            await subscription.close()
+        if self.deduplication is not None:
+            try:
+                await self.deduplication.snapshot()
+            except Exception as e:
+                log.warning("topic %s: final deduplication snapshot failed: %s", self.name, e)
+        await self.ml.close()
+
+
+def publish_counters(
+    messages_in: int, bytes_in: int, loaded_at: float, publishers: int
+) -> dict[str, object]:
+    """The publish side of a topic's stats (rates averaged since the topic was loaded);
+    messages count one by one, a batch entry as its messages, as Pulsar counts them."""
+    elapsed = max(time.monotonic() - loaded_at, 1e-9)
+    return {
+        "msgInCounter": messages_in,
+        "bytesInCounter": bytes_in,
+        "msgRateIn": messages_in / elapsed,
+        "msgThroughputIn": bytes_in / elapsed,
+        "publishers": publishers,
+    }

@@ -1,0 +1,251 @@
+"""A durable subscription: a cursor on the topic's managed ledger and the dispatcher of its mode."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from magnetar.broker.ledger.cursor import ManagedCursor
+from magnetar.broker.model.entry import entry_metadata
+from magnetar.broker.model.message_id import from_wire
+from magnetar.broker.model.position import Position
+from magnetar.broker.topics import dispatchers
+from magnetar.broker.topics.consumer import Consumer, acked_from_bit_set
+from magnetar.broker.topics.dispatch_limits import DispatchLimits
+from magnetar.common.proto import pulsar_api_pb2 as pb
+
+if TYPE_CHECKING:
+    from magnetar.broker.topics.persistent import PersistentTopic
+
+
+#: The largest batch an ack may name when the broker no longer knows the batch's size.
+MAX_BATCH_SIZE = 100_000
+
+
+class SubscriptionTypeError(Exception):
+    """A consumer asked for another mode than the subscription has."""
+
+
+class Subscription:
+    """``sub_type`` None: recovered from its cursor when the topic loaded, with no consumer
+    since. Its mode is not stored (Pulsar does not store it either): stats report it as
+    ``None`` until a consumer comes, and the first consumer may use any mode."""
+
+    def __init__(
+        self,
+        topic: PersistentTopic,
+        name: str,
+        cursor: ManagedCursor,
+        sub_type: int | None,
+        limits: DispatchLimits,
+    ) -> None:
+        self.topic = topic
+        self.name = name
+        self.cursor = cursor
+        self.sub_type = sub_type
+        self.limits = limits
+        self.dispatch_batch = limits.dispatch_batch
+        #: Messages per entry, averaged over what was dispatched: reads are sized by it so a
+        #: consumer is sent about its permits, not its permits in entries.
+        self.messages_per_entry = 1.0
+        self.redelivery_counts: dict[Position, int] = {}
+        #: Messages per batch entry dispatched and not fully acknowledged (batch-index acks
+        #: from the official client carry no batch size).
+        self.batch_sizes: dict[Position, int] = {}
+        self.durable = True  # False for a reader's subscription
+        #: Messages and bytes dispatched (redeliveries included), for metrics.
+        self.msg_out = 0
+        self.bytes_out = 0
+        # Without a mode yet, an idle dispatcher holds the place: with no consumer it never
+        # reads, and the first consumer replaces it with its own mode's.
+        self.dispatcher = dispatchers.for_mode(
+            pb.CommandSubscribe.Exclusive if sub_type is None else sub_type, self
+        )
+
+    def __str__(self) -> str:
+        return f"{self.topic.name}/{self.name}"
+
+    @property
+    def type_name(self) -> str:
+        """The mode as Pulsar's stats name it; ``None`` before a consumer gave it one."""
+        if self.sub_type is None:
+            return "None"
+        return pb.CommandSubscribe.SubType.Name(self.sub_type)
+
+    def add_consumer(self, consumer: Consumer, sub_type: int) -> None:
+        """Attach a consumer. A subscription without consumers takes the mode of the one that
+        comes (as Pulsar does); with consumers, another mode is refused."""
+        if sub_type != self.sub_type and not self.dispatcher.consumers:
+            self.dispatcher.stop()
+            self.sub_type = sub_type
+            self.cursor.rewind()
+            self.dispatcher = dispatchers.for_mode(sub_type, self)
+        if sub_type != self.sub_type:
+            raise SubscriptionTypeError(
+                f"subscription {self} is {self.type_name}, "
+                f"not {pb.CommandSubscribe.SubType.Name(sub_type)}"
+            )
+        self.dispatcher.add_consumer(consumer)
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        self.dispatcher.remove_consumer(consumer)
+
+    @property
+    def consumers(self) -> list[Consumer]:
+        return self.dispatcher.consumers
+
+    def wake(self) -> None:
+        """Something a dispatch waits for changed (a connection became writable again)."""
+        self.dispatcher.wake()
+
+    def flow(self, consumer: Consumer, permits: int) -> None:
+        consumer.permits += permits
+        self.dispatcher.wake()
+
+    def ack(self, consumer: Consumer, ack_type: int, message_ids: list[pb.MessageIdData]) -> None:
+        """Apply an ACK. Raises ValueError (nothing applied from that id on) for an id past the
+        last stored entry (Pulsar: invalid mark-delete position) or a batch size the ack set
+        cannot describe."""
+        last = self.topic.ml.last_confirmed_position
+        for mid in message_ids:
+            position = from_wire(mid)
+            if position.ledger_id < 0:
+                continue  # MessageId.earliest: nothing to acknowledge
+            if position > last:
+                raise ValueError(
+                    f"subscription {self}: cannot acknowledge {position}, past the last "
+                    f"stored entry {last} (invalid mark-delete position)"
+                )
+            acked: list[int] = []
+            size = 0
+            if mid.ack_set:
+                # Batch-index ack: ack_set holds the batch's still-unacknowledged indexes.
+                size = self._batch_size(position, mid)
+                if size > 0:
+                    acked = acked_from_bit_set(list(mid.ack_set), size)
+            if ack_type == pb.CommandAck.Cumulative:
+                # Everything before the entry; of the entry itself, what the ack set says (all
+                # of it without one). (L, -1) means "everything before (L, 0)".
+                through = (
+                    Position(position.ledger_id, position.entry_id - 1) if mid.ack_set else position
+                )
+                self._cumulative(through)
+                if mid.ack_set and size > 0:
+                    self._batch_indexes(consumer, position, acked, size)
+            elif mid.ack_set:
+                if size > 0:
+                    self._batch_indexes(consumer, position, acked, size)
+                # else: not out on any consumer, nothing to match the bits against
+            else:
+                self.cursor.delete([position])
+                self._forget(consumer, position)
+        self.dispatcher.wake()
+
+    def _batch_size(self, position: Position, mid: pb.MessageIdData) -> int:
+        """The size of the batch at ``position``: as dispatched when known, else as the ack
+        says, bounded by what its ack set can describe."""
+        dispatched = self.batch_sizes.get(position)
+        if dispatched is not None:
+            return dispatched
+        if not mid.HasField("batch_size"):
+            return 0
+        bound = min(64 * len(mid.ack_set), MAX_BATCH_SIZE)
+        if not 0 < mid.batch_size <= bound:
+            raise ValueError(
+                f"subscription {self}: batch size {mid.batch_size} of {position} is not "
+                f"between 1 and {bound} (what its ack set can describe)"
+            )
+        return mid.batch_size
+
+    def _cumulative(self, through: Position) -> None:
+        self.cursor.mark_delete(through)
+        for c in self.dispatcher.consumers:
+            for p in [p for p in c.pending if p <= through]:
+                c.acked(p)
+        self._forget_through(through)
+
+    def _batch_indexes(
+        self, consumer: Consumer, position: Position, acked: list[int], size: int
+    ) -> None:
+        self.cursor.delete_batch_indexes(position, acked, size)
+        if self.cursor.is_acked(position):
+            self._forget(consumer, position)
+
+    def _forget(self, consumer: Consumer, position: Position) -> None:
+        consumer.acked(position)
+        self.redelivery_counts.pop(position, None)
+        self.batch_sizes.pop(position, None)
+
+    def _forget_through(self, through: Position) -> None:
+        """Per-position state of everything up to ``through``, now acknowledged."""
+        for state in (self.redelivery_counts, self.batch_sizes):
+            for p in [p for p in state if p <= through]:
+                del state[p]
+
+    async def expire_before(self, cutoff_ms: int, limit: int = 10_000) -> int:
+        """Message TTL: acknowledge the unacknowledged messages published before ``cutoff_ms``
+        (from the oldest on, stopping at the first younger one). Ledgers closed before the
+        cutoff expire whole; in the rest at most ``limit`` entries are read per call. Returns
+        how many entries expired."""
+        ml = self.cursor.ml
+        # Whole ledgers closed before the cutoff hold only older messages: no need to read them.
+        last = ml.last_position_closed_before(cutoff_ms)
+        if last is not None and last <= self.cursor.mark_delete_position:
+            last = None
+        position = ml.next_position(last or self.cursor.mark_delete_position)
+        looked = 0
+        while looked < limit:
+            entries = await ml.read_entries(position, min(100, limit - looked))
+            if not entries:
+                break
+            for found, stored in entries:
+                if entry_metadata(stored).publish_time >= cutoff_ms:
+                    looked = limit
+                    break
+                last = found
+            else:
+                looked += len(entries)
+                position = ml.next_position(entries[-1][0])
+        if last is None:
+            return 0
+        expired = ml.entries_after(self.cursor.mark_delete_position) - ml.entries_after(last)
+        # Consumers keep what they hold as pending: their acks of it are harmless, and
+        # key_shared must not hand its keys to another consumer while they hold them.
+        self.cursor.mark_delete(last)
+        self._forget_through(last)
+        self.dispatcher.wake()
+        return expired
+
+    def redeliver(self, consumer: Consumer, message_ids: list[pb.MessageIdData] | None) -> None:
+        positions = None if message_ids is None else [from_wire(m) for m in message_ids]
+        self.dispatcher.redeliver(consumer, positions)
+
+    async def seek(self, position: Position | None, publish_time_ms: int | None) -> list[Consumer]:
+        """Reset the cursor to a message id or to the first message published at or after a
+        time; returns the consumers, which the caller disconnects (clients reconnect and get
+        messages from the new position, with nothing stale left in their queues)."""
+        if position is None:
+            position = await self._first_published_at(publish_time_ms or 0)
+        self.cursor.reset(max(position, self.topic.ml.first_position))
+        self.dispatcher.reset()
+        consumers = list(self.dispatcher.consumers)
+        for consumer in consumers:
+            consumer.clear_pending()
+            self.dispatcher.remove_consumer(consumer)
+        self.redelivery_counts.clear()
+        self.batch_sizes.clear()
+        return consumers
+
+    async def _first_published_at(self, publish_time_ms: int) -> Position:
+        ml = self.topic.ml
+        position = ml.first_position
+        while True:
+            entries = await ml.read_entries(position, 500)
+            if not entries:
+                return ml.next_position(ml.last_confirmed_position)
+            for found, stored in entries:
+                if entry_metadata(stored).publish_time >= publish_time_ms:
+                    return found
+            position = ml.next_position(entries[-1][0])
+
+    async def close(self) -> None:
+        await self.dispatcher.close()
