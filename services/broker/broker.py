@@ -41,11 +41,13 @@ from magnetar.broker.cluster.bundles import (
 )
 from magnetar.broker.cluster.load_manager import LoadManager
 from magnetar.broker.cluster.lookup import LookupKind, lookup
-from magnetar.broker.cluster.ownership import BrokerInfo, OwnershipStore
+from magnetar.broker.cluster.ownership import OwnershipStore
 from magnetar.broker.cluster.registry import BrokerRegistry, BundleStats, LoadReport, cpu_and_memory
 from magnetar.broker.config import BrokerConfig
+from magnetar.broker.errors import NamespaceNotFoundError, TopicNotFoundError, TopicNotOwnedError
 from magnetar.broker.ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from magnetar.broker.metrics import BrokerMetrics
+from magnetar.broker.model.broker_info import BrokerInfo
 from magnetar.broker.model.keys import MANAGED_LEDGERS_PATH, decode_name, managed_ledger_key
 from magnetar.broker.model.topic_name import TopicName
 from magnetar.broker.namespace.policies import (
@@ -61,12 +63,7 @@ from magnetar.broker.protocol.connection import ServerConnection
 from magnetar.broker.topics.deduplication import Deduplication
 from magnetar.broker.topics.dispatch_limits import DispatchLimits
 from magnetar.broker.topics.nonpersistent import NonPersistentTopic
-from magnetar.broker.topics.persistent import (
-    NamespaceNotFoundError,
-    PersistentTopic,
-    TopicNotFoundError,
-    TopicNotOwnedError,
-)
+from magnetar.broker.topics.persistent import PersistentTopic
 from magnetar.common.ledger.client import LedgerClient
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError, MetadataStore, open_store
 from magnetar.common.net import AddressInUseError, listen_error

@@ -27,9 +27,10 @@ import pytest
 from magnetar.broker.cluster import bundles
 from magnetar.broker.cluster.bundles import BundleRange, default_ranges
 from magnetar.broker.cluster.load_manager import LoadManager
-from magnetar.broker.cluster.ownership import BrokerInfo, OwnershipStore, ownership_key
+from magnetar.broker.cluster.ownership import OwnershipStore, ownership_key
 from magnetar.broker.cluster.registry import BrokerRegistry, BundleStats, LoadReport
 from magnetar.broker.config import BrokerConfig
+from magnetar.broker.model.broker_info import BrokerInfo
 from magnetar.common.metadata import BadVersionError, MetadataError, MetadataStore, open_store
 
 T = TypeVar("T")

@@ -16,7 +16,6 @@ from magnetar.broker.cluster.load_manager import (
     bundles_to_split,
     select_broker,
 )
-from magnetar.broker.cluster.ownership import BrokerInfo
 from magnetar.broker.cluster.registry import (
     BundleStats,
     LoadReport,
@@ -24,6 +23,7 @@ from magnetar.broker.cluster.registry import (
     decode_entry,
     encode_entry,
 )
+from magnetar.broker.model.broker_info import BrokerInfo
 
 RANGES = default_ranges(64)
 

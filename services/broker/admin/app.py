@@ -45,8 +45,16 @@ from magnetar.broker.admin.cluster import ClusterAdminError, add_cluster_routes
 from magnetar.broker.admin.schemas import SchemaAdminError, add_schema_routes
 from magnetar.broker.cluster.bundles import load_or_create
 from magnetar.broker.cluster.lookup import lookup
-from magnetar.broker.cluster.ownership import BrokerInfo
 from magnetar.broker.config import TopicSettings
+from magnetar.broker.errors import (
+    NamespaceNotFoundError,
+    SubscriptionBusyError,
+    SubscriptionNotFoundError,
+    TopicBusyError,
+    TopicNotFoundError,
+    TopicNotOwnedError,
+)
+from magnetar.broker.model.broker_info import BrokerInfo
 from magnetar.broker.model.keys import MANAGED_LEDGERS_PATH, decode_name, managed_ledger_key
 from magnetar.broker.model.topic_name import PARTITION_SUFFIX, InvalidTopicNameError, TopicName
 from magnetar.broker.namespace import policies
@@ -57,15 +65,7 @@ from magnetar.broker.namespace.policies import (
     PolicyError,
     parse_document,
 )
-from magnetar.broker.topics.persistent import (
-    NamespaceNotFoundError,
-    PersistentTopic,
-    SubscriptionBusyError,
-    SubscriptionNotFoundError,
-    TopicBusyError,
-    TopicNotFoundError,
-    TopicNotOwnedError,
-)
+from magnetar.broker.topics.persistent import PersistentTopic
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError
 
 if TYPE_CHECKING:

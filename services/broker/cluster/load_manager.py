@@ -30,14 +30,10 @@ from typing import NamedTuple
 
 from magnetar.broker.cluster import bundles
 from magnetar.broker.cluster.bundles import BundleRange
-from magnetar.broker.cluster.ownership import (
-    BrokerInfo,
-    OwnershipStore,
-    ownership_key,
-    read_unload_note,
-)
+from magnetar.broker.cluster.ownership import OwnershipStore, ownership_key, read_unload_note
 from magnetar.broker.cluster.registry import BrokerRegistry, BundleStats, LoadReport
 from magnetar.broker.config import BrokerConfig
+from magnetar.broker.model.broker_info import BrokerInfo
 from magnetar.common.metadata import (
     NOT_EXISTS,
     BadVersionError,

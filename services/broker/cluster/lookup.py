@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from magnetar.broker.cluster.bundles import BundleRange
-from magnetar.broker.cluster.ownership import BrokerInfo, read_unload_note
+from magnetar.broker.cluster.ownership import read_unload_note
+from magnetar.broker.model.broker_info import BrokerInfo
 from magnetar.broker.model.topic_name import TopicName
 
 if TYPE_CHECKING:

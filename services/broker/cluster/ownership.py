@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from magnetar.broker.cluster.bundles import BundleRange, bundles_key, split_document
+from magnetar.broker.model.broker_info import BrokerInfo
 from magnetar.common.metadata import (
     NOT_EXISTS,
     BadVersionError,
@@ -52,40 +53,6 @@ OWNERSHIP_ROOT = "/magnetar/ownership"
 UNLOADED_ROOT = "/magnetar/unloaded"
 #: How long a released bundle avoids the broker that released it.
 UNLOADED_MEMORY_S = 60
-
-
-@dataclass(slots=True, frozen=True)
-class BrokerInfo:
-    """How to reach a broker, as lookups and the registry tell it."""
-
-    broker_id: str  # "host:http_port", as Pulsar names brokers (lookup data, admin paths)
-    service_url: str  # pulsar://host:port
-    http_url: str  # http://host:http_port
-
-    def to_dict(self) -> dict[str, str]:
-        return {
-            "brokerId": self.broker_id,
-            "serviceUrl": self.service_url,
-            "httpUrl": self.http_url,
-        }
-
-    def to_json(self) -> bytes:
-        return json.dumps(self.to_dict()).encode()
-
-    @classmethod
-    def from_dict(cls, data: Any) -> BrokerInfo:
-        try:
-            return cls(str(data["brokerId"]), str(data["serviceUrl"]), str(data["httpUrl"]))
-        except (KeyError, TypeError) as e:
-            raise ValueError(f"not a broker info document: {data!r}") from e
-
-    @classmethod
-    def from_json(cls, data: bytes | str) -> BrokerInfo:
-        try:
-            document = json.loads(data)
-        except ValueError as e:
-            raise ValueError(f"not a broker info document: {data!r}") from e
-        return cls.from_dict(document)
 
 
 def _bundle_key(root: str, namespace: str, bundle: BundleRange) -> str:

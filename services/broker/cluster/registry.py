@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
 from magnetar.broker.cluster.bundles import BundleRange
-from magnetar.broker.cluster.ownership import BrokerInfo, PrefixCache
+from magnetar.broker.cluster.ownership import PrefixCache
+from magnetar.broker.model.broker_info import BrokerInfo
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError, MetadataError, MetadataStore
 
 log = logging.getLogger(__name__)

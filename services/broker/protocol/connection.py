@@ -23,6 +23,12 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from magnetar.broker.cluster.lookup import LookupKind, lookup
+from magnetar.broker.errors import (
+    NamespaceNotFoundError,
+    TopicNotFoundError,
+    TopicNotOwnedError,
+    TopicUnloadingError,
+)
 from magnetar.broker.ledger.managed_ledger import (
     EntryTooLargeForLedgerError,
     ManagedLedgerFencedError,
@@ -41,13 +47,7 @@ from magnetar.broker.schema.registry import (
 from magnetar.broker.topics.consumer import Consumer
 from magnetar.broker.topics.dispatchers.base import ConsumerBusyError
 from magnetar.broker.topics.nonpersistent import NonPersistentSubscription, NonPersistentTopic
-from magnetar.broker.topics.persistent import (
-    NamespaceNotFoundError,
-    PersistentTopic,
-    TopicNotFoundError,
-    TopicNotOwnedError,
-    TopicUnloadingError,
-)
+from magnetar.broker.topics.persistent import PersistentTopic
 from magnetar.broker.topics.producers import ProducerBusyError, ProducerFencedError
 from magnetar.broker.topics.subscription import Subscription, SubscriptionTypeError
 from magnetar.common.proto import pulsar_api_pb2 as pb

@@ -15,17 +15,13 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from magnetar.broker.errors import SubscriptionBusyError, SubscriptionNotFoundError, TopicBusyError
 from magnetar.broker.model.entry import entry_metadata, message_count
 from magnetar.broker.model.position import Position
 from magnetar.broker.model.topic_name import TopicName
 from magnetar.broker.topics.consumer import Consumer
 from magnetar.broker.topics.dispatchers.live import LiveDispatcher, for_live_mode
-from magnetar.broker.topics.persistent import (
-    SubscriptionBusyError,
-    SubscriptionNotFoundError,
-    TopicBusyError,
-    publish_counters,
-)
+from magnetar.broker.topics.persistent import publish_counters
 from magnetar.broker.topics.producers import ProducerSet
 from magnetar.broker.topics.subscription import SubscriptionTypeError
 from magnetar.common.proto import pulsar_api_pb2 as pb

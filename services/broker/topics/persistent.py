@@ -6,7 +6,12 @@ import asyncio
 import logging
 import time
 
-from magnetar.broker.cluster.ownership import BrokerInfo
+from magnetar.broker.errors import (
+    SubscriptionBusyError,
+    SubscriptionNotFoundError,
+    TopicBusyError,
+    TopicUnloadingError,
+)
 from magnetar.broker.ledger.cursor import NonDurableCursor
 from magnetar.broker.ledger.managed_ledger import ManagedLedger
 from magnetar.broker.metrics import BrokerMetrics
@@ -31,43 +36,9 @@ log = logging.getLogger(__name__)
 TOPIC_EPOCH_PROPERTY = "topic-epoch"
 
 
-class NamespaceNotFoundError(Exception):
-    """A topic was asked for in a namespace that does not exist."""
-
-
-class TopicNotFoundError(Exception):
-    """The topic does not exist and may not be created automatically."""
-
-
-class TopicNotOwnedError(Exception):
-    """This broker does not serve the topic now (another owns its bundle, or it is moving):
-    the client gets ServiceNotReady and looks the topic up again; an admin call is redirected
-    (307) to ``owner`` (the owner, or the broker that decides) when it is known."""
-
-    def __init__(self, message: str, owner: BrokerInfo | None = None) -> None:
-        super().__init__(message)
-        self.owner = owner
-
-
 class DuplicateInFlightError(Exception):
     """Deduplication cannot tell yet whether a resent message is a duplicate: its first copy
     is still being stored (Pulsar's MessageDupUnknown). The client sends it again."""
-
-
-class TopicUnloadingError(Exception):
-    """The topic is being unloaded from this broker: the client sends again to the next owner."""
-
-
-class TopicBusyError(Exception):
-    """The topic still has producers or consumers (delete without force)."""
-
-
-class SubscriptionNotFoundError(Exception):
-    """No subscription of that name on the topic."""
-
-
-class SubscriptionBusyError(Exception):
-    """The subscription still has consumers (delete without force)."""
 
 
 class PersistentTopic:

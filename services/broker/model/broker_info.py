@@ -1,0 +1,41 @@
+"""How to reach a broker: a leaf value, as lookups, the registry and redirects tell it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(slots=True, frozen=True)
+class BrokerInfo:
+    """How to reach a broker, as lookups and the registry tell it."""
+
+    broker_id: str  # "host:http_port", as Pulsar names brokers (lookup data, admin paths)
+    service_url: str  # pulsar://host:port
+    http_url: str  # http://host:http_port
+
+    def to_dict(self) -> dict[str, str]:
+        return {
+            "brokerId": self.broker_id,
+            "serviceUrl": self.service_url,
+            "httpUrl": self.http_url,
+        }
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.to_dict()).encode()
+
+    @classmethod
+    def from_dict(cls, data: Any) -> BrokerInfo:
+        try:
+            return cls(str(data["brokerId"]), str(data["serviceUrl"]), str(data["httpUrl"]))
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"not a broker info document: {data!r}") from e
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> BrokerInfo:
+        try:
+            document = json.loads(data)
+        except ValueError as e:
+            raise ValueError(f"not a broker info document: {data!r}") from e
+        return cls.from_dict(document)
