@@ -22,14 +22,7 @@ from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout, web
 
-from magnetar.broker.admin.app import (
-    NAMESPACES_PATH,
-    build_app,
-    ensure_default_namespace,
-    partitioned_key,
-    partitioned_topics,
-    read_partitioned,
-)
+from magnetar.broker.admin.app import build_app
 from magnetar.broker.cluster.bundles import (
     BUNDLES_ROOT,
     BundleRange,
@@ -58,6 +51,13 @@ from magnetar.broker.namespace.policies import (
     check_partition_count,
     effective,
     parse_document,
+)
+from magnetar.broker.namespace.records import (
+    NAMESPACES_PATH,
+    ensure_default_namespace,
+    partitioned_key,
+    partitioned_topics,
+    read_partitioned,
 )
 from magnetar.broker.protocol.connection import ServerConnection
 from magnetar.broker.topics.deduplication import Deduplication
@@ -131,7 +131,7 @@ class Broker:
         self.ledger_client = LedgerClient(self.store)
         for address, client in self.local_bookies.items():
             self.ledger_client.add_local_bookie(address, client)
-        await ensure_default_namespace(self)
+        await ensure_default_namespace(self.store)
         # HTTP first: once clients can connect to the Pulsar port, the admin API is up too.
         self._http = web.AppRunner(build_app(self), access_log=None)
         await self._http.setup()
@@ -591,7 +591,7 @@ class Broker:
         which lets a client auto-create a non-partitioned ``t-partition-i`` once ``t`` is gone.
         """
         parent = name.partitioned_topic_name
-        record = await read_partitioned(self, parent)
+        record = await read_partitioned(self.store, parent)
         if record is not None and record.deleted:
             raise TopicNotFoundError(
                 f"topic {name}: partitioned topic {parent} is being deleted (a delete that was "
@@ -662,7 +662,7 @@ class Broker:
         index = name.partition_index
         if index < 0:
             return False
-        record = await read_partitioned(self, name.partitioned_topic_name)
+        record = await read_partitioned(self.store, name.partitioned_topic_name)
         # A partition not stored yet of a topic being deleted is not created again.
         return record is not None and not record.deleted and index < record.partitions
 
@@ -715,10 +715,12 @@ class Broker:
                 names.add(key)
         limit = self.config.max_num_partitions_per_partitioned_topic
         for domain in domains:
-            for partitioned in await partitioned_topics(self, tenant, local_namespace, domain):
+            for partitioned in await partitioned_topics(
+                self.store, tenant, local_namespace, domain
+            ):
                 name = TopicName.parse(partitioned)
                 try:
-                    record = await read_partitioned(self, name)
+                    record = await read_partitioned(self.store, name)
                 except PartitionedMetadataError as e:
                     log.warning("listing %s: %s", namespace, e)
                     continue
@@ -747,7 +749,7 @@ class Broker:
         record, or the setting lowered since) raises ``PartitionCountError``: the client gets an
         error naming the setting rather than a count it would open that many producers for."""
         limit = self.config.max_num_partitions_per_partitioned_topic
-        record = await read_partitioned(self, name)
+        record = await read_partitioned(self.store, name)
         if record is not None and record.deleted:
             raise TopicNotFoundError(
                 f"partitioned topic {name} is being deleted (a delete that was interrupted is "

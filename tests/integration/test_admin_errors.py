@@ -14,7 +14,7 @@ from pathlib import Path
 import pulsar
 import pytest
 
-from magnetar.broker.admin.app import PARTITIONED_PATH
+from magnetar.broker.namespace.records import PARTITIONED_PATH
 from magnetar.common.metadata import open_store
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec

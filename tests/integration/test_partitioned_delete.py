@@ -30,9 +30,9 @@ from typing import Any
 import pulsar
 import pytest
 
-from magnetar.broker.admin.app import PARTITIONED_PATH
 from magnetar.broker.cluster.bundles import BundleRange, topic_hash
 from magnetar.broker.model.keys import MANAGED_LEDGERS_PATH, decode_name
+from magnetar.broker.namespace.records import PARTITIONED_PATH
 from magnetar.common.ledger.bookie_client import (
     BookieClient,
     BookieError,

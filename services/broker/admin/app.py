@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -65,6 +64,14 @@ from magnetar.broker.namespace.policies import (
     PolicyError,
     parse_document,
 )
+from magnetar.broker.namespace.records import (
+    NAMESPACES_PATH,
+    TENANTS_PATH,
+    partitioned_key,
+    partitioned_topics,
+    read_partitioned,
+    valid_name,
+)
 from magnetar.broker.topics.persistent import PersistentTopic
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError
 
@@ -73,45 +80,6 @@ if TYPE_CHECKING:
     from magnetar.broker.topics.nonpersistent import NonPersistentTopic
 
 log = logging.getLogger(__name__)
-
-PARTITIONED_PATH = "/magnetar/admin/partitioned-topics"
-TENANTS_PATH = "/magnetar/admin/tenants"
-NAMESPACES_PATH = "/magnetar/admin/namespaces"
-
-#: Pulsar's NamedEntity.checkName pattern (Java's ``\w`` is ASCII-only, hence re.ASCII).
-_NAMED_ENTITY = re.compile(r"[-=:.\w]+", re.ASCII)
-
-
-def valid_name(name: str) -> bool:
-    r"""A tenant or namespace name Pulsar accepts: ``[-=:.\w]`` only, and (beyond Pulsar's
-    pattern, which an empty name or ``..`` passes) not empty and not dots only, since ``.`` and
-    ``..`` mean "here" and "up" in URLs and would alias other keys."""
-    return bool(_NAMED_ENTITY.fullmatch(name)) and name.strip(".") != ""
-
-
-async def ensure_default_namespace(broker: Broker) -> None:
-    """``public/default`` exists from the first start, as in Pulsar."""
-    assert broker.store is not None
-    for key in (f"{TENANTS_PATH}/public", f"{NAMESPACES_PATH}/public/default"):
-        try:
-            await broker.store.put(key, b"{}", NOT_EXISTS)
-        except BadVersionError:
-            pass
-
-
-def partitioned_key(name: TopicName) -> str:
-    return f"{PARTITIONED_PATH}/{name.tenant}/{name.namespace}/{name.domain}/{name.local_name}"
-
-
-async def read_partitioned(broker: Broker, name: TopicName) -> PartitionedTopicRecord | None:
-    """The stored record of partitioned topic ``name`` (None: there is none). Raises
-    PartitionedMetadataError for a damaged one. The count is not bounded here: callers that
-    expand it check it against ``max_num_partitions_per_partitioned_topic``."""
-    assert broker.store is not None
-    found = await broker.store.get(partitioned_key(name))
-    if found is None:
-        return None
-    return PartitionedTopicRecord.from_bytes(found.value, str(name))
 
 
 def _error(status: int, reason: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -371,7 +339,7 @@ def build_app(broker: Broker) -> web.Application:
 
     @routes.get(base + "/{topic}/partitions")
     async def get_partitions(request: web.Request) -> web.Response:
-        record = await read_partitioned(broker, _topic(request))
+        record = await read_partitioned(broker.store, _topic(request))
         if record is None:
             return web.json_response({"partitions": 0})
         answer: dict[str, Any] = {"partitions": record.partitions}
@@ -407,7 +375,7 @@ def build_app(broker: Broker) -> web.Application:
             raise AdminError(409, f"This topic already exists: {name} is a partitioned topic")
         if name.partition_index >= 0:
             parent = name.partitioned_topic_name
-            record = await read_partitioned(broker, parent)
+            record = await read_partitioned(broker.store, parent)
             if record is not None and record.deleted:
                 raise AdminError(409, f"Topic {name} cannot be created: {parent} is being deleted")
         if await _stored_or_loaded(broker, name):
@@ -428,7 +396,7 @@ def build_app(broker: Broker) -> web.Application:
         m = request.match_info
         await _require_namespace(broker, _namespace(request))
         return web.json_response(
-            await partitioned_topics(broker, m["tenant"], m["namespace"], m["domain"])
+            await partitioned_topics(broker.store, m["tenant"], m["namespace"], m["domain"])
         )
 
     @routes.get(base + "/{topic}/subscriptions")
@@ -478,7 +446,7 @@ async def create_partitioned_topic(broker: Broker, name: TopicName, partitions: 
             partitioned_key(name), PartitionedTopicRecord(partitions).to_bytes(), NOT_EXISTS
         )
     except BadVersionError:
-        existing = await read_partitioned(broker, name)
+        existing = await read_partitioned(broker.store, name)
         if existing is not None and existing.deleted:
             raise AdminError(
                 409,
@@ -789,9 +757,3 @@ async def _update_policies(broker: Broker, key: str, field: str, value: Any) -> 
             return
         except BadVersionError:
             continue  # changed meanwhile: apply to the new version
-
-
-async def partitioned_topics(broker: Broker, tenant: str, namespace: str, domain: str) -> list[str]:
-    assert broker.store is not None
-    names = await broker.store.children(f"{PARTITIONED_PATH}/{tenant}/{namespace}/{domain}")
-    return sorted(f"{domain}://{tenant}/{namespace}/{n}" for n in names)

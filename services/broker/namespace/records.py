@@ -1,0 +1,62 @@
+"""Tenants, namespaces and partitioned-topic records in the metadata store: where they live, how
+their names are checked, and reading them. No HTTP here: the admin room answers with these, the
+broker and the topics room read them.
+
+Partitioned-topic metadata lives at
+``/magnetar/admin/partitioned-topics/<tenant>/<namespace>/<domain>/<topic>`` as
+``{"partitions": N}``, with ``"deleted": true`` while a delete is under way
+(``policies.PartitionedTopicRecord``).
+"""
+
+from __future__ import annotations
+
+import re
+
+from magnetar.broker.model.topic_name import TopicName
+from magnetar.broker.namespace.policies import PartitionedTopicRecord
+from magnetar.common.metadata import NOT_EXISTS, BadVersionError, MetadataStore
+
+PARTITIONED_PATH = "/magnetar/admin/partitioned-topics"
+TENANTS_PATH = "/magnetar/admin/tenants"
+NAMESPACES_PATH = "/magnetar/admin/namespaces"
+
+#: Pulsar's NamedEntity.checkName pattern (Java's ``\w`` is ASCII-only, hence re.ASCII).
+_NAMED_ENTITY = re.compile(r"[-=:.\w]+", re.ASCII)
+
+
+def valid_name(name: str) -> bool:
+    r"""A tenant or namespace name Pulsar accepts: ``[-=:.\w]`` only, and (beyond Pulsar's
+    pattern, which an empty name or ``..`` passes) not empty and not dots only, since ``.`` and
+    ``..`` mean "here" and "up" in URLs and would alias other keys."""
+    return bool(_NAMED_ENTITY.fullmatch(name)) and name.strip(".") != ""
+
+
+async def ensure_default_namespace(store: MetadataStore) -> None:
+    """``public/default`` exists from the first start, as in Pulsar."""
+    for key in (f"{TENANTS_PATH}/public", f"{NAMESPACES_PATH}/public/default"):
+        try:
+            await store.put(key, b"{}", NOT_EXISTS)
+        except BadVersionError:
+            pass
+
+
+def partitioned_key(name: TopicName) -> str:
+    return f"{PARTITIONED_PATH}/{name.tenant}/{name.namespace}/{name.domain}/{name.local_name}"
+
+
+async def read_partitioned(store: MetadataStore, name: TopicName) -> PartitionedTopicRecord | None:
+    """The stored record of partitioned topic ``name`` (None: there is none). Raises
+    PartitionedMetadataError for a damaged one. The count is not bounded here: callers that
+    expand it check it against ``max_num_partitions_per_partitioned_topic``."""
+    found = await store.get(partitioned_key(name))
+    if found is None:
+        return None
+    return PartitionedTopicRecord.from_bytes(found.value, str(name))
+
+
+async def partitioned_topics(
+    store: MetadataStore, tenant: str, namespace: str, domain: str
+) -> list[str]:
+    """The partitioned topics of ``tenant/namespace`` in ``domain``, by full name."""
+    names = await store.children(f"{PARTITIONED_PATH}/{tenant}/{namespace}/{domain}")
+    return sorted(f"{domain}://{tenant}/{namespace}/{n}" for n in names)
