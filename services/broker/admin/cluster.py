@@ -1,6 +1,6 @@
 """Admin REST of the cluster, on Pulsar's paths and JSON shapes: clusters, brokers, the
 leader, a namespace's bundles, unloading and splitting bundles, unloading a topic, and the HTTP
-lookup. Errors go through the admin app's one error middleware (``admin.py``)."""
+lookup. Errors go through the admin app's one error middleware (``errors.py``)."""
 
 from __future__ import annotations
 
@@ -8,40 +8,28 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from magnetar.broker.admin import requests
+from magnetar.broker.admin.errors import AdminError
 from magnetar.broker.cluster import bundles as bundle_math
 from magnetar.broker.cluster.lookup import LookupKind, lookup
-from magnetar.broker.model.topic_name import TopicName
 
 if TYPE_CHECKING:
-    from magnetar.broker.broker import Broker
+    from magnetar.broker.admin.service import AdminBroker
 
 
-class ClusterAdminError(Exception):
-    """Turned into Pulsar's status and ``{"reason": ...}`` by the admin error middleware."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-
-
-def _namespace(request: web.Request) -> str:
-    return f"{request.match_info['tenant']}/{request.match_info['namespace']}"
-
-
-async def _bundle(broker: Broker, namespace: str, text: str) -> bundle_math.BundleRange:
+async def _bundle(broker: AdminBroker, namespace: str, text: str) -> bundle_math.BundleRange:
     try:
         wanted = bundle_math.BundleRange.parse(text)
     except ValueError as e:
-        raise ClusterAdminError(412, f"Bundle range is not valid: {text!r} ({e})") from None
+        raise AdminError(412, f"Bundle range is not valid: {text!r} ({e})") from None
     if wanted not in await broker.namespace_bundles(namespace):
         broker.forget_bundles(namespace)  # split elsewhere meanwhile? read them again
         if wanted not in await broker.namespace_bundles(namespace):
-            raise ClusterAdminError(404, f"Bundle {namespace}/{text} does not exist")
+            raise AdminError(404, f"Bundle {namespace}/{text} does not exist")
     return wanted
 
 
-def add_cluster_routes(routes: web.RouteTableDef, broker: Broker) -> None:
+def add_cluster_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None:
     def owner_url(info_http_url: str, request: web.Request) -> str:
         return f"{info_http_url}{request.path_qs}"
 
@@ -52,7 +40,7 @@ def add_cluster_routes(routes: web.RouteTableDef, broker: Broker) -> None:
     @routes.get("/admin/v2/brokers/ready")
     async def ready(request: web.Request) -> web.Response:
         if broker.ownership is None or broker.store is None or broker.store.session_lost:
-            raise ClusterAdminError(503, "the broker is not in the cluster (no metadata session)")
+            raise AdminError(503, "the broker is not in the cluster (no metadata session)")
         return web.Response(text="ok")
 
     @routes.get("/admin/v2/brokers/leaderBroker")
@@ -60,13 +48,13 @@ def add_cluster_routes(routes: web.RouteTableDef, broker: Broker) -> None:
         assert broker.load_manager is not None
         info = await broker.load_manager.leader_info()
         if info is None:
-            raise ClusterAdminError(404, "No leader broker is elected")
+            raise AdminError(404, "No leader broker is elected")
         return web.json_response({"serviceUrl": info.http_url, "brokerId": info.broker_id})
 
     @routes.get("/admin/v2/brokers/{cluster}")
     async def brokers(request: web.Request) -> web.Response:
         if request.match_info["cluster"] != broker.config.cluster_name:
-            raise ClusterAdminError(404, f"Cluster {request.match_info['cluster']} does not exist")
+            raise AdminError(404, f"Cluster {request.match_info['cluster']} does not exist")
         assert broker.registry is not None
         return web.json_response(sorted(await broker.registry.active()))
 
@@ -86,7 +74,7 @@ def add_cluster_routes(routes: web.RouteTableDef, broker: Broker) -> None:
 
     @routes.get("/admin/v2/namespaces/{tenant}/{namespace}/bundles")
     async def namespace_bundles(request: web.Request) -> web.Response:
-        namespace = _namespace(request)
+        namespace = requests.namespace(request)
         await broker.namespace_policies(namespace)  # 404 for an unknown namespace
         broker.forget_bundles(namespace)
         ranges = await broker.namespace_bundles(namespace)
@@ -95,7 +83,7 @@ def add_cluster_routes(routes: web.RouteTableDef, broker: Broker) -> None:
 
     @routes.put("/admin/v2/namespaces/{tenant}/{namespace}/unload")
     async def unload_namespace(request: web.Request) -> web.Response:
-        namespace = _namespace(request)
+        namespace = requests.namespace(request)
         await broker.namespace_policies(namespace)
         assert broker.ownership is not None
         for (ns, bundle), info in broker.ownership.owners().items():
@@ -105,7 +93,7 @@ def add_cluster_routes(routes: web.RouteTableDef, broker: Broker) -> None:
 
     @routes.put("/admin/v2/namespaces/{tenant}/{namespace}/{bundle}/unload")
     async def unload_bundle(request: web.Request) -> web.Response:
-        namespace = _namespace(request)
+        namespace = requests.namespace(request)
         bundle = await _bundle(broker, namespace, request.match_info["bundle"])
         assert broker.ownership is not None
         owner = await broker.ownership.owner(namespace, bundle)
@@ -119,9 +107,9 @@ def add_cluster_routes(routes: web.RouteTableDef, broker: Broker) -> None:
             assert broker.registry is not None
             found = (await broker.registry.active()).get(destination)
             if found is None:
-                raise ClusterAdminError(404, f"Broker {destination} is not active")
+                raise AdminError(404, f"Broker {destination} is not active")
             if destination == broker.info.broker_id:
-                raise ClusterAdminError(
+                raise AdminError(
                     412, f"The bundle is already owned by destination broker {destination}"
                 )
             receiver = found[0]
@@ -130,12 +118,12 @@ def add_cluster_routes(routes: web.RouteTableDef, broker: Broker) -> None:
 
     @routes.put("/admin/v2/namespaces/{tenant}/{namespace}/{bundle}/split")
     async def split_bundle(request: web.Request) -> web.Response:
-        namespace = _namespace(request)
+        namespace = requests.namespace(request)
         bundle = await _bundle(broker, namespace, request.match_info["bundle"])
         algorithm = request.query.get("splitAlgorithmName", "range_equally_divide")
         if algorithm not in ("range_equally_divide", "topic_count_equally_divide"):
-            raise ClusterAdminError(412, f"Unsupported split algorithm: {algorithm}")
-        unload = request.query.get("unload", "false").lower() == "true"
+            raise AdminError(412, f"Unsupported split algorithm: {algorithm}")
+        unload = requests.flag(request, "unload")
         assert broker.ownership is not None
         owner = await broker.ownership.owner(namespace, bundle)
         if owner is not None and owner.broker_id != broker.info.broker_id:
@@ -143,15 +131,12 @@ def add_cluster_routes(routes: web.RouteTableDef, broker: Broker) -> None:
         try:
             await broker.split_bundle(namespace, bundle, algorithm, unload=unload)
         except bundle_math.BundleError as e:
-            raise ClusterAdminError(
-                412, f"Bundle {namespace}/{bundle} cannot be split: {e}"
-            ) from None
+            raise AdminError(412, f"Bundle {namespace}/{bundle} cannot be split: {e}") from None
         return web.Response(status=204)
 
     @routes.put("/admin/v2/{domain:persistent|non-persistent}/{tenant}/{namespace}/{topic}/unload")
     async def unload_topic(request: web.Request) -> web.Response:
-        m = request.match_info
-        name = TopicName.parse(f"{m['domain']}://{m['tenant']}/{m['namespace']}/{m['topic']}")
+        name = requests.topic(request)
         topic = broker.topics.get(str(name))
         if topic is None:
             answer = await lookup(broker, name)
@@ -163,10 +148,9 @@ def add_cluster_routes(routes: web.RouteTableDef, broker: Broker) -> None:
 
     @routes.get("/lookup/v2/topic/{domain:persistent|non-persistent}/{tenant}/{namespace}/{topic}")
     async def http_lookup(request: web.Request) -> web.Response:
-        m = request.match_info
-        name = TopicName.parse(f"{m['domain']}://{m['tenant']}/{m['namespace']}/{m['topic']}")
+        name = requests.topic(request)
         await broker.namespace_policies(name.namespace_name)  # 404 for an unknown namespace
-        authoritative = request.query.get("authoritative", "false").lower() == "true"
+        authoritative = requests.flag(request, "authoritative")
         answer = await lookup(broker, name, authoritative)
         if answer.kind is LookupKind.REDIRECT:
             target = f"{answer.broker.http_url}{request.path}"

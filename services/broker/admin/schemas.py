@@ -15,11 +15,12 @@ registry is read from and written to the metadata store, not the topic's owner.
 from __future__ import annotations
 
 import base64
-import json
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from magnetar.broker.admin import requests
+from magnetar.broker.admin.errors import AdminError
 from magnetar.broker.model.topic_name import TopicName
 from magnetar.broker.schema.registry import (
     WIRE_TYPES,
@@ -31,21 +32,12 @@ from magnetar.broker.schema.registry import (
 )
 
 if TYPE_CHECKING:
-    from magnetar.broker.broker import Broker
-
-
-class SchemaAdminError(Exception):
-    """Turned into Pulsar's status and ``{"reason": ...}`` by the admin error middleware."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
+    from magnetar.broker.admin.service import AdminBroker
 
 
 def _topic(request: web.Request) -> TopicName:
-    m = request.match_info
-    return TopicName.parse(f"persistent://{m['tenant']}/{m['namespace']}/{m['topic']}")
+    """The schema paths name no domain: a schema belongs to the persistent topic's name."""
+    return requests.topic(request, domain="persistent")
 
 
 def _data_text(data: bytes) -> str:
@@ -69,17 +61,17 @@ def schema_json(found: StoredSchema) -> dict[str, Any]:
 def _upload(body: Any) -> SchemaData:
     """Pulsar's PostSchemaPayload: ``{"type": "AVRO", "schema": "<definition>", ...}``."""
     if not isinstance(body, dict):
-        raise SchemaAdminError(400, 'expected {"type": ..., "schema": ..., "properties": ...}')
+        raise AdminError(400, 'expected {"type": ..., "schema": ..., "properties": ...}')
     kind, text = body.get("type"), body.get("schema", "")
     if kind not in WIRE_TYPES or kind == "AUTO_CONSUME":
-        raise SchemaAdminError(400, f"schema type {kind!r} is not one of {sorted(WIRE_TYPES)}")
+        raise AdminError(400, f"schema type {kind!r} is not one of {sorted(WIRE_TYPES)}")
     properties = body.get("properties") or {}
     if not isinstance(text, str) or not isinstance(properties, dict):
-        raise SchemaAdminError(400, "schema must be a string and properties an object")
+        raise AdminError(400, "schema must be a string and properties an object")
     return SchemaData(kind, text.encode(), {str(k): str(v) for k, v in properties.items()})
 
 
-def add_schema_routes(routes: web.RouteTableDef, broker: Broker) -> None:
+def add_schema_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None:
     base = "/admin/v2/schemas/{tenant}/{namespace}/{topic}"
 
     def registry() -> SchemaRegistry:
@@ -90,7 +82,7 @@ def add_schema_routes(routes: web.RouteTableDef, broker: Broker) -> None:
         try:
             found = await registry().get(topic, version)
         except SchemaNotFoundError as e:
-            raise SchemaAdminError(404, f"Schema not found: {e}") from None
+            raise AdminError(404, f"Schema not found: {e}") from None
         return web.json_response(schema_json(found))
 
     @routes.get(f"{base}/schema")
@@ -103,28 +95,25 @@ def add_schema_routes(routes: web.RouteTableDef, broker: Broker) -> None:
         try:
             number = int(text)
         except ValueError:
-            raise SchemaAdminError(400, f"schema version {text!r} is not a number") from None
+            raise AdminError(400, f"schema version {text!r} is not a number") from None
         return await one(_topic(request), number)
 
     @routes.get(f"{base}/schemas")
     async def every(request: web.Request) -> web.Response:
         found = await registry().versions(_topic(request))
         if not found:
-            raise SchemaAdminError(404, f"Schema not found: topic {_topic(request)} has none")
+            raise AdminError(404, f"Schema not found: topic {_topic(request)} has none")
         return web.json_response({"getSchemaResponses": [schema_json(v) for v in found]})
 
     @routes.post(f"{base}/schema")
     async def upload(request: web.Request) -> web.Response:
         topic = _topic(request)
         await broker.namespace_policies(topic.namespace_name)  # 404 without the namespace
-        try:
-            body = json.loads(await request.text())
-        except (ValueError, RecursionError) as e:
-            raise SchemaAdminError(400, f"request body is not valid JSON: {e}") from None
+        body = await requests.json_body(request)
         try:
             number = await registry().put_if_absent(topic, _upload(body))
         except IncompatibleSchemaError as e:
-            raise SchemaAdminError(409, str(e)) from None
+            raise AdminError(409, str(e)) from None
         return web.json_response({"version": number})
 
     @routes.delete(f"{base}/schema")
@@ -132,5 +121,5 @@ def add_schema_routes(routes: web.RouteTableDef, broker: Broker) -> None:
         try:
             number = await registry().delete(_topic(request))
         except SchemaNotFoundError as e:
-            raise SchemaAdminError(404, f"Schema not found: {e}") from None
+            raise AdminError(404, f"Schema not found: {e}") from None
         return web.json_response({"version": number})

@@ -1,0 +1,165 @@
+"""Admin REST of tenants, namespaces and their policies, on Pulsar's paths:
+
+- ``GET    /admin/v2/tenants``, ``PUT /admin/v2/tenants/{tenant}``
+- ``GET    /admin/v2/namespaces/{tenant}`` lists its namespaces
+- ``PUT    /admin/v2/namespaces/{tenant}/{namespace}`` (body: ``{"bundles": {"numBundles": n}}``)
+- ``GET    /admin/v2/namespaces/{tenant}/{namespace}`` the namespace's policy document
+- ``GET|POST|DELETE /admin/v2/namespaces/{tenant}/{namespace}/{policy}`` one policy, for
+  ``retention``, ``messageTTL``, ``deduplication``, ``autoTopicCreation`` (see ``policies``)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from magnetar.broker.admin import requests
+from magnetar.broker.admin.errors import AdminError
+from magnetar.broker.cluster.bundles import load_or_create
+from magnetar.broker.config import TopicSettings
+from magnetar.broker.namespace import policies
+from magnetar.broker.namespace.policies import PartitionCountError, PolicyError, parse_document
+from magnetar.broker.namespace.records import NAMESPACES_PATH, TENANTS_PATH
+from magnetar.common.metadata import NOT_EXISTS, BadVersionError
+
+if TYPE_CHECKING:
+    from magnetar.broker.admin.service import AdminBroker
+
+#: Admin path segment -> (field in the namespace's policy document, value check).
+POLICY_FIELDS: dict[str, tuple[str, Callable[[Any, TopicSettings], Any]]] = {
+    "retention": ("retention_policies", lambda v, _: policies.check_retention(v)),
+    "messageTTL": ("message_ttl_in_seconds", lambda v, _: policies.check_ttl(v)),
+    "deduplication": (
+        "deduplicationEnabled",
+        lambda v, _: policies.check_bool(v, "deduplication"),
+    ),
+    "autoTopicCreation": (
+        "autoTopicCreationOverride",
+        lambda v, limits: policies.check_auto_topic_creation(
+            v, limits.max_num_partitions_per_partitioned_topic
+        ),
+    ),
+}
+
+
+def add_namespace_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None:
+    @routes.get("/admin/v2/tenants")
+    async def list_tenants(request: web.Request) -> web.Response:
+        assert broker.store is not None
+        return web.json_response(await broker.store.children(TENANTS_PATH))
+
+    @routes.put("/admin/v2/tenants/{tenant}")
+    async def create_tenant(request: web.Request) -> web.Response:
+        assert broker.store is not None
+        tenant = requests.tenant(request)
+        try:
+            await broker.store.put(f"{TENANTS_PATH}/{tenant}", b"{}", NOT_EXISTS)
+        except BadVersionError:
+            raise AdminError(409, "Tenant already exists") from None
+        return web.Response(status=204)
+
+    @routes.get("/admin/v2/namespaces/{tenant}")
+    async def list_namespaces(request: web.Request) -> web.Response:
+        assert broker.store is not None
+        tenant = requests.tenant(request)
+        if await broker.store.get(f"{TENANTS_PATH}/{tenant}") is None:
+            raise AdminError(404, f"Tenant does not exist: {tenant}")
+        names = await broker.store.children(f"{NAMESPACES_PATH}/{tenant}")
+        return web.json_response([f"{tenant}/{n}" for n in names])
+
+    @routes.put("/admin/v2/namespaces/{tenant}/{namespace}")
+    async def create_namespace(request: web.Request) -> web.Response:
+        assert broker.store is not None
+        namespace = requests.namespace(request)
+        tenant = request.match_info["tenant"]
+        if await broker.store.get(f"{TENANTS_PATH}/{tenant}") is None:
+            raise AdminError(404, f"Tenant does not exist: {tenant}")
+        count = await _bundle_count_body(request)
+        try:
+            await broker.store.put(f"{NAMESPACES_PATH}/{namespace}", b"{}", NOT_EXISTS)
+        except BadVersionError:
+            raise AdminError(409, "Namespace already exists") from None
+        if count is not None:  # Pulsar's policies body: {"bundles": {"numBundles": n}}
+            await load_or_create(broker.store, namespace, count)
+        return web.Response(status=204)
+
+    @routes.get("/admin/v2/namespaces/{tenant}/{namespace}")
+    async def get_policies(request: web.Request) -> web.Response:
+        return web.json_response(await _policy_document(broker, request))
+
+    @routes.get("/admin/v2/namespaces/{tenant}/{namespace}/{policy}")
+    async def get_policy(request: web.Request) -> web.Response:
+        key, _check = _policy_field(request)
+        return web.json_response((await _policy_document(broker, request)).get(key))
+
+    @routes.post("/admin/v2/namespaces/{tenant}/{namespace}/{policy}")
+    @routes.delete("/admin/v2/namespaces/{tenant}/{namespace}/{policy}")
+    async def set_policy(request: web.Request) -> web.Response:
+        namespace = requests.namespace(request)
+        key, check = _policy_field(request)
+        value = None
+        if request.method == "POST":
+            body = await requests.json_body(request)
+            try:
+                value = check(body, broker.config)
+            except PartitionCountError as e:
+                raise AdminError(406, str(e)) from None
+            except PolicyError as e:
+                raise AdminError(400, f"{request.match_info['policy']}: {e}") from None
+        await _update_policies(broker, f"{NAMESPACES_PATH}/{namespace}", key, value)
+        broker.policies_changed()
+        return web.Response(status=204)
+
+
+async def _bundle_count_body(request: web.Request) -> int | None:
+    """``bundles.numBundles`` of a namespace-creation body, if one was sent (1..1024)."""
+    if not request.can_read_body:
+        return None
+    body = await requests.json_body(request)
+    bundles = body.get("bundles") if isinstance(body, dict) else None
+    if bundles is None:
+        return None
+    count = bundles.get("numBundles") if isinstance(bundles, dict) else None
+    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 1024:
+        raise AdminError(412, f"bundles.numBundles must be between 1 and 1024, got {count!r}")
+    return count
+
+
+def _policy_field(request: web.Request) -> tuple[str, Callable[[Any, TopicSettings], Any]]:
+    field = POLICY_FIELDS.get(request.match_info["policy"])
+    if field is None:
+        raise AdminError(404, f"unknown namespace policy {request.match_info['policy']!r}")
+    return field
+
+
+async def _policy_document(broker: AdminBroker, request: web.Request) -> dict[str, Any]:
+    assert broker.store is not None
+    namespace = requests.namespace(request)
+    found = await broker.store.get(f"{NAMESPACES_PATH}/{namespace}")
+    if found is None:
+        raise AdminError(404, f"Namespace does not exist: {namespace}")
+    return parse_document(found.value)
+
+
+async def _update_policies(broker: AdminBroker, key: str, field: str, value: Any) -> None:
+    """Set (or remove, for None) one field of a namespace's policy document, by CAS."""
+    assert broker.store is not None
+    while True:
+        found = await broker.store.get(key)
+        if found is None:
+            raise AdminError(
+                404, f"Namespace does not exist: {key.removeprefix(NAMESPACES_PATH + '/')}"
+            )
+        document = parse_document(found.value)
+        if value is None:
+            document.pop(field, None)
+        else:
+            document[field] = value
+        try:
+            await broker.store.put(key, json.dumps(document).encode(), found.version)
+            return
+        except BadVersionError:
+            continue  # changed meanwhile: apply to the new version

@@ -1,0 +1,96 @@
+"""What the admin API needs of the broker, as Protocols: the admin room never imports the
+composition root (``broker.py``) nor the metrics binding (``metrics.py``); the broker satisfies
+:class:`AdminBroker` by its shape. Each member is one the admin routes (or ``cluster.lookup``,
+which they call with the broker) read or call; nothing else."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sized
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from magnetar.broker.cluster.bundles import BundleRange
+    from magnetar.broker.cluster.load_manager import LoadManager
+    from magnetar.broker.cluster.ownership import OwnershipStore
+    from magnetar.broker.cluster.registry import BrokerRegistry
+    from magnetar.broker.config import BrokerConfig
+    from magnetar.broker.model.broker_info import BrokerInfo
+    from magnetar.broker.model.topic_name import TopicName
+    from magnetar.broker.namespace.policies import Policies
+    from magnetar.broker.topics.nonpersistent import NonPersistentTopic
+    from magnetar.broker.topics.persistent import PersistentTopic
+    from magnetar.common.metadata import MetadataStore
+
+
+class Gauge(Protocol):
+    def set(self, value: float) -> None: ...
+
+
+class AdminMetrics(Protocol):
+    """The broker's metrics as ``/metrics`` uses them: four gauges set at scrape time, then
+    the registry rendered."""
+
+    @property
+    def registry(self) -> CollectorRegistry: ...
+    @property
+    def topics(self) -> Gauge: ...
+    @property
+    def connections(self) -> Gauge: ...
+    @property
+    def entries_in(self) -> Gauge: ...
+    @property
+    def bytes_in(self) -> Gauge: ...
+
+
+class AdminBroker(Protocol):
+    """The broker as the admin API sees it."""
+
+    @property
+    def config(self) -> BrokerConfig: ...
+    @property
+    def store(self) -> MetadataStore | None: ...
+    @property
+    def topics(self) -> Mapping[str, PersistentTopic | NonPersistentTopic]: ...
+    @property
+    def connections(self) -> Sized: ...
+    @property
+    def metrics(self) -> AdminMetrics: ...
+    @property
+    def info(self) -> BrokerInfo: ...
+    @property
+    def ownership(self) -> OwnershipStore | None: ...
+    @property
+    def registry(self) -> BrokerRegistry | None: ...
+    @property
+    def load_manager(self) -> LoadManager | None: ...
+
+    def may_serve(self) -> bool: ...
+    def policies_changed(self) -> None: ...
+    async def namespace_policies(self, namespace: str) -> Policies: ...
+
+    # topics
+    async def get_topic(
+        self, name: TopicName, *, auto: bool = False
+    ) -> PersistentTopic | NonPersistentTopic: ...
+    async def topic_exists(self, name: TopicName) -> bool: ...
+    async def delete_topic(self, name: TopicName, *, force: bool) -> None: ...
+    async def list_topics(self, namespace: str, domains: tuple[str, ...]) -> list[str]: ...
+    async def unload_topic(
+        self, topic: PersistentTopic | NonPersistentTopic, receiver: BrokerInfo | None = None
+    ) -> None: ...
+
+    # bundles
+    async def namespace_bundles(self, namespace: str) -> list[BundleRange]: ...
+    def forget_bundles(self, namespace: str) -> None: ...
+    async def bundle_of(self, name: TopicName) -> BundleRange: ...
+    async def request_unload(
+        self, owner: BrokerInfo, namespace: str, bundle: BundleRange
+    ) -> None: ...
+    async def unload_bundle(
+        self, namespace: str, bundle: BundleRange, receiver: BrokerInfo | None = None
+    ) -> int: ...
+    async def split_bundle(
+        self, namespace: str, bundle: BundleRange, algorithm: str, *, unload: bool
+    ) -> tuple[BundleRange, BundleRange]: ...

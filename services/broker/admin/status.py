@@ -1,0 +1,36 @@
+"""The broker's own state over HTTP: ``GET /health`` (also ``/admin/v2/brokers/health``) and
+``GET /metrics`` (Prometheus text)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from prometheus_client import generate_latest
+
+from magnetar.broker.admin.errors import AdminError
+
+if TYPE_CHECKING:
+    from magnetar.broker.admin.service import AdminBroker
+
+
+def add_health_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None:
+    @routes.get("/health")
+    @routes.get("/admin/v2/brokers/health")
+    async def health(request: web.Request) -> web.Response:
+        # Unhealthy once this broker can no longer write safely: its metadata session may
+        # have expired (its bundles may be someone else's).
+        if not broker.may_serve():
+            raise AdminError(503, "the broker's metadata session expired or is not open")
+        return web.Response(text="ok")
+
+
+def add_metrics_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None:
+    @routes.get("/metrics")
+    async def metrics(request: web.Request) -> web.Response:
+        m = broker.metrics
+        m.topics.set(len(broker.topics))
+        m.connections.set(len(broker.connections))
+        m.entries_in.set(sum(t.msg_in for t in broker.topics.values()))
+        m.bytes_in.set(sum(t.bytes_in for t in broker.topics.values()))
+        return web.Response(body=generate_latest(m.registry), content_type="text/plain")
