@@ -3,21 +3,52 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from magnetar.broker.model.position import Position
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
 
 if TYPE_CHECKING:
-    from magnetar.broker.protocol.connection import ServerConnection
+    from magnetar.broker.topics.nonpersistent import NonPersistentSubscription
+    from magnetar.broker.topics.subscription import Subscription
+
+
+class ConsumerChannel(Protocol):
+    """What topics and dispatchers use of the client connection a consumer came on (the
+    protocol room's ``ServerConnection`` provides it; topics never import it)."""
+
+    #: False while the connection's outgoing buffer is above its high-water mark.
+    writable: bool
+
+    def write(self, data: bytes) -> None:
+        """Queue an encoded frame (a MESSAGE) for the peer."""
+
+    def send(self, body: Any) -> None:
+        """Queue a command (ACTIVE_CONSUMER_CHANGE, REACHED_END_OF_TOPIC, ...) for the peer."""
+
+    def close_consumer(
+        self,
+        subscription: Subscription | NonPersistentSubscription,
+        consumer: Consumer,
+        assigned_url: str | None = None,
+    ) -> None:
+        """End ``consumer`` from the broker's side: CLOSE_CONSUMER, the client reconnects (to
+        the broker at ``assigned_url`` when the topic was handed over)."""
+
+    def reconnect_consumer(self, consumer: Consumer) -> None:
+        """``consumer`` was taken off its subscription (a seek): forget it on this connection
+        and send CLOSE_CONSUMER, so the client comes back at the new position."""
+
+    def close(self) -> None:
+        """Close the whole connection."""
 
 
 @dataclass(eq=False)
 class Consumer:
     consumer_id: int
     name: str
-    connection: ServerConnection
+    connection: ConsumerChannel
     priority: int = 0
     #: key_shared only: the consumer's KeySharedMeta from SUBSCRIBE (mode, sticky ranges), or None.
     key_shared_meta: pb.KeySharedMeta | None = None

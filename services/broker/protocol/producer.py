@@ -1,0 +1,195 @@
+"""PRODUCER, SEND and CLOSE_PRODUCER: a client's producers on one connection."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import TYPE_CHECKING
+
+from magnetar.broker.errors import TopicUnloadingError
+from magnetar.broker.ledger.managed_ledger import (
+    EntryTooLargeForLedgerError,
+    ManagedLedgerFencedError,
+)
+from magnetar.broker.model.message_id import EARLIEST
+from magnetar.broker.model.position import Position
+from magnetar.broker.protocol import errors
+from magnetar.broker.protocol.schema import Answered, producer_schema_version
+from magnetar.common.proto import pulsar_api_pb2 as pb
+from magnetar.common.protocol import codec
+from magnetar.common.protocol.state import ConnectionState
+
+if TYPE_CHECKING:
+    from magnetar.broker.protocol.connection import AnyTopic, ServerConnection
+
+log = logging.getLogger(__name__)
+
+
+def producer(conn: ServerConnection, body: pb.CommandProducer, frame: codec.Frame) -> None:
+    conn.spawn(_create_producer(conn, body), body)
+
+
+async def _create_producer(conn: ServerConnection, body: pb.CommandProducer) -> None:
+    name = conn.topic_name(body.topic, body.request_id, pb.CommandError)
+    if name is None:
+        return
+    existing = conn.producers.get(body.producer_id)
+    if existing is not None:
+        if existing[0].name == name:  # the client asked again: same answer
+            try:
+                schema_version = await producer_schema_version(conn, body, name)
+            except Answered:
+                return
+            _producer_success(conn, body, existing[0], existing[1], None, schema_version)
+        else:
+            conn.error(
+                body.request_id,
+                pb.ProducerBusy,
+                f"producer id {body.producer_id} is already in use on this connection",
+            )
+        return
+    try:
+        topic = await conn.broker.get_topic(name, auto=True)
+    except Exception as e:  # any storage failure: the client gets the reason, not a timeout
+        conn.refuse(body.request_id, name, e, errors.TOPIC_LOADING, errors.TOPIC_NOT_LOADED)
+        return
+    try:
+        schema_version = await producer_schema_version(conn, body, name)
+    except Answered:
+        return
+    producer_name = body.producer_name or f"magnetar-{uuid.uuid4().hex[:12]}"
+    mode = body.producer_access_mode
+    if mode == pb.WaitForExclusive and len(topic.producers):
+        # Pulsar's protocol: "pending" now, the real success when the topic is ours.
+        conn.send(
+            pb.CommandProducerSuccess(
+                request_id=body.request_id, producer_name=producer_name, producer_ready=False
+            )
+        )
+    epoch = body.topic_epoch if body.HasField("topic_epoch") else None
+    try:
+        epoch = await topic.producers.add(
+            (id(conn), body.producer_id),
+            mode,
+            lambda assigned_url: _fence_producer(conn, body.producer_id, assigned_url),
+            epoch,
+            name=producer_name,
+        )
+    except errors.PRODUCER_ACCESS as e:
+        conn.refuse(body.request_id, name, e, errors.PRODUCER_ACCESS)
+        return
+    if mode != pb.Shared:
+        try:
+            await topic.store_epoch(epoch)
+        except Exception as e:  # the epoch must survive a move before the producer has it
+            topic.producers.remove((id(conn), body.producer_id))
+            conn.refuse(body.request_id, name, e, (), errors.EPOCH_NOT_STORED)
+            return
+    if conn.state is ConnectionState.CLOSED:
+        topic.producers.remove((id(conn), body.producer_id))
+        return
+    conn.producers[body.producer_id] = (topic, producer_name)
+    conn.closed_by_broker.discard(body.producer_id)
+    _producer_success(conn, body, topic, producer_name, epoch, schema_version)
+
+
+def _producer_success(
+    conn: ServerConnection,
+    body: pb.CommandProducer,
+    topic: AnyTopic,
+    producer_name: str,
+    epoch: int | None,
+    schema_version: bytes | None,
+) -> None:
+    success = pb.CommandProducerSuccess(
+        request_id=body.request_id,
+        producer_name=producer_name,
+        last_sequence_id=(
+            topic.deduplication.last_sequence_id(producer_name)
+            if topic.deduplication is not None
+            else -1
+        ),
+    )
+    success.topic_epoch = topic.producers.topic_epoch if epoch is None else epoch
+    if schema_version is not None:
+        success.schema_version = schema_version
+    conn.send(success)
+
+
+def _fence_producer(conn: ServerConnection, producer_id: int, assigned_url: str | None) -> None:
+    """Another producer took the topic with ExclusiveWithFencing, or the topic went away
+    (to the broker at ``assigned_url``, when it was handed over)."""
+    if conn.producers.pop(producer_id, None) is not None:
+        conn.closed_by_broker.add(producer_id)
+        close = pb.CommandCloseProducer(producer_id=producer_id, request_id=0)
+        if assigned_url is not None and conn.knows_assigned_broker:
+            close.assignedBrokerServiceUrl = assigned_url
+        conn.send(close)
+
+
+def close_producer(
+    conn: ServerConnection, body: pb.CommandCloseProducer, frame: codec.Frame
+) -> None:
+    found = conn.producers.pop(body.producer_id, None)
+    if found is not None:
+        found[0].producers.remove((id(conn), body.producer_id))
+    conn.send(pb.CommandSuccess(request_id=body.request_id))
+
+
+def send_message(conn: ServerConnection, body: pb.CommandSend, frame: codec.Frame) -> None:
+    found = conn.producers.get(body.producer_id)
+    if found is None:
+        if body.producer_id in conn.closed_by_broker:
+            # Sent before the client read our CLOSE_PRODUCER: it sends them again where it
+            # reconnects (Pulsar ignores these too, rather than close the connection).
+            return
+        conn.send_error(
+            body,
+            pb.NotAllowedError,
+            f"unknown producer id {body.producer_id} on this connection",
+        )
+        return
+    topic, producer_name = found
+    if not conn.broker.may_serve():
+        # Our bundles may belong to another broker already: store nothing more here.
+        conn.send_error(body, pb.ServiceNotReady, "the broker's metadata session expired")
+        return
+    highest = body.highest_sequence_id if body.HasField("highest_sequence_id") else None
+    future = topic.publish(
+        frame.headers_and_payload,
+        producer_name,
+        body.sequence_id,
+        -1 if highest is None else highest,
+        max(body.num_messages, 1),
+    )
+    producer_id, sequence_id = body.producer_id, body.sequence_id
+
+    def receipt(done: asyncio.Future[Position | None]) -> None:
+        if done.cancelled():
+            return
+        error = done.exception()
+        if isinstance(error, TopicUnloadingError):
+            return  # nothing stored: CLOSE_PRODUCER follows, and the client sends it again
+        if error is not None:
+            if isinstance(error, ManagedLedgerFencedError):
+                conn.broker.topic_fenced(topic)
+            log.warning("topic %s: send failed: %s", topic.name, error)
+            conn.broker.metrics.send_errors.labels(type(error).__name__).inc()
+            conn.send_error(
+                body,
+                pb.NotAllowedError
+                if isinstance(error, EntryTooLargeForLedgerError)
+                else pb.PersistenceError,
+                str(error),
+            )
+            return
+        # A duplicate is acknowledged with Pulsar's (-1, -1): it was not stored again.
+        position = done.result() or EARLIEST
+        conn.write(
+            codec.encode_send_receipt(
+                producer_id, sequence_id, position.ledger_id, position.entry_id, highest
+            )
+        )
+
+    future.add_done_callback(receipt)

@@ -1,0 +1,59 @@
+"""What the protocol room uses of the broker, as a Protocol: the composition root (``broker.py``)
+provides it, and the room never imports the root.
+
+``lookup`` (``cluster/lookup.py``) is handed the same object and says there what it needs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from magnetar.broker.config import BrokerConfig
+from magnetar.broker.model.topic_name import TopicName
+from magnetar.broker.topics.nonpersistent import NonPersistentTopic
+from magnetar.broker.topics.persistent import PersistentTopic
+from magnetar.common.metadata import MetadataStore
+
+if TYPE_CHECKING:
+    from magnetar.broker.protocol.connection import ServerConnection
+
+
+class Increment(Protocol):
+    def inc(self, amount: float = 1) -> None: ...
+
+
+class LabelledCounter(Protocol):
+    def labels(self, *values: str) -> Increment: ...
+
+
+class ProtocolMetrics(Protocol):
+    """The counters the protocol room touches."""
+
+    @property
+    def send_errors(self) -> LabelledCounter: ...
+
+
+class BrokerService(Protocol):
+    """The broker, as its client connections see it."""
+
+    config: BrokerConfig
+    store: MetadataStore | None
+    #: The open client connections (for stats and for closing them at shutdown).
+    connections: set[ServerConnection]
+    #: Advertised listener names a LOOKUP may ask for.
+    listener_names: frozenset[str]
+
+    @property
+    def metrics(self) -> ProtocolMetrics: ...
+
+    async def get_topic(
+        self, name: TopicName, *, auto: bool = False
+    ) -> PersistentTopic | NonPersistentTopic: ...
+
+    async def partitions_for_client(self, name: TopicName) -> int: ...
+
+    async def list_topics(self, namespace: str, domains: tuple[str, ...]) -> list[str]: ...
+
+    def may_serve(self) -> bool: ...
+
+    def topic_fenced(self, topic: PersistentTopic | NonPersistentTopic) -> None: ...
