@@ -9,7 +9,11 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
+from typing import Any, TypeVar
 
 import crc32c
 
@@ -57,176 +61,77 @@ def _metadata_option(parser: argparse.ArgumentParser, default: object) -> None:
     )
 
 
+class Needs(StrEnum):
+    """What ``run`` opens before it calls a tool (and so what the tool takes first)."""
+
+    OFFLINE = "offline"  # a stopped bookie's directories: no metadata store, no --metadata-url
+    STORE = "store"  # the metadata store
+    LEDGER_CLIENT = "ledger_client"  # a ledger client on the metadata store
+
+
+@dataclass(slots=True, frozen=True)
+class Option:
+    """One ``add_argument`` call of a tool's parser, as written."""
+
+    flags: tuple[str, ...]
+    kwargs: dict[str, Any]
+
+
+def option(*flags: str, **kwargs: Any) -> Option:
+    return Option(flags, kwargs)
+
+
+def json_option(help: str | None = None) -> Option:
+    return option("--json", action="store_true", help=help)
+
+
+@dataclass(slots=True, frozen=True)
+class Tool:
+    name: str
+    needs: Needs
+    func: Callable[..., Any]
+    help: str
+    description: str | None
+    options: tuple[Option, ...]
+
+
+# In registration order, which is the order `magnetar bk --help` lists them in.
+TOOLS: dict[str, Tool] = {}
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def tool(
+    name: str,
+    *,
+    needs: Needs,
+    help: str,
+    description: str | None = None,
+    options: Sequence[Option] = (),
+) -> Callable[[_F], _F]:
+    """Register the decorated function as ``magnetar bk NAME``. It is called as ``func(args)``
+    (offline, synchronous), ``await func(store, args)`` or ``await func(client, args)``; every
+    tool but an offline one also takes ``--metadata-url`` after its name."""
+
+    def register(func: _F) -> _F:
+        if name in TOOLS:
+            raise ValueError(f"bk tool {name!r} registered twice")
+        TOOLS[name] = Tool(name, needs, func, help, description, tuple(options))
+        return func
+
+    return register
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     # --metadata-url is accepted before the tool name and after it.
     _metadata_option(parser, None)
     sub = parser.add_subparsers(dest="bk_command", required=True, metavar="TOOL")
-
-    p = sub.add_parser("bookiesanity", help="write, read back and delete a ledger on one bookie")
-    _metadata_option(p, argparse.SUPPRESS)
-    p.add_argument(
-        "--bookie",
-        metavar="HOST:PORT",
-        help="bookie to test [default: any writable registered one]",
-    )
-    p.add_argument("--entries", type=int, default=10, help="entries to write [default: 10]")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds per call [default: 10]")
-
-    p = sub.add_parser("listbookies", help="registered bookies with their state")
-    _metadata_option(p, argparse.SUPPRESS)
-    p.add_argument("--json", action="store_true", help="one JSON object per bookie")
-
-    p = sub.add_parser("listledgers", help="ids of every ledger")
-    _metadata_option(p, argparse.SUPPRESS)
-    p.add_argument("--json", action="store_true", help="one JSON object per ledger")
-
-    p = sub.add_parser("ledgermetadata", help="a ledger's metadata")
-    _metadata_option(p, argparse.SUPPRESS)
-    p.add_argument("ledger_id", type=int)
-    p.add_argument("--json", action="store_true")
-
-    p = sub.add_parser(
-        "readledger", help="entries of a ledger (closed: up to its end; open: up to LAC)"
-    )
-    _metadata_option(p, argparse.SUPPRESS)
-    p.add_argument("ledger_id", type=int)
-    p.add_argument("--from", dest="first", type=int, default=0, help="first entry [default: 0]")
-    p.add_argument(
-        "--to", dest="last", type=int, default=None, help="last entry [default: the end]"
-    )
-    p.add_argument(
-        "--json", action="store_true", help="one JSON object per entry: entry_id, length, crc32c"
-    )
-
-    p = sub.add_parser(
-        "recover",
-        help="LEDGER_ID: open a ledger with recovery (fence + close) and print the result; "
-        "BOOKIE[,BOOKIE...]: re-replicate every ledger off those bookies now",
-        description="With a ledger id: fence and close that ledger. With bookie addresses: mark "
-        "every ledger with a fragment on them under-replicated and replicate them here, with "
-        "the replication worker's code (open ledgers are fenced and recovered first).",
-    )
-    _metadata_option(p, argparse.SUPPRESS)
-    p.add_argument("target", metavar="LEDGER_ID|BOOKIE[,BOOKIE...]")
-    p.add_argument("--json", action="store_true")
-
-    p = sub.add_parser(
-        "listunderreplicated", help="ledgers marked under-replicated, with the bookies to replace"
-    )
-    _metadata_option(p, argparse.SUPPRESS)
-    p.add_argument("--json", action="store_true", help="one JSON object per ledger")
-
-    p = sub.add_parser(
-        "listunreferenced",
-        help="ledgers with entries whose topic does not list them (the store lost the update)",
-        description="Ledgers whose metadata names a topic (custom field managed-ledger) that "
-        "does not list them, or that has no ledger list at all, and that hold entries: the "
-        "metadata store went back in time (restored from an older backup, or its log cut at a "
-        "damage). Garbage collection never deletes them; adopt each into its topic's ledger "
-        "list or delete it (`magnetar bk deleteledger`). Ledgers whose metadata the store lost "
-        "too are reported by the bookies that hold them (log, and the "
-        "magnetar_bookie_unreferenced_ledgers gauge).",
-    )
-    _metadata_option(p, argparse.SUPPRESS)
-    p.add_argument("--json", action="store_true", help="one JSON object per ledger")
-
-    p = sub.add_parser(
-        "decommissionbookie",
-        help="drain a live (or dead) bookie: its ledgers are copied to others, then it can go",
-        description="The bookie turns read-only (writers move off it at their next add), every "
-        "ledger with a fragment on it is marked under-replicated, and the replication workers "
-        "copy them away. Waits until no ledger names the bookie; then stop it and remove it.",
-    )
-    _metadata_option(p, argparse.SUPPRESS)
-    p.add_argument("bookie", metavar="HOST:PORT")
-    p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait [default: 3600]")
-    p.add_argument("--no-wait", action="store_true", help="mark and return at once")
-    p.add_argument(
-        "--cancel",
-        action="store_true",
-        help="take the bookie off the decommissioning list (it turns writable again)",
-    )
-    p.add_argument("--json", action="store_true")
-
-    p = sub.add_parser(
-        "autorecovery", help="enable, disable or show autorecovery (auditor and workers)"
-    )
-    _metadata_option(p, argparse.SUPPRESS)
-    p.add_argument("action", choices=("enable", "disable", "status"))
-    p.add_argument("--json", action="store_true")
-
-    p = sub.add_parser(
-        "lostbookierecoverydelay",
-        help="show, or set with --set SECONDS, the auditor's lost_bookie_recovery_delay",
-    )
-    _metadata_option(p, argparse.SUPPRESS)
-    p.add_argument("--set", dest="seconds", type=float, default=None, metavar="SECONDS")
-    p.add_argument("--json", action="store_true")
-
-    p = sub.add_parser(
-        "deleteledger", help="delete a ledger from its bookies and the metadata store"
-    )
-    _metadata_option(p, argparse.SUPPRESS)
-    p.add_argument("ledger_id", type=int)
-    p.add_argument("--json", action="store_true")
-
-    p = sub.add_parser(
-        "simpletest", help="create a ledger, write N entries, close it, print figures"
-    )
-    _metadata_option(p, argparse.SUPPRESS)
-    p.add_argument("--ensemble", type=int, default=3)
-    p.add_argument("--write-quorum", type=int, default=2)
-    p.add_argument("--ack-quorum", type=int, default=2)
-    p.add_argument("--entries", type=int, default=1000)
-    p.add_argument("--entry-size", type=int, default=1024, help="bytes per entry [default: 1024]")
-    p.add_argument(
-        "--rate",
-        type=float,
-        default=0,
-        help="at most this many adds per second [default: no limit]",
-    )
-    p.add_argument("--json", action="store_true", help="one final JSON line")
-
-    p = sub.add_parser(
-        "reregister",
-        help="record that a stopped bookie lost its disks: it may start again, empty",
-        description="A bookie whose directories were wiped or replaced refuses to start while "
-        "the metadata store holds its cookie. Once its old disks are lost for good, this gives "
-        "it a new cookie incarnation: its next start on empty directories is accepted, and for "
-        "every ledger created before now it answers WIPED instead of 'no such entry', so "
-        "recovery does not count it as proof that an entry is absent.",
-    )
-    _metadata_option(p, argparse.SUPPRESS)
-    p.add_argument("--address", required=True, metavar="HOST:PORT", help="the bookie's address")
-    p.add_argument("--json", action="store_true", help="the new cookie as JSON")
-
-    p = sub.add_parser("cookies", help="the cluster's instance id and every bookie's cookie")
-    _metadata_option(p, argparse.SUPPRESS)
-    p.add_argument("--json", action="store_true", help="one JSON object per cookie")
-
-    p = sub.add_parser(
-        "journalrepair",
-        help="offline: drop the damaged bytes of a stopped bookie's journal, keep every valid record",
-    )
-    p.add_argument(
-        "--journal-dir",
-        required=True,
-        help="the bookie's journal_dir (the bookie must be stopped)",
-    )
-    p.add_argument("--dry-run", action="store_true", help="only report what would be dropped")
-    p.add_argument("--json", action="store_true", help="one JSON object per dropped range")
-
-    p = sub.add_parser(
-        "indexrebuild",
-        help="offline: rebuild a stopped bookie's index.db from its entry logs",
-    )
-    p.add_argument("--ledger-dir", required=True, help="the bookie's ledger_dir")
-    p.add_argument(
-        "--journal-dir",
-        required=True,
-        help="the bookie's journal_dir (ledgers found there are marked fenced too)",
-    )
-    p.add_argument("--json", action="store_true", help="one final JSON line")
+    for t in TOOLS.values():
+        p = sub.add_parser(t.name, help=t.help, description=t.description)
+        if t.needs is not Needs.OFFLINE:
+            _metadata_option(p, argparse.SUPPRESS)
+        for o in t.options:
+            p.add_argument(*o.flags, **o.kwargs)
 
 
 def metadata_url(args: argparse.Namespace) -> str:
@@ -234,8 +139,9 @@ def metadata_url(args: argparse.Namespace) -> str:
 
 
 async def run(args: argparse.Namespace) -> int:
-    if args.bk_command in OFFLINE_TOOLS:
-        return OFFLINE_TOOLS[args.bk_command](args)
+    t = TOOLS[args.bk_command]
+    if t.needs is Needs.OFFLINE:
+        return t.func(args)
     url = metadata_url(args)
     try:
         store = await open_store(url)
@@ -243,14 +149,10 @@ async def run(args: argparse.Namespace) -> int:
         print(f"cannot open metadata store {url}: {e}", file=sys.stderr)
         return 2
     try:
-        if args.bk_command == "bookiesanity":
-            return await bookiesanity(store, args)
-        if args.bk_command == "listbookies":
-            return await listbookies(store, args)
-        if args.bk_command in IDENTITY_TOOLS:
-            return await IDENTITY_TOOLS[args.bk_command](store, args)
+        if t.needs is Needs.STORE:
+            return await t.func(store, args)
         async with LedgerClient(store) as client:
-            return await LEDGER_TOOLS[args.bk_command](client, args)
+            return await t.func(client, args)
     except (LedgerError, NotEnoughBookiesError, QuorumConfigError, IdentityError) as e:
         print(f"bk {args.bk_command}: {e}", file=sys.stderr)
         return 1
@@ -258,20 +160,20 @@ async def run(args: argparse.Namespace) -> int:
         await store.close()
 
 
-async def listbookies(store: MetadataStore, args: argparse.Namespace) -> int:
-    for b in await list_bookies(store):
-        if args.json:
-            print(
-                json.dumps(
-                    {"address": b.address, "read_only": b.read_only, "free_bytes": b.free_bytes}
-                )
-            )
-        else:
-            state = "read-only" if b.read_only else "writable"
-            print(f"{b.address}\t{state}\tfree {b.free_bytes / 2**30:.1f} GiB")
-    return 0
-
-
+@tool(
+    "bookiesanity",
+    needs=Needs.STORE,
+    help="write, read back and delete a ledger on one bookie",
+    options=[
+        option(
+            "--bookie",
+            metavar="HOST:PORT",
+            help="bookie to test [default: any writable registered one]",
+        ),
+        option("--entries", type=int, default=10, help="entries to write [default: 10]"),
+        option("--timeout", type=float, default=10.0, help="seconds per call [default: 10]"),
+    ],
+)
 async def bookiesanity(store: MetadataStore, args: argparse.Namespace) -> int:
     address = args.bookie
     if address is None:
@@ -309,16 +211,48 @@ async def bookiesanity(store: MetadataStore, args: argparse.Namespace) -> int:
     return 0
 
 
+@tool(
+    "listbookies",
+    needs=Needs.STORE,
+    help="registered bookies with their state",
+    options=[json_option("one JSON object per bookie")],
+)
+async def listbookies(store: MetadataStore, args: argparse.Namespace) -> int:
+    for b in await list_bookies(store):
+        if args.json:
+            print(
+                json.dumps(
+                    {"address": b.address, "read_only": b.read_only, "free_bytes": b.free_bytes}
+                )
+            )
+        else:
+            state = "read-only" if b.read_only else "writable"
+            print(f"{b.address}\t{state}\tfree {b.free_bytes / 2**30:.1f} GiB")
+    return 0
+
+
 def _emit(args: argparse.Namespace, data: dict[str, object], text: str) -> None:
     print(json.dumps(data) if args.json else text)
 
 
+@tool(
+    "listledgers",
+    needs=Needs.LEDGER_CLIENT,
+    help="ids of every ledger",
+    options=[json_option("one JSON object per ledger")],
+)
 async def listledgers(client: LedgerClient, args: argparse.Namespace) -> int:
     for ledger_id in await client.list_ledgers():
         _emit(args, {"ledger_id": ledger_id}, str(ledger_id))
     return 0
 
 
+@tool(
+    "ledgermetadata",
+    needs=Needs.LEDGER_CLIENT,
+    help="a ledger's metadata",
+    options=[option("ledger_id", type=int), json_option()],
+)
 async def ledgermetadata(client: LedgerClient, args: argparse.Namespace) -> int:
     metadata, version = await client.read_metadata(args.ledger_id)
     data = {"ledger_id": args.ledger_id, "version": version, **metadata.to_json_dict()}
@@ -337,6 +271,17 @@ async def ledgermetadata(client: LedgerClient, args: argparse.Namespace) -> int:
     return 0
 
 
+@tool(
+    "readledger",
+    needs=Needs.LEDGER_CLIENT,
+    help="entries of a ledger (closed: up to its end; open: up to LAC)",
+    options=[
+        option("ledger_id", type=int),
+        option("--from", dest="first", type=int, default=0, help="first entry [default: 0]"),
+        option("--to", dest="last", type=int, default=None, help="last entry [default: the end]"),
+        json_option("one JSON object per entry: entry_id, length, crc32c"),
+    ],
+)
 async def readledger(client: LedgerClient, args: argparse.Namespace) -> int:
     handle = await client.open_ledger(args.ledger_id, recovery=False)
     last = handle.readable_last_entry if args.last is None else args.last
@@ -357,6 +302,16 @@ async def readledger(client: LedgerClient, args: argparse.Namespace) -> int:
     return 0
 
 
+@tool(
+    "recover",
+    needs=Needs.LEDGER_CLIENT,
+    help="LEDGER_ID: open a ledger with recovery (fence + close) and print the result; "
+    "BOOKIE[,BOOKIE...]: re-replicate every ledger off those bookies now",
+    description="With a ledger id: fence and close that ledger. With bookie addresses: mark "
+    "every ledger with a fragment on them under-replicated and replicate them here, with "
+    "the replication worker's code (open ledgers are fenced and recovered first).",
+    options=[option("target", metavar="LEDGER_ID|BOOKIE[,BOOKIE...]"), json_option()],
+)
 async def recover(client: LedgerClient, args: argparse.Namespace) -> int:
     if not args.target.isdigit():
         return await recover_bookies(client, args)
@@ -414,6 +369,12 @@ async def _always() -> bool:
     return True
 
 
+@tool(
+    "listunderreplicated",
+    needs=Needs.LEDGER_CLIENT,
+    help="ledgers marked under-replicated, with the bookies to replace",
+    options=[json_option("one JSON object per ledger")],
+)
 async def listunderreplicated(client: LedgerClient, args: argparse.Namespace) -> int:
     locks = await client.store.scan(LOCKS_PATH + "/")
     for ledger_id, (mark, _) in sorted((await list_marks(client.store)).items()):
@@ -434,6 +395,19 @@ async def listunderreplicated(client: LedgerClient, args: argparse.Namespace) ->
     return 0
 
 
+@tool(
+    "listunreferenced",
+    needs=Needs.LEDGER_CLIENT,
+    help="ledgers with entries whose topic does not list them (the store lost the update)",
+    description="Ledgers whose metadata names a topic (custom field managed-ledger) that "
+    "does not list them, or that has no ledger list at all, and that hold entries: the "
+    "metadata store went back in time (restored from an older backup, or its log cut at a "
+    "damage). Garbage collection never deletes them; adopt each into its topic's ledger "
+    "list or delete it (`magnetar bk deleteledger`). Ledgers whose metadata the store lost "
+    "too are reported by the bookies that hold them (log, and the "
+    "magnetar_bookie_unreferenced_ledgers gauge).",
+    options=[json_option("one JSON object per ledger")],
+)
 async def listunreferenced(client: LedgerClient, args: argparse.Namespace) -> int:
     """Ledgers with entries that their topic does not list (``magnetar.bookie.gc``'s rule:
     entries looked at first, the topic's record read after)."""
@@ -491,6 +465,25 @@ async def _ledgers_on(client: LedgerClient, address: str) -> list[int]:
     )
 
 
+@tool(
+    "decommissionbookie",
+    needs=Needs.LEDGER_CLIENT,
+    help="drain a live (or dead) bookie: its ledgers are copied to others, then it can go",
+    description="The bookie turns read-only (writers move off it at their next add), every "
+    "ledger with a fragment on it is marked under-replicated, and the replication workers "
+    "copy them away. Waits until no ledger names the bookie; then stop it and remove it.",
+    options=[
+        option("bookie", metavar="HOST:PORT"),
+        option("--timeout", type=float, default=3600.0, help="seconds to wait [default: 3600]"),
+        option("--no-wait", action="store_true", help="mark and return at once"),
+        option(
+            "--cancel",
+            action="store_true",
+            help="take the bookie off the decommissioning list (it turns writable again)",
+        ),
+        json_option(),
+    ],
+)
 async def decommissionbookie(client: LedgerClient, args: argparse.Namespace) -> int:
     address = args.bookie
     if args.cancel:
@@ -542,6 +535,12 @@ async def _autorecovery_enabled(store: MetadataStore) -> bool:
     return enabled is None or enabled
 
 
+@tool(
+    "autorecovery",
+    needs=Needs.STORE,
+    help="enable, disable or show autorecovery (auditor and workers)",
+    options=[option("action", choices=("enable", "disable", "status")), json_option()],
+)
 async def autorecovery(store: MetadataStore, args: argparse.Namespace) -> int:
     if args.action != "status":
         await update_settings(store, auto_recovery_daemon_enabled=args.action == "enable")
@@ -563,6 +562,15 @@ async def autorecovery(store: MetadataStore, args: argparse.Namespace) -> int:
     return 0
 
 
+@tool(
+    "lostbookierecoverydelay",
+    needs=Needs.STORE,
+    help="show, or set with --set SECONDS, the auditor's lost_bookie_recovery_delay",
+    options=[
+        option("--set", dest="seconds", type=float, default=None, metavar="SECONDS"),
+        json_option(),
+    ],
+)
 async def lostbookierecoverydelay(store: MetadataStore, args: argparse.Namespace) -> int:
     if args.seconds is not None:
         if args.seconds < 0:
@@ -579,12 +587,37 @@ async def lostbookierecoverydelay(store: MetadataStore, args: argparse.Namespace
     return 0
 
 
+@tool(
+    "deleteledger",
+    needs=Needs.LEDGER_CLIENT,
+    help="delete a ledger from its bookies and the metadata store",
+    options=[option("ledger_id", type=int), json_option()],
+)
 async def deleteledger(client: LedgerClient, args: argparse.Namespace) -> int:
     await client.delete_ledger(args.ledger_id)
     _emit(args, {"ledger_id": args.ledger_id, "deleted": True}, f"ledger {args.ledger_id} deleted")
     return 0
 
 
+@tool(
+    "simpletest",
+    needs=Needs.LEDGER_CLIENT,
+    help="create a ledger, write N entries, close it, print figures",
+    options=[
+        option("--ensemble", type=int, default=3),
+        option("--write-quorum", type=int, default=2),
+        option("--ack-quorum", type=int, default=2),
+        option("--entries", type=int, default=1000),
+        option("--entry-size", type=int, default=1024, help="bytes per entry [default: 1024]"),
+        option(
+            "--rate",
+            type=float,
+            default=0,
+            help="at most this many adds per second [default: no limit]",
+        ),
+        json_option("one final JSON line"),
+    ],
+)
 async def simpletest(client: LedgerClient, args: argparse.Namespace) -> int:
     handle = await client.create_ledger(args.ensemble, args.write_quorum, args.ack_quorum)
     payload = os.urandom(args.entry_size)
@@ -643,6 +676,20 @@ async def simpletest(client: LedgerClient, args: argparse.Namespace) -> int:
     return 0 if not failures else 1
 
 
+@tool(
+    "reregister",
+    needs=Needs.STORE,
+    help="record that a stopped bookie lost its disks: it may start again, empty",
+    description="A bookie whose directories were wiped or replaced refuses to start while "
+    "the metadata store holds its cookie. Once its old disks are lost for good, this gives "
+    "it a new cookie incarnation: its next start on empty directories is accepted, and for "
+    "every ledger created before now it answers WIPED instead of 'no such entry', so "
+    "recovery does not count it as proof that an entry is absent.",
+    options=[
+        option("--address", required=True, metavar="HOST:PORT", help="the bookie's address"),
+        json_option("the new cookie as JSON"),
+    ],
+)
 async def reregister(store: MetadataStore, args: argparse.Namespace) -> int:
     cookie = await reregister_cookie(store, args.address)
     # Its copies are gone even though it registers again under the same address.
@@ -658,6 +705,12 @@ async def reregister(store: MetadataStore, args: argparse.Namespace) -> int:
     return 0
 
 
+@tool(
+    "cookies",
+    needs=Needs.STORE,
+    help="the cluster's instance id and every bookie's cookie",
+    options=[json_option("one JSON object per cookie")],
+)
 async def cookies(store: MetadataStore, args: argparse.Namespace) -> int:
     instance = await read_instance_id(store)
     if not args.json:
@@ -673,29 +726,23 @@ async def cookies(store: MetadataStore, args: argparse.Namespace) -> int:
     return 0
 
 
-IDENTITY_TOOLS = {
-    "reregister": reregister,
-    "cookies": cookies,
-    "autorecovery": autorecovery,
-    "lostbookierecoverydelay": lostbookierecoverydelay,
-}
-
-LEDGER_TOOLS = {
-    "listledgers": listledgers,
-    "ledgermetadata": ledgermetadata,
-    "readledger": readledger,
-    "recover": recover,
-    "listunderreplicated": listunderreplicated,
-    "listunreferenced": listunreferenced,
-    "decommissionbookie": decommissionbookie,
-    "deleteledger": deleteledger,
-    "simpletest": simpletest,
-}
-
-
 # -- offline tools: a stopped bookie's directories, no metadata store --------------------------
 
 
+@tool(
+    "journalrepair",
+    needs=Needs.OFFLINE,
+    help="offline: drop the damaged bytes of a stopped bookie's journal, keep every valid record",
+    options=[
+        option(
+            "--journal-dir",
+            required=True,
+            help="the bookie's journal_dir (the bookie must be stopped)",
+        ),
+        option("--dry-run", action="store_true", help="only report what would be dropped"),
+        json_option("one JSON object per dropped range"),
+    ],
+)
 def journalrepair(args: argparse.Namespace) -> int:
     """Drop every damaged range of the journal (see ``journal.repair_journal``) and say what
     went: file, offset, bytes and records, so the operator knows which adds this bookie lost."""
@@ -751,6 +798,20 @@ def journalrepair(args: argparse.Namespace) -> int:
     return 0
 
 
+@tool(
+    "indexrebuild",
+    needs=Needs.OFFLINE,
+    help="offline: rebuild a stopped bookie's index.db from its entry logs",
+    options=[
+        option("--ledger-dir", required=True, help="the bookie's ledger_dir"),
+        option(
+            "--journal-dir",
+            required=True,
+            help="the bookie's journal_dir (ledgers found there are marked fenced too)",
+        ),
+        json_option("one final JSON line"),
+    ],
+)
 def indexrebuild(args: argparse.Namespace) -> int:
     """Rebuild ``index.db`` from the entry logs (``index.rebuild_index``), with the bookie
     stopped; the journal is read only to learn which ledgers to mark fenced."""
@@ -799,6 +860,3 @@ def indexrebuild(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
-
-
-OFFLINE_TOOLS = {"journalrepair": journalrepair, "indexrebuild": indexrebuild}
