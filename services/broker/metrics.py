@@ -23,20 +23,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence, Sized
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import Protocol, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from magnetar.broker.cluster.bundles import BundleRange, topic_hash
-
-if TYPE_CHECKING:
-    from magnetar.broker.broker import Broker
-    from magnetar.broker.ledger.cursor import ManagedCursor
-    from magnetar.broker.ledger.managed_ledger import ManagedLedger
-    from magnetar.broker.model.topic_name import TopicName
-    from magnetar.broker.topics.consumer import Consumer
+from magnetar.broker.model.broker_info import BrokerInfo
+from magnetar.broker.model.topic_name import TopicName
 
 #: Rates are recomputed at most this often, so scrapes close together (two Prometheus servers,
 #: a person with curl) do not make them noisy: a scrape sooner gets the previous rates.
@@ -81,7 +76,7 @@ class BrokerMetrics:
         )
         self.collector: PulsarCollector | None = None
 
-    def bind(self, broker: Broker, *, topic_level: bool = True) -> PulsarCollector:
+    def bind(self, broker: MetricsSource, *, topic_level: bool = True) -> PulsarCollector:
         """Expose Pulsar's families for ``broker`` in this registry (once; later calls return
         the collector already bound)."""
         if self.collector is None:
@@ -134,6 +129,13 @@ class CounterRates:
 # -- what the collector reads -----------------------------------------------------------------
 
 
+class CountedConsumer(Protocol):
+    """What a consumer exposes to metrics: the messages it holds unacknowledged."""
+
+    @property
+    def unacked(self) -> int: ...
+
+
 class CountedSubscription(Protocol):
     """What a subscription (persistent or not) exposes to metrics."""
 
@@ -142,13 +144,20 @@ class CountedSubscription(Protocol):
     bytes_out: int
 
     @property
-    def consumers(self) -> Sequence[Consumer]: ...
+    def consumers(self) -> Sequence[CountedConsumer]: ...
+
+
+class Backlogged(Protocol):
+    """A durable subscription's cursor: its backlog (entries)."""
+
+    @property
+    def backlog(self) -> int: ...
 
 
 class StoredSubscription(CountedSubscription, Protocol):
     """A persistent topic's subscription: it has a cursor (and so a backlog)."""
 
-    cursor: ManagedCursor
+    cursor: Backlogged
 
 
 class CountedTopic(Protocol):
@@ -169,13 +178,68 @@ class CountedTopic(Protocol):
     def subscriptions(self) -> Mapping[str, CountedSubscription]: ...
 
 
+class StoredLedger(Protocol):
+    """A persistent topic's managed ledger: the bytes of its ledgers (one copy)."""
+
+    @property
+    def total_size(self) -> int: ...
+
+
 class StoredTopic(CountedTopic, Protocol):
     """A persistent topic (``name.persistent``): its managed ledger, cursored subscriptions."""
 
-    ml: ManagedLedger
+    ml: StoredLedger
 
     @property
     def subscriptions(self) -> Mapping[str, StoredSubscription]: ...
+
+
+class Owned(Protocol):
+    """The ownership store as metrics read it: the bundles this broker owns."""
+
+    def owned(self) -> set[tuple[str, BundleRange]]: ...
+
+
+class Balancing(Protocol):
+    """The load manager as metrics read it: leadership and its decisions' counts."""
+
+    @property
+    def is_leader(self) -> bool: ...
+
+    @property
+    def bundles_unloaded(self) -> int: ...
+
+    @property
+    def brokers_unloaded(self) -> int: ...
+
+    @property
+    def bundles_split(self) -> int: ...
+
+
+class Named(Protocol):
+    """The broker's configuration as metrics read it."""
+
+    @property
+    def cluster_name(self) -> str: ...
+
+
+class MetricsSource(Protocol):
+    """The live objects the collector reads when scraped (the broker, wired by broker.py)."""
+
+    @property
+    def config(self) -> Named: ...
+
+    @property
+    def topics(self) -> Mapping[str, CountedTopic]: ...
+
+    @property
+    def info(self) -> BrokerInfo: ...
+
+    @property
+    def ownership(self) -> Owned | None: ...
+
+    @property
+    def load_manager(self) -> Balancing | None: ...
 
 
 # -- the collector ----------------------------------------------------------------------------
@@ -239,7 +303,7 @@ class PulsarCollector(Collector):
 
     def __init__(
         self,
-        broker: Broker,
+        broker: MetricsSource,
         *,
         topic_level: bool = True,
         clock: Callable[[], float] = time.monotonic,

@@ -405,14 +405,14 @@ async def test_trim_deletes_only_consumed_ledgers(env: Env) -> None:
     slow = await ml.open_cursor("slow", initial="earliest")
     fast.mark_delete(positions[13])
     slow.mark_delete(positions[6])  # inside the second ledger
-    assert await ml.trim_consumed() == [ledgers[0]]
+    assert await ml.trim_retained(0, 0) == [ledgers[0]]
     with pytest.raises(NoSuchLedgerError):
         await ml.client.read_metadata(ledgers[0])
     slow.mark_delete(positions[7])  # the second ledger's last entry: fully consumed now
-    assert await ml.trim_consumed() == [ledgers[1]]
+    assert await ml.trim_retained(0, 0) == [ledgers[1]]
     slow.mark_delete(positions[13])
     # The current ledger is never trimmed, even when every entry of it is consumed.
-    assert await ml.trim_consumed() == [ledgers[2]]
+    assert await ml.trim_retained(0, 0) == [ledgers[2]]
     assert ml.ledger_ids == [ledgers[3]]
     read = await ml.read_entries(Position(0, 0), 100)
     assert [p for p, _ in read] == positions[12:]

@@ -94,10 +94,6 @@ class BundleRange:
             return self.lower <= h <= self.upper
         return self.lower <= h < self.upper
 
-    @property
-    def is_full(self) -> bool:
-        return self.lower == FULL_LOWER and self.upper == FULL_UPPER
-
 
 FULL_RANGE = BundleRange(FULL_LOWER, FULL_UPPER)
 

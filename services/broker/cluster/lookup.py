@@ -25,15 +25,37 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from magnetar.broker.cluster.bundles import BundleRange
-from magnetar.broker.cluster.ownership import read_unload_note
+from magnetar.broker.cluster.load_manager import LoadManager
+from magnetar.broker.cluster.ownership import OwnershipStore, read_unload_note
+from magnetar.broker.cluster.registry import BrokerRegistry
 from magnetar.broker.model.broker_info import BrokerInfo
 from magnetar.broker.model.topic_name import TopicName
+from magnetar.common.metadata import MetadataStore
 
-if TYPE_CHECKING:
-    from magnetar.broker.broker import Broker
+
+class LookupContext(Protocol):
+    """What a lookup reads of the broker it runs on: who it is, its metadata session, and the
+    cluster parts it joined with (all set while it is in the cluster)."""
+
+    @property
+    def info(self) -> BrokerInfo: ...
+
+    @property
+    def store(self) -> MetadataStore | None: ...
+
+    @property
+    def ownership(self) -> OwnershipStore | None: ...
+
+    @property
+    def registry(self) -> BrokerRegistry | None: ...
+
+    @property
+    def load_manager(self) -> LoadManager | None: ...
+
+    async def bundle_of(self, name: TopicName) -> BundleRange: ...
 
 
 class LookupKind(enum.Enum):
@@ -58,7 +80,9 @@ class NoLeaderError(Exception):
     """Nobody owns the bundle and no load-manager leader is known yet: ask again shortly."""
 
 
-async def lookup(broker: Broker, name: TopicName, authoritative: bool = False) -> LookupAnswer:
+async def lookup(
+    broker: LookupContext, name: TopicName, authoritative: bool = False
+) -> LookupAnswer:
     namespace = name.namespace_name
     bundle = await broker.bundle_of(name)
     me = broker.info
@@ -95,7 +119,7 @@ async def lookup(broker: Broker, name: TopicName, authoritative: bool = False) -
 
 
 async def _handed_to(
-    broker: Broker, namespace: str, bundle: BundleRange, owner: BrokerInfo | None
+    broker: LookupContext, namespace: str, bundle: BundleRange, owner: BrokerInfo | None
 ) -> BrokerInfo | None:
     """The live broker ``bundle`` is being handed to by ``owner`` (None when unowned: the
     leader honours the note then), or None if no hand-over is under way."""
@@ -110,7 +134,7 @@ async def _handed_to(
 
 
 async def _receive(
-    broker: Broker, namespace: str, bundle: BundleRange, owner: BrokerInfo
+    broker: LookupContext, namespace: str, bundle: BundleRange, owner: BrokerInfo
 ) -> LookupAnswer:
     """This broker receives the bundle: wait for ``owner`` to release it, then take it."""
     if await broker.ownership.wait_released(namespace, bundle, owner.broker_id, HANDOVER_WAIT_S):

@@ -260,7 +260,3 @@ def cpu_and_memory() -> tuple[float, float]:
     """``(cpu_percent, memory_mb)`` of this process: CPU since the previous call (of one core),
     resident memory now. Read from /proc (no psutil)."""
     return _sampler.sample()
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)

@@ -864,14 +864,6 @@ class ManagedLedger:
             return None
         return min(c.mark_delete_position for c in self.cursors.values())
 
-    async def trim_consumed(self) -> list[int]:
-        """Delete the ledgers every cursor has fully acknowledged. Without cursors nothing is
-        trimmed (retention policies are the topic's business, not this one's)."""
-        slowest = self.slowest_mark_delete()
-        if slowest is None:
-            return []
-        return await self.trim(Position(slowest.ledger_id, slowest.entry_id + 1))
-
     # -- close / delete ------------------------------------------------------------------------
 
     async def close(self) -> None:

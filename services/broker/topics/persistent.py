@@ -14,7 +14,6 @@ from magnetar.broker.errors import (
 )
 from magnetar.broker.ledger.cursor import NonDurableCursor
 from magnetar.broker.ledger.managed_ledger import ManagedLedger
-from magnetar.broker.metrics import BrokerMetrics
 from magnetar.broker.model.entry import entry_metadata, message_count
 from magnetar.broker.model.message_id import LATEST, from_wire, to_wire
 from magnetar.broker.model.position import Position
@@ -23,6 +22,7 @@ from magnetar.broker.namespace.policies import Policies
 from magnetar.broker.topics.consumer import Consumer
 from magnetar.broker.topics.deduplication import Deduplication, DuplicateStatus
 from magnetar.broker.topics.dispatch_limits import DispatchLimits
+from magnetar.broker.topics.instruments import UNCOUNTED, TopicInstruments
 from magnetar.broker.topics.producers import ProducerSet
 from magnetar.broker.topics.subscription import Subscription
 from magnetar.common.proto import pulsar_api_pb2 as pb
@@ -54,13 +54,13 @@ class PersistentTopic:
         name: TopicName,
         ml: ManagedLedger,
         limits: DispatchLimits | None = None,
-        metrics: BrokerMetrics | None = None,
+        metrics: TopicInstruments = UNCOUNTED,
     ) -> None:
         self.name = name
         self.ml = ml
         ml.on_added = self._wake_dispatchers
         self.limits = limits or DispatchLimits()
-        self.metrics = metrics or BrokerMetrics()
+        self.metrics = metrics
         self.subscriptions: dict[str, Subscription] = {
             name: Subscription(self, name, cursor, None, self.limits)
             for name, cursor in ml.cursors.items()
