@@ -215,9 +215,18 @@ class FrameConnection(asyncio.Protocol, abc.ABC):
             self.keep_alive_interval, self.keep_alive_timeout, self._ping_outstanding
         )
         if delay is not None:
-            self._keepalive = asyncio.get_running_loop().call_later(delay, self._check_alive)
+            self._keepalive = asyncio.get_running_loop().call_later(delay, self.check_alive)
 
-    def _check_alive(self) -> None:
+    @property
+    def keep_alive_due(self) -> float | None:
+        """The loop time of the next keep-alive check; None when none is scheduled."""
+        if self._keepalive is None or self._keepalive.cancelled():
+            return None
+        return self._keepalive.when()
+
+    def check_alive(self) -> None:
+        """The keep-alive timer's check (``keep_alive_step`` decides); the next one is
+        scheduled unless the connection is closed."""
         if self.state is ConnectionState.CLOSED:
             return
         step = keep_alive_step(
