@@ -1,6 +1,6 @@
 """Tenants, namespaces and partitioned-topic records in the metadata store: where they live, how
 their names are checked, and reading them. No HTTP here: the admin room answers with these, the
-broker and the topics room read them.
+broker and the topics room read them, and the policies in force for a namespace.
 
 Partitioned-topic metadata lives at
 ``/magnetar/admin/partitioned-topics/<tenant>/<namespace>/<domain>/<topic>`` as
@@ -12,8 +12,15 @@ from __future__ import annotations
 
 import re
 
+from magnetar.broker.config import TopicSettings
+from magnetar.broker.errors import NamespaceNotFoundError
 from magnetar.broker.model.topic_name import TopicName
-from magnetar.broker.namespace.policies import PartitionedTopicRecord
+from magnetar.broker.namespace.policies import (
+    PartitionedTopicRecord,
+    Policies,
+    effective,
+    parse_document,
+)
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError, MetadataStore
 
 PARTITIONED_PATH = "/magnetar/admin/partitioned-topics"
@@ -38,6 +45,18 @@ async def ensure_default_namespace(store: MetadataStore) -> None:
             await store.put(key, b"{}", NOT_EXISTS)
         except BadVersionError:
             pass
+
+
+async def namespace_policies(
+    store: MetadataStore, namespace: str, defaults: TopicSettings
+) -> Policies:
+    """The policies in force for ``namespace``: its own over the broker's ``defaults``."""
+    found = await store.get(f"{NAMESPACES_PATH}/{namespace}")
+    if found is None:
+        raise NamespaceNotFoundError(
+            f"namespace {namespace} does not exist (create it with the admin API)"
+        )
+    return effective(parse_document(found.value), defaults)
 
 
 def partitioned_key(name: TopicName) -> str:
