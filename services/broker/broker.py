@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 
 
 class Broker:
+    """One broker: its metadata session, ledger client, servers and rooms (see the module
+    docstring). ``store`` and ``ledger_client`` are replaced when a lost session is."""
+
     def __init__(
         self,
         config: BrokerConfig,
@@ -196,9 +199,6 @@ class Broker:
     def topic_fenced(self, topic: Topic) -> None:
         self.topic_service.topic_fenced(topic)
 
-    def topics_in(self, namespace: str, bundle: BundleRange) -> list[Topic]:
-        return self.topic_service.topics_in(namespace, bundle)
-
     async def topic_exists(self, name: TopicName) -> bool:
         return await self.topic_service.topic_exists(name)
 
@@ -207,9 +207,6 @@ class Broker:
 
     def policies_changed(self) -> None:
         self.topic_service.policies_changed()
-
-    async def apply_policies(self) -> None:
-        await self.topic_service.apply_policies()
 
     async def list_topics(self, namespace: str, domains: tuple[str, ...]) -> list[str]:
         return await self.topic_service.list_topics(namespace, domains)
@@ -241,6 +238,3 @@ class Broker:
 
     async def request_unload(self, owner: BrokerInfo, namespace: str, bundle: BundleRange) -> None:
         await self.bundles.request_unload(owner, namespace, bundle)
-
-    async def request_split(self, owner: BrokerInfo, namespace: str, bundle: BundleRange) -> None:
-        await self.bundles.request_split(owner, namespace, bundle)

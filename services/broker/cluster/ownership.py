@@ -46,7 +46,8 @@ from magnetar.common.metadata.election import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
-#: Ownership is taken as gone this long before the session could expire.
+#: Ownership is taken as gone, and the broker stops serving, this long before the metadata
+#: session could expire.
 SESSION_SAFETY_MARGIN_S = 1.0
 
 OWNERSHIP_ROOT = "/magnetar/ownership"
