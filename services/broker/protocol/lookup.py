@@ -61,7 +61,7 @@ async def _answer_lookup(conn: ServerConnection, body: pb.CommandLookupTopic) ->
         )
         return
     try:
-        answer = await lookup(conn.broker, name, body.authoritative)  # type: ignore[arg-type]
+        answer = await lookup(conn.broker, name, body.authoritative)
     except Exception as e:
         conn.refuse(body.request_id, name, e, errors.LOOKUP, errors.LOOKUP_FAILED, reply)
         return

@@ -1,18 +1,19 @@
 """What the protocol room uses of the broker, as a Protocol: the composition root (``broker.py``)
 provides it, and the room never imports the root.
 
-``lookup`` (``cluster/lookup.py``) is handed the same object and says there what it needs.
+It includes what a lookup reads (``cluster/lookup.py``'s ``LookupContext``): LOOKUP hands the
+same object to ``lookup``.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+from magnetar.broker.cluster.lookup import LookupContext
 from magnetar.broker.config import BrokerConfig
 from magnetar.broker.model.topic_name import TopicName
 from magnetar.broker.topics.nonpersistent import NonPersistentTopic
 from magnetar.broker.topics.persistent import PersistentTopic
-from magnetar.common.metadata import MetadataStore
 
 if TYPE_CHECKING:
     from magnetar.broker.protocol.connection import ServerConnection
@@ -33,11 +34,10 @@ class ProtocolMetrics(Protocol):
     def send_errors(self) -> LabelledCounter: ...
 
 
-class BrokerService(Protocol):
+class BrokerService(LookupContext, Protocol):
     """The broker, as its client connections see it."""
 
     config: BrokerConfig
-    store: MetadataStore | None
     #: The open client connections (for stats and for closing them at shutdown).
     connections: set[ServerConnection]
     #: Advertised listener names a LOOKUP may ask for.
