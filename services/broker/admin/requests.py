@@ -15,8 +15,7 @@ from magnetar.broker.namespace.records import NAMESPACES_PATH, valid_name
 
 if TYPE_CHECKING:
     from magnetar.broker.admin.service import AdminBroker
-    from magnetar.broker.topics.nonpersistent import NonPersistentTopic
-    from magnetar.broker.topics.persistent import PersistentTopic
+    from magnetar.broker.topics.service import Topic
 
 
 async def json_body(request: web.Request) -> Any:
@@ -74,9 +73,7 @@ async def stored_or_loaded(broker: AdminBroker, name: TopicName) -> bool:
     return await broker.store.get(managed_ledger_key(name.managed_ledger_name)) is not None
 
 
-async def existing_topic(
-    broker: AdminBroker, name: TopicName
-) -> PersistentTopic | NonPersistentTopic:
+async def existing_topic(broker: AdminBroker, name: TopicName) -> Topic:
     """The topic, loaded if it is stored but not loaded yet; 404 if it does not exist (nothing
     is created). A partition of an existing partitioned topic exists, as in Pulsar."""
     found = broker.topics.get(str(name))

@@ -1,27 +1,24 @@
 """What the admin API needs of the broker, as Protocols: the admin room never imports the
 composition root (``broker.py``) nor the metrics binding (``metrics.py``); the broker satisfies
-:class:`AdminBroker` by its shape. Each member is one the admin routes (or ``cluster.lookup``,
-which they call with the broker) read or call; nothing else."""
+:class:`AdminBroker` by its shape. Each member is one the admin routes read or call, beside what
+``cluster.lookup`` reads (``LookupContext``: the routes look topics up with the broker)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sized
 from typing import TYPE_CHECKING, Protocol
 
+from magnetar.broker.cluster.lookup import LookupContext
+
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from magnetar.broker.cluster.bundles import BundleRange
-    from magnetar.broker.cluster.load_manager import LoadManager
-    from magnetar.broker.cluster.ownership import OwnershipStore
-    from magnetar.broker.cluster.registry import BrokerRegistry
     from magnetar.broker.config import BrokerConfig
     from magnetar.broker.model.broker_info import BrokerInfo
     from magnetar.broker.model.topic_name import TopicName
     from magnetar.broker.namespace.policies import Policies
-    from magnetar.broker.topics.nonpersistent import NonPersistentTopic
-    from magnetar.broker.topics.persistent import PersistentTopic
-    from magnetar.common.metadata import MetadataStore
+    from magnetar.broker.topics.service import Topic
 
 
 class Gauge(Protocol):
@@ -44,47 +41,33 @@ class AdminMetrics(Protocol):
     def bytes_in(self) -> Gauge: ...
 
 
-class AdminBroker(Protocol):
-    """The broker as the admin API sees it."""
+class AdminBroker(LookupContext, Protocol):
+    """The broker as the admin API sees it (``info``, ``store``, ``ownership``, ``registry``,
+    ``load_manager`` and ``bundle_of`` come with ``LookupContext``)."""
 
     @property
     def config(self) -> BrokerConfig: ...
     @property
-    def store(self) -> MetadataStore | None: ...
-    @property
-    def topics(self) -> Mapping[str, PersistentTopic | NonPersistentTopic]: ...
+    def topics(self) -> Mapping[str, Topic]: ...
     @property
     def connections(self) -> Sized: ...
     @property
     def metrics(self) -> AdminMetrics: ...
-    @property
-    def info(self) -> BrokerInfo: ...
-    @property
-    def ownership(self) -> OwnershipStore | None: ...
-    @property
-    def registry(self) -> BrokerRegistry | None: ...
-    @property
-    def load_manager(self) -> LoadManager | None: ...
 
     def may_serve(self) -> bool: ...
     def policies_changed(self) -> None: ...
     async def namespace_policies(self, namespace: str) -> Policies: ...
 
     # topics
-    async def get_topic(
-        self, name: TopicName, *, auto: bool = False
-    ) -> PersistentTopic | NonPersistentTopic: ...
+    async def get_topic(self, name: TopicName, *, auto: bool = False) -> Topic: ...
     async def topic_exists(self, name: TopicName) -> bool: ...
     async def delete_topic(self, name: TopicName, *, force: bool) -> None: ...
     async def list_topics(self, namespace: str, domains: tuple[str, ...]) -> list[str]: ...
-    async def unload_topic(
-        self, topic: PersistentTopic | NonPersistentTopic, receiver: BrokerInfo | None = None
-    ) -> None: ...
+    async def unload_topic(self, topic: Topic, receiver: BrokerInfo | None = None) -> None: ...
 
     # bundles
     async def namespace_bundles(self, namespace: str) -> list[BundleRange]: ...
     def forget_bundles(self, namespace: str) -> None: ...
-    async def bundle_of(self, name: TopicName) -> BundleRange: ...
     async def request_unload(
         self, owner: BrokerInfo, namespace: str, bundle: BundleRange
     ) -> None: ...
