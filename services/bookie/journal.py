@@ -391,11 +391,6 @@ class JournalScan:
             return self.damaged[-1]
         return None
 
-    @property
-    def inner_damage(self) -> list[DamagedRange]:
-        """Damaged ranges that valid records follow (never a torn write)."""
-        return [d for d in self.damaged if d.resumed]
-
 
 def _record_at(data: bytes | memoryview, pos: int) -> tuple[RecordType, int] | None:
     """(kind, end offset) of the valid record starting at ``pos``, or None."""
