@@ -18,12 +18,9 @@ import pytest
 from magnetar.bookie.config import BookieConfig
 from magnetar.bookie.service import Bookie
 from magnetar.broker.ledger.cursor import ManagedCursor
-from magnetar.broker.ledger.managed_ledger import (
-    ManagedLedger,
-    ManagedLedgerConfig,
-    ManagedLedgerError,
-    ManagedLedgerFencedError,
-)
+from magnetar.broker.ledger.errors import ManagedLedgerError, ManagedLedgerFencedError
+from magnetar.broker.ledger.ledger_info import ManagedLedgerConfig
+from magnetar.broker.ledger.managed_ledger import ManagedLedger
 from magnetar.broker.model.keys import managed_ledger_key
 from magnetar.broker.model.position import Position
 from magnetar.common.ledger.client import LedgerClient
@@ -61,13 +58,7 @@ class Env:
 
 async def crash(ml: ManagedLedger) -> None:
     """Stop using ``ml`` without closing anything, as a broker that died would."""
-    tasks = [ml._writer] + [c._flush for c in ml.cursors.values()]
-    for task in tasks:
-        if task is not None:
-            task.cancel()
-    await asyncio.gather(*(t for t in tasks if t is not None), return_exceptions=True)
-    for cursor in ml.cursors.values():
-        cursor._closed = True
+    await ml.abandon()
     await ml.client.close()
     crashed.add(id(ml))
 
@@ -134,8 +125,7 @@ async def test_append_and_read_across_rollovers(env: Env) -> None:
     assert ml.last_confirmed_position == positions[-1]
     assert ml.first_position == positions[0]
     # Across ledger boundaries, through the cache and through the bookies.
-    ml._cache.entries.clear()
-    ml._cache.size = 0
+    ml.reader.cache.clear()
     read = await ml.read_entries(positions[0], 100)
     assert [p for p, _ in read] == positions
     assert [d for _, d in read] == [payload(i) for i in range(35)]
@@ -438,8 +428,7 @@ async def test_read_from_the_bookies_while_adds_complete(env: Env) -> None:
     """Entries confirmed while a read waits on the bookies are read on, not looped over."""
     ml = await env.open()
     first = await add_many(ml, 0, 20)
-    ml._cache.entries.clear()
-    ml._cache.size = 0
+    ml.reader.cache.clear()
 
     def too_long(*_: object) -> None:
         raise TimeoutError("read_entries did not return (spinning without yielding?)")
@@ -482,8 +471,7 @@ async def test_a_read_in_flight_across_a_rewind_is_dropped(env: Env) -> None:
     cursor = await ml.open_cursor("sub", "earliest")
     first = await cursor.read_entries(5)
     assert [p for p, _ in first] == positions[:5]
-    ml._cache.entries.clear()
-    ml._cache.size = 0
+    ml.reader.cache.clear()
     reading = asyncio.create_task(cursor.read_entries(10))  # waits on the bookies
     await asyncio.sleep(0)
     cursor.rewind()  # e.g. the consumer holding 0..4 left: dispatch again from 0
@@ -501,8 +489,7 @@ async def test_entries_acknowledged_while_a_read_waits_are_not_returned(env: Env
     positions = await add_many(ml, 0, 20)
     cursor = await ml.open_cursor("sub", "earliest")
     cursor.delete([positions[3], positions[4]])  # holes above mark-delete
-    ml._cache.entries.clear()
-    ml._cache.size = 0
+    ml.reader.cache.clear()
     reading = asyncio.create_task(cursor.read_entries(10))  # waits on the bookies
     await asyncio.sleep(0)
     cursor.delete(positions[:3])  # mark-delete moves to 4; ranges 3..4 are dropped

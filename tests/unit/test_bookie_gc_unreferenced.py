@@ -22,7 +22,7 @@ from magnetar.bookie.gc import (
 )
 from magnetar.bookie.ledger_storage import LedgerStorage, StorageError
 from magnetar.bookie.metrics import BookieMetrics
-from magnetar.broker.ledger.managed_ledger import LedgerInfo
+from magnetar.broker.ledger.ledger_info import LedgerInfo
 from magnetar.broker.model.keys import managed_ledger_key as brokers_managed_ledger_key
 from magnetar.common.ledger.entry import encode_entry
 from magnetar.common.ledger.identity import INSTANCE_ID_KEY

@@ -331,6 +331,14 @@ class ManagedCursor:
         if self._dirty and not self._closed:
             self._mark_dirty()  # acks that came during the write, or a retry: next interval
 
+    async def abandon(self) -> None:
+        """Stop persisting without writing anything, as a broker that died would (tests)."""
+        self._closed = True
+        if self._flush is not None:
+            self._flush.cancel()
+            await asyncio.gather(self._flush, return_exceptions=True)
+            self._flush = None
+
     async def close(self) -> None:
         """Persist pending acknowledgements; the cursor stays readable in memory."""
         if self._closed:

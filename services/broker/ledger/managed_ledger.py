@@ -1,13 +1,7 @@
 """ManagedLedger: a topic's log as a sequence of ledgers, one of them open for writes.
 
-Metadata lives at ``/magnetar/managed-ledgers/<encoded name>`` as JSON::
-
-    {"name": "persistent://t/ns/topic",
-     "ledgers": [{"ledger_id": 7, "entries": 100, "size": 5120, "ctime_ms": ..., "closed": true},
-                 {"ledger_id": 9, "entries": 0, "size": 0, "ctime_ms": ..., "closed": false}],
-     "properties": {}}
-
-Keys: see ``keys.py``; the cursors live under the managed ledger's key.
+Its record (``ledger_info.py``) lives at ``/magnetar/managed-ledgers/<encoded name>``
+(``model/keys.py``); the cursors live under that key.
 
 Ownership rules (why this is safe to move between brokers):
 
@@ -26,19 +20,32 @@ import asyncio
 import collections
 import enum
 import functools
-import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Literal
 
+from magnetar.broker.ledger import retention
 from magnetar.broker.ledger.cursor import ManagedCursor, delete_stored_cursor
+from magnetar.broker.ledger.entry_reader import EntryReader
+from magnetar.broker.ledger.errors import (
+    EntryTooLargeForLedgerError,
+    ManagedLedgerClosedError,
+    ManagedLedgerError,
+    ManagedLedgerFencedError,
+    UnreadableEntryError,
+)
+from magnetar.broker.ledger.ledger_info import (
+    LedgerInfo,
+    ManagedLedgerConfig,
+    ManagedLedgerRecord,
+    roll_backoff,
+)
+from magnetar.broker.ledger.positions import LedgerPositions
 from magnetar.broker.model.keys import decode_name, managed_ledger_key
 from magnetar.broker.model.position import Position
 from magnetar.common.ledger.client import LedgerClient
 from magnetar.common.ledger.errors import (
-    EntryDigestError,
     EntryTooLargeError,
     LedgerError,
     LedgerFencedError,
@@ -49,86 +56,10 @@ from magnetar.common.metadata import NOT_EXISTS, BadVersionError, MetadataStore
 
 log = logging.getLogger(__name__)
 
-MiB = 1024 * 1024
-#: Waits between rollovers whose ledgers took no entry: the first, doubled up to the last.
-ROLL_BACKOFF_FIRST_S = 0.1
-ROLL_BACKOFF_MAX_S = 5.0
 #: The writer yields to the event loop after this many adds in a row.
 YIELD_EVERY = 64
 #: Passes of read-recover-claim when opening, against a previous owner still rolling over.
 OPEN_ATTEMPTS = 5
-
-
-@dataclass(slots=True)
-class ManagedLedgerConfig:
-    ensemble_size: int = 1
-    write_quorum: int = 1
-    ack_quorum: int = 1
-    max_entries_per_ledger: int = 50_000
-    max_ledger_size_bytes: int = 512 * MiB
-    max_ledger_age_s: float = 4 * 3600.0  # checked when an add arrives
-    cursor_persist_interval_s: float = 1.0
-    #: A cursor with more ack-hole ranges than this stores its state in a cursor ledger.
-    max_unacked_ranges_in_metadata: int = 1000
-    cursor_ledger_max_entries: int = 10_000  # a cursor ledger rolls after this many states
-    cursor_ledger_max_bytes: int = 64 * MiB  # ... or this many bytes
-    cache_bytes: int = 16 * MiB  # recently added entries kept for tailing readers
-
-
-class ManagedLedgerError(Exception):
-    """A managed ledger operation failed."""
-
-
-class ManagedLedgerFencedError(ManagedLedgerError):
-    """Another broker owns this managed ledger now; close it and let the owner serve the topic."""
-
-
-class ManagedLedgerClosedError(ManagedLedgerError):
-    """The managed ledger was closed."""
-
-
-class UnreadableEntryError(ManagedLedgerError):
-    """No bookie holds an intact copy of this entry (every copy failed its digest or is gone).
-    The managed ledger remembers it (``unreadable``) for stats."""
-
-    def __init__(self, message: str, position: Position) -> None:
-        super().__init__(message)
-        self.position = position
-
-
-class EntryTooLargeForLedgerError(ManagedLedgerError):
-    """One entry is over the bookies' entry size limit: that add fails, nothing else does."""
-
-
-@dataclass(slots=True, frozen=True)
-class LedgerInfo:
-    ledger_id: int
-    entries: int = 0  # final count once closed; 0 for the ledger still open for writes
-    size: int = 0
-    ctime_ms: int = 0
-    closed: bool = False
-    closed_ms: int = 0  # when the broker closed it (0: unknown, use ctime_ms)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "ledger_id": self.ledger_id,
-            "entries": self.entries,
-            "size": self.size,
-            "ctime_ms": self.ctime_ms,
-            "closed": self.closed,
-            "closed_ms": self.closed_ms,
-        }
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> LedgerInfo:
-        return cls(
-            int(d["ledger_id"]),
-            int(d["entries"]),
-            int(d["size"]),
-            int(d["ctime_ms"]),
-            bool(d["closed"]),
-            int(d.get("closed_ms", 0)),
-        )
 
 
 class _State(enum.Enum):
@@ -137,34 +68,7 @@ class _State(enum.Enum):
     CLOSED = "closed"
 
 
-@dataclass(slots=True)
-class _EntryCache:
-    """Recently added entries, oldest evicted first once over ``max_bytes``."""
-
-    max_bytes: int
-    entries: collections.OrderedDict[Position, bytes] = field(
-        default_factory=collections.OrderedDict
-    )
-    size: int = 0
-
-    def put(self, position: Position, data: bytes) -> None:
-        if len(data) > self.max_bytes:
-            return
-        self.entries[position] = data
-        self.size += len(data)
-        while self.size > self.max_bytes:
-            _, old = self.entries.popitem(last=False)
-            self.size -= len(old)
-
-    def get(self, position: Position) -> bytes | None:
-        return self.entries.get(position)
-
-    def drop_ledger(self, ledger_id: int) -> None:
-        for position in [p for p in self.entries if p.ledger_id == ledger_id]:
-            self.size -= len(self.entries.pop(position))
-
-
-class ManagedLedger:
+class ManagedLedger(LedgerPositions):
     """A topic's log. Create with ``await ManagedLedger.open(...)``; one owner at a time."""
 
     def __init__(
@@ -188,8 +92,7 @@ class ManagedLedger:
         self._failed_rolls = 0  # rollovers in a row whose ledger took no entry
         self._pushed_entries = 0  # adds sent to the current ledger (acked or not)
         self._pushed_bytes = 0
-        self._read_handles: dict[int, LedgerHandle] = {}
-        self._cache = _EntryCache(config.cache_bytes)
+        self.reader = EntryReader(name, client, config.cache_bytes)
         self._queue: collections.deque[tuple[bytes, asyncio.Future[Position]]] = collections.deque()
         self._wake = asyncio.Event()
         #: Set and dropped after each completed add; made only when a tailer waits.
@@ -200,7 +103,7 @@ class ManagedLedger:
         self._writer: asyncio.Task[None] | None = None
         self.cursors: dict[str, ManagedCursor] = {}
         #: Entries found with no intact copy on any bookie -> why (cleared once read again).
-        self.unreadable: dict[Position, str] = {}
+        self.unreadable = self.reader.unreadable
         self.epoch = 0
         #: Called (synchronously) after every acknowledged add: one call where a done callback
         #: on each add's future would cost a turn of the event loop per message.
@@ -264,35 +167,20 @@ class ManagedLedger:
         found = await self.store.get(self.key)
         self._version = NOT_EXISTS
         if found is not None:
-            doc = json.loads(found.value)
+            record = ManagedLedgerRecord.from_bytes(self.name, found.value)
             try:
                 self._version = await self.store.put(self.key, found.value, found.version)
             except BadVersionError:
                 return False
-            self._ledgers = [LedgerInfo.from_json(d) for d in doc["ledgers"]]
-            self.properties = dict(doc.get("properties", {}))
+            self._ledgers, self.properties = record.ledgers, record.properties
         recovered: list[LedgerInfo] = []
         for info in self._ledgers:
             if info.closed:
                 recovered.append(info)
                 continue
-            try:
-                handle = await self.client.open_ledger(info.ledger_id, recovery=True)
-            except NoSuchLedgerError:
-                log.warning(
-                    "managed ledger %s: ledger %d is gone; dropping it", self.name, info.ledger_id
-                )
-                continue
-            self._read_handles[info.ledger_id] = handle
-            recovered.append(
-                replace(
-                    info,
-                    entries=handle.metadata.last_entry_id + 1,
-                    size=handle.metadata.length,
-                    closed=True,
-                    closed_ms=int(time.time() * 1000),
-                )
-            )
+            closed = await self.reader.recover(info)
+            if closed is not None:
+                recovered.append(closed)
         empty = [i.ledger_id for i in recovered if i.entries == 0]
         self._ledgers = [i for i in recovered if i.entries > 0]
         handle = await self._create_ledger()
@@ -316,12 +204,7 @@ class ManagedLedger:
         )
 
     def _metadata_doc(self) -> bytes:
-        doc = {
-            "name": self.name,
-            "ledgers": [i.to_json() for i in self._ledgers],
-            "properties": self.properties,
-        }
-        return json.dumps(doc).encode()
+        return ManagedLedgerRecord(self.name, self._ledgers, self.properties).to_bytes()
 
     async def _write_metadata(self) -> None:
         """CAS the ledger list; a conflict means another owner: fence this instance."""
@@ -331,19 +214,7 @@ class ManagedLedger:
             raise self._fence(f"metadata of {self.key} changed under us") from None
 
     async def _delete_ledgers(self, ledger_ids: list[int]) -> None:
-        for ledger_id in ledger_ids:
-            self._cache.drop_ledger(ledger_id)
-            handle = self._read_handles.pop(ledger_id, None)
-            if handle is not None:
-                await handle.close()
-            try:
-                await self.client.delete_ledger(ledger_id)
-            except NoSuchLedgerError:
-                pass
-            except Exception as e:  # the ledger leaks on the bookies; the auditor may find it
-                log.warning(
-                    "managed ledger %s: deleting ledger %d failed: %s", self.name, ledger_id, e
-                )
+        await self.reader.delete(ledger_ids)
 
     @property
     def is_fenced(self) -> bool:
@@ -475,7 +346,7 @@ class ManagedLedger:
         position = Position(ledger_id, entry_future.result())
         if self._current is not None and ledger_id == self._current.ledger_id:
             self._confirmed_in_current = True
-        self._cache.put(position, data)
+        self.reader.cache.put(position, data)
         if not future.done():
             future.set_result(position)
         self._notify_added()
@@ -489,14 +360,14 @@ class ManagedLedger:
 
     async def _wait_before_roll(self) -> None:
         """After rollovers that gave ledgers nobody could write to, wait before the next one
-        (doubling, up to ROLL_BACKOFF_MAX_S): failing bookies must not turn every add into a
+        (``roll_backoff``): failing bookies must not turn every add into a
         new empty ledger."""
         if not self._current_failed or self._confirmed_in_current:
             self._failed_rolls = 0
             return
         self._failed_rolls += 1
         if self._failed_rolls > 1:
-            delay = min(ROLL_BACKOFF_FIRST_S * 2 ** (self._failed_rolls - 2), ROLL_BACKOFF_MAX_S)
+            delay = roll_backoff(self._failed_rolls)
             log.warning(
                 "managed ledger %s: ledger %s took no entry; next ledger in %.1f s",
                 self.name,
@@ -508,15 +379,8 @@ class ManagedLedger:
     def _should_roll(self) -> bool:
         if self._current is None or self._current_failed or self._current.is_closed:
             return True  # also after a rollover that closed the ledger but failed later
-        cfg = self.config
-        if self._pushed_entries == 0:
-            return False  # an empty ledger gains nothing from a rollover
         age_s = time.time() - self._current.metadata.ctime_ms / 1000
-        return (
-            self._pushed_entries >= cfg.max_entries_per_ledger
-            or self._pushed_bytes >= cfg.max_ledger_size_bytes
-            or age_s >= cfg.max_ledger_age_s
-        )
+        return self.config.full(self._pushed_entries, self._pushed_bytes, age_s)
 
     async def _roll(self) -> None:
         """Close the current ledger, create the next, CAS both into the metadata. Adds wait in
@@ -564,99 +428,13 @@ class ManagedLedger:
         if self._error is not None:
             raise self._error
         if handle.metadata.is_closed:
-            last, length = handle.metadata.last_entry_id, handle.metadata.length
-            self._read_handles[handle.ledger_id] = handle
-        else:
-            # The handle failed (not fenced): recovery decides which of its adds are in it.
-            recovered = await self.client.open_ledger(handle.ledger_id, recovery=True)
-            last, length = recovered.metadata.last_entry_id, recovered.metadata.length
-            self._read_handles[handle.ledger_id] = recovered
-        return replace(
-            self._ledgers[-1],
-            entries=last + 1,
-            size=length,
-            closed=True,
-            closed_ms=int(time.time() * 1000),
-        )
-
-    # -- positions -----------------------------------------------------------------------------
-
-    @property
-    def ledger_ids(self) -> list[int]:
-        return [i.ledger_id for i in self._ledgers]
-
-    def _readable(self, info: LedgerInfo) -> int:
-        """Entries of the ledger that can be read: the current ledger's LAC + 1."""
-        current = self._current
-        if current is not None and info.ledger_id == current.ledger_id:
-            return current.last_add_confirmed + 1
-        return info.entries
-
-    def ledger_extents(self) -> list[tuple[int, int]]:
-        """(ledger id, readable entry count) of every ledger, in order."""
-        return [(i.ledger_id, self._readable(i)) for i in self._ledgers]
-
-    def first_at_or_after(self, position: Position) -> Position | None:
-        """The first existing entry at or after ``position``, or None."""
-        for info in self._ledgers:
-            if info.ledger_id < position.ledger_id:
-                continue
-            start = max(position.entry_id, 0) if info.ledger_id == position.ledger_id else 0
-            if start < self._readable(info):
-                return Position(info.ledger_id, start)
-        return None
-
-    def _end_position(self) -> Position:
-        """Where the next added entry will go, as far as is known now."""
-        if self._current is not None:
-            return Position(self._current.ledger_id, self._current.last_add_confirmed + 1)
-        if self._ledgers:
-            return Position(self._ledgers[-1].ledger_id, self._ledgers[-1].entries)
-        return Position(-1, 0)
-
-    def next_position(self, position: Position) -> Position:
-        """The entry after ``position``: an existing one, else where the next add will go."""
-        following = Position(position.ledger_id, position.entry_id + 1)
-        found = self.first_at_or_after(following)
-        if found is not None:
-            return found
-        return max(self._end_position(), following)
-
-    @property
-    def first_position(self) -> Position:
-        """The first existing entry (or where the first entry will go, when empty)."""
-        found = self.first_at_or_after(Position(-1, 0))
-        return found if found is not None else self._end_position()
-
-    @property
-    def last_confirmed_position(self) -> Position:
-        """The last acknowledged entry; ``(first ledger, -1)`` when there is none."""
-        for ledger_id, count in reversed(self.ledger_extents()):
-            if count > 0:
-                return Position(ledger_id, count - 1)
-        first = self._ledgers[0].ledger_id if self._ledgers else -1
-        return Position(first, -1)
-
-    @property
-    def number_of_entries(self) -> int:
-        return sum(count for _, count in self.ledger_extents())
-
-    @property
-    def total_size(self) -> int:
-        size = sum(i.size for i in self._ledgers if i.closed)
-        if self._current is not None:
-            size += self._current.length
-        return size
-
-    def entries_after(self, position: Position) -> int:
-        """How many existing entries are strictly after ``position``."""
-        total = 0
-        for ledger_id, count in self.ledger_extents():
-            if ledger_id > position.ledger_id:
-                total += count
-            elif ledger_id == position.ledger_id:
-                total += max(count - (position.entry_id + 1), 0)
-        return total
+            self.reader.keep(handle)
+            return self._ledgers[-1].closed_as(handle.metadata)
+        # The handle failed (not fenced): recovery decides which of its adds are in it.
+        closed = await self.reader.recover(self._ledgers[-1])
+        if closed is None:  # a failed add's ledger: the write loop replaces it
+            raise NoSuchLedgerError(f"ledger {handle.ledger_id} is gone")
+        return closed
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -672,66 +450,17 @@ class ManagedLedger:
             )
             last = min(count - 1, position.entry_id + max_entries - len(result) - 1)
             try:
-                result.extend(await self._read_range(position.ledger_id, position.entry_id, last))
+                result.extend(
+                    await self.reader.read_range(
+                        position.ledger_id, position.entry_id, last, self._current
+                    )
+                )
             except UnreadableEntryError:
                 if result:
                     return result  # what comes before it; the next read stops at it
                 raise
             position = self.first_at_or_after(Position(position.ledger_id, last + 1))
         return result
-
-    async def _read_range(
-        self, ledger_id: int, first: int, last: int
-    ) -> list[tuple[Position, bytes]]:
-        result: list[tuple[Position, bytes]] = []
-        entry_id = first
-        while entry_id <= last:
-            cached = self._cache.get(Position(ledger_id, entry_id))
-            if cached is None:
-                break
-            result.append((Position(ledger_id, entry_id), cached))
-            entry_id += 1
-        if entry_id <= last:
-            handle = await self._handle_for_read(ledger_id)
-            try:
-                entries = await handle.read(entry_id, last)
-            except EntryDigestError as e:
-                bad = Position(ledger_id, e.entry_id)
-                if e.entry_id > entry_id:
-                    # Give what comes before the damaged entry; the next read stops at it.
-                    return result + await self._read_range(ledger_id, entry_id, e.entry_id - 1)
-                if bad not in self.unreadable:
-                    log.error(
-                        "managed ledger %s: entry %s is unreadable, no bookie has an intact "
-                        "copy: %s",
-                        self.name,
-                        bad,
-                        e,
-                    )
-                self.unreadable[bad] = str(e)
-                raise UnreadableEntryError(
-                    f"managed ledger {self.name}: entry {bad} is unreadable: {e}", bad
-                ) from e
-            except LedgerError as e:
-                raise ManagedLedgerError(
-                    f"managed ledger {self.name}: reading ledger {ledger_id} "
-                    f"entries {entry_id}..{last} failed: {e}"
-                ) from e
-            result.extend((Position(ledger_id, e.entry_id), e.payload) for e in entries)
-            if self.unreadable:
-                for item in entries:
-                    self.unreadable.pop(Position(ledger_id, item.entry_id), None)
-        return result
-
-    async def _handle_for_read(self, ledger_id: int) -> LedgerHandle:
-        if self._current is not None and self._current.ledger_id == ledger_id:
-            return self._current
-        handle = self._read_handles.get(ledger_id)
-        if handle is None:
-            # Closed ledgers only (the current one is read through the writer), so no recovery.
-            handle = await self.client.open_ledger(ledger_id, recovery=False)
-            self._read_handles[ledger_id] = handle
-        return handle
 
     async def wait_for_entries_after(self, position: Position, timeout: float) -> bool:
         """Wait until an entry after ``position`` is acknowledged; False on timeout or when the
@@ -783,13 +512,8 @@ class ManagedLedger:
     # -- trimming ------------------------------------------------------------------------------
 
     def _closed_before(self, before: Position) -> list[LedgerInfo]:
-        """The closed ledgers (never the current one) whose every entry is before ``before``."""
         current = self._current.ledger_id if self._current is not None else None
-        return [
-            i
-            for i in self._ledgers
-            if i.ledger_id != current and i.closed and Position(i.ledger_id, i.entries - 1) < before
-        ]
+        return retention.closed_before(self._ledgers, current, before)
 
     async def trim(self, before: Position) -> list[int]:
         """Delete the ledgers whose every entry is before ``before`` (never the current one);
@@ -816,21 +540,14 @@ class ManagedLedger:
                 if slowest is not None
                 else self.next_position(self.last_confirmed_position)
             )
-            consumed = {i.ledger_id for i in self._closed_before(consumed_before)}
-            now_ms = time.time() * 1000
-            total, deleted, doomed = self.total_size, 0, []
-            for info in self._ledgers:
-                if info.ledger_id not in consumed:
-                    break
-                expired = (
-                    retention_minutes >= 0
-                    and (info.closed_ms or info.ctime_ms) < now_ms - retention_minutes * 60_000
-                )
-                over_size = retention_mb >= 0 and total - deleted > retention_mb * MiB
-                if not expired and not over_size:
-                    break
-                doomed.append(info.ledger_id)
-                deleted += info.size
+            doomed = retention.past_retention(
+                self._ledgers,
+                {i.ledger_id for i in self._closed_before(consumed_before)},
+                self.total_size,
+                retention_minutes,
+                retention_mb,
+                time.time() * 1000,
+            )
             return await self._drop_ledgers(doomed)
 
     async def _drop_ledgers(self, doomed: list[int]) -> list[int]:
@@ -849,15 +566,7 @@ class ManagedLedger:
         return doomed
 
     def last_position_closed_before(self, cutoff_ms: float) -> Position | None:
-        """The last entry of the oldest run of ledgers closed before ``cutoff_ms`` (their every
-        entry is older than that), or None."""
-        last = None
-        for info in self._ledgers:
-            if not info.closed or not info.closed_ms or info.closed_ms >= cutoff_ms:
-                break
-            if info.entries > 0:
-                last = Position(info.ledger_id, info.entries - 1)
-        return last
+        return retention.last_position_closed_before(self._ledgers, cutoff_ms)
 
     def slowest_mark_delete(self) -> Position | None:
         if not self.cursors:
@@ -891,12 +600,19 @@ class ManagedLedger:
                 except ManagedLedgerError as e:
                     log.warning("managed ledger %s: close: %s", self.name, e)
             self._current = None
-        for handle in self._read_handles.values():
-            await handle.close()
-        self._read_handles.clear()
+        await self.reader.close()
         self._state = _State.CLOSED
         self._notify_added()
         log.info("managed ledger %s closed", self.name)
+
+    async def abandon(self) -> None:
+        """Stop writing and persisting without closing anything, as a broker that died would
+        (tests: what the next owner finds is what a crash leaves)."""
+        if self._writer is not None:
+            self._writer.cancel()
+            await asyncio.gather(self._writer, return_exceptions=True)
+        for cursor in self.cursors.values():
+            await cursor.abandon()
 
     async def delete(self) -> None:
         """Delete every ledger, every cursor and the metadata."""
@@ -926,7 +642,7 @@ class ManagedLedger:
         found = await store.get(ml.key)
         if found is None:
             return False
-        ml._ledgers = [LedgerInfo.from_json(d) for d in json.loads(found.value)["ledgers"]]
+        ml._ledgers = ManagedLedgerRecord.from_bytes(name, found.value).ledgers
         for segment in await store.children(f"{ml.key}/cursors"):
             await delete_stored_cursor(ml, decode_name(segment))
         await ml._delete_ledgers(ml.ledger_ids)

@@ -8,10 +8,7 @@ import uuid
 from typing import TYPE_CHECKING
 
 from magnetar.broker.errors import TopicUnloadingError
-from magnetar.broker.ledger.managed_ledger import (
-    EntryTooLargeForLedgerError,
-    ManagedLedgerFencedError,
-)
+from magnetar.broker.ledger.errors import EntryTooLargeForLedgerError, ManagedLedgerFencedError
 from magnetar.broker.model.message_id import EARLIEST
 from magnetar.broker.model.position import Position
 from magnetar.broker.protocol import errors

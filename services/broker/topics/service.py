@@ -18,7 +18,8 @@ from typing import Any, Protocol
 from magnetar.broker.cluster.bundles import BundleRange, topic_hash
 from magnetar.broker.config import BrokerConfig
 from magnetar.broker.errors import TopicNotFoundError
-from magnetar.broker.ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
+from magnetar.broker.ledger.ledger_info import ManagedLedgerConfig
+from magnetar.broker.ledger.managed_ledger import ManagedLedger
 from magnetar.broker.model.broker_info import BrokerInfo
 from magnetar.broker.model.keys import MANAGED_LEDGERS_PATH, decode_name, managed_ledger_key
 from magnetar.broker.model.topic_name import TopicName

@@ -16,7 +16,7 @@ import math
 import time
 from typing import TYPE_CHECKING
 
-from magnetar.broker.ledger.managed_ledger import ManagedLedgerError, UnreadableEntryError
+from magnetar.broker.ledger.errors import ManagedLedgerError, UnreadableEntryError
 from magnetar.broker.model.entry import message_count
 from magnetar.broker.model.position import Position
 from magnetar.broker.topics.consumer import Consumer

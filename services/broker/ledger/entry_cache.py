@@ -1,0 +1,40 @@
+"""Recently added entries of a managed ledger, kept for tailing readers."""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+from magnetar.broker.model.position import Position
+
+
+@dataclass(slots=True)
+class EntryCache:
+    """Recently added entries, oldest evicted first once over ``max_bytes``."""
+
+    max_bytes: int
+    entries: collections.OrderedDict[Position, bytes] = field(
+        default_factory=collections.OrderedDict
+    )
+    size: int = 0
+
+    def put(self, position: Position, data: bytes) -> None:
+        if len(data) > self.max_bytes:
+            return
+        self.entries[position] = data
+        self.size += len(data)
+        while self.size > self.max_bytes:
+            _, old = self.entries.popitem(last=False)
+            self.size -= len(old)
+
+    def get(self, position: Position) -> bytes | None:
+        return self.entries.get(position)
+
+    def drop_ledger(self, ledger_id: int) -> None:
+        for position in [p for p in self.entries if p.ledger_id == ledger_id]:
+            self.size -= len(self.entries.pop(position))
+
+    def clear(self) -> None:
+        """Forget every entry (reads go to the bookies again)."""
+        self.entries.clear()
+        self.size = 0
