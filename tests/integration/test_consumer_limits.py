@@ -31,6 +31,7 @@ import pytest
 
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
+from tests.support.polling import wait_until
 from tests.support.raw_client import (
     RawConnection,
     admin,
@@ -100,10 +101,7 @@ def data(messages: list[pulsar.Message]) -> list[bytes]:
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
+    wait_until(condition, what, timeout)
 
 
 # --------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from pathlib import Path
 import pulsar
 import pytest
 
+from tests.support.polling import wait_until
 from tests.support.standalone import StandaloneProcess, client
 
 
@@ -44,10 +45,7 @@ def admin(
 
 
 def eventually(check: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.2)
+    wait_until(check, timeout=timeout, interval=0.2)
 
 
 def test_auto_creation_off_refuses_unknown_topics_and_a_namespace_can_turn_it_on(

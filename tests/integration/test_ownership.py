@@ -32,6 +32,7 @@ from magnetar.broker.cluster.registry import BrokerRegistry, BundleStats, LoadRe
 from magnetar.broker.config import BrokerConfig
 from magnetar.broker.model.broker_info import BrokerInfo
 from magnetar.common.metadata import BadVersionError, MetadataError, MetadataStore, open_store
+from tests.support.polling import wait_until_async
 
 T = TypeVar("T")
 
@@ -107,13 +108,7 @@ async def brokers(backend: Backend) -> AsyncIterator[Brokers]:
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], within: float = SOON) -> bool:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while loop.time() < deadline:
-        if await check():
-            return True
-        await asyncio.sleep(0.02)
-    return False
+    return await wait_until_async(check, within)
 
 
 def owner_is(

@@ -42,6 +42,7 @@ from magnetar.common.ledger.metadata import LEDGERS_PATH, LedgerMetadata
 from magnetar.common.metadata.local import LocalMetadataStore
 from magnetar.common.proto import bookie_pb2 as pb
 from tests.support.cluster import MagnetarCluster, assert_no_traceback, cluster_fixture
+from tests.support.polling import wait_until
 from tests.support.standalone import QUIET, StandaloneProcess, client
 
 NAMESPACE = "public/default"
@@ -69,13 +70,7 @@ def admin(base_url: str, method: str, path: str, body: str | None = None) -> tup
 
 
 def wait_for(condition: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for: {what}"
-        time.sleep(0.05)
+    return wait_until(condition, what, timeout, interval=0.05)
 
 
 def partition_names(topic: str, count: int) -> list[str]:

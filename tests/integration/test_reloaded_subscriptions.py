@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from tests.support.cluster import (
     cluster_fixture,
     http_request,
 )
+from tests.support.polling import wait_until
 from tests.support.raw_client import assert_log_clean, module_standalone
 from tests.support.standalone import QUIET, StandaloneProcess, client
 
@@ -47,13 +47,7 @@ _BAD_LOG_LINE = re.compile(r"Traceback|\s(ERROR|CRITICAL)\s")
 
 def eventually(check: Callable[[], T | None], what: str, timeout: float = 30.0) -> T:
     """Poll ``check`` until it returns a truthy value (returned); fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for: {what}"
-        time.sleep(0.2)
+    return wait_until(check, what, timeout, interval=0.2)
 
 
 @dataclass(slots=True)
