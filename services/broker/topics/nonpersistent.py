@@ -15,7 +15,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from magnetar.broker.errors import SubscriptionBusyError, SubscriptionNotFoundError, TopicBusyError
+from magnetar.broker.errors import TopicBusyError
 from magnetar.broker.model.entry import entry_metadata, message_count
 from magnetar.broker.model.position import Position
 from magnetar.broker.model.topic_name import TopicName
@@ -23,7 +23,7 @@ from magnetar.broker.topics.consumer import Consumer
 from magnetar.broker.topics.dispatchers.live import LiveDispatcher, for_live_mode
 from magnetar.broker.topics.persistent import publish_counters
 from magnetar.broker.topics.producers import ProducerSet
-from magnetar.broker.topics.subscription import SubscriptionTypeError
+from magnetar.broker.topics.subscription import SubscriptionTypeError, disconnect_for_delete
 from magnetar.common.proto import pulsar_api_pb2 as pb
 
 if TYPE_CHECKING:
@@ -164,16 +164,8 @@ class NonPersistentTopic:
     async def delete_subscription(self, name: str, *, force: bool) -> None:
         """Admin ``DELETE .../subscription/{name}``, as for a persistent topic."""
         subscription = self.subscriptions.get(name)
-        if subscription is None:
-            raise SubscriptionNotFoundError(f"Subscription {name} not found on topic {self.name}")
-        consumers = list(subscription.consumers)
-        if consumers and not force:
-            raise SubscriptionBusyError(
-                f"Subscription {name} of topic {self.name} has {len(consumers)} active "
-                "connected consumer(s); use force=true"
-            )
-        for consumer in consumers:
-            consumer.connection.close_consumer(subscription, consumer)
+        disconnect_for_delete(self.name, name, subscription, force=force)
+        assert subscription is not None
         if self.subscriptions.get(name) is subscription:
             del self.subscriptions[name]
         await subscription.close()

@@ -7,8 +7,6 @@ import logging
 import time
 
 from magnetar.broker.errors import (
-    SubscriptionBusyError,
-    SubscriptionNotFoundError,
     TopicBusyError,
     TopicUnloadingError,
 )
@@ -24,7 +22,7 @@ from magnetar.broker.topics.deduplication import Deduplication, DuplicateStatus
 from magnetar.broker.topics.dispatch_limits import DispatchLimits
 from magnetar.broker.topics.instruments import UNCOUNTED, TopicInstruments
 from magnetar.broker.topics.producers import ProducerSet
-from magnetar.broker.topics.subscription import Subscription
+from magnetar.broker.topics.subscription import Subscription, disconnect_for_delete
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
 from magnetar.common.tasks import spawn_logged
@@ -332,19 +330,7 @@ class PersistentTopic:
         """Admin ``DELETE .../subscription/{name}``: refused while it has consumers unless
         ``force``, which disconnects them first (as Pulsar does)."""
         async with self._subscribe_lock:
-            subscription = self.subscriptions.get(name)
-            if subscription is None:
-                raise SubscriptionNotFoundError(
-                    f"Subscription {name} not found on topic {self.name}"
-                )
-            consumers = list(subscription.consumers)
-            if consumers and not force:
-                raise SubscriptionBusyError(
-                    f"Subscription {name} of topic {self.name} has {len(consumers)} active "
-                    "connected consumer(s); use force=true"
-                )
-            for consumer in consumers:
-                consumer.connection.close_consumer(subscription, consumer)
+            disconnect_for_delete(self.name, name, self.subscriptions.get(name), force=force)
             await self._remove_subscription(name)
         log.info("topic %s: subscription %s deleted", self.name, name)
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
+from magnetar.broker.errors import SubscriptionBusyError, SubscriptionNotFoundError
 from magnetar.broker.ledger.cursor import ManagedCursor
 from magnetar.broker.model.entry import entry_metadata
 from magnetar.broker.model.message_id import from_wire
@@ -23,6 +25,29 @@ MAX_BATCH_SIZE = 100_000
 
 class SubscriptionTypeError(Exception):
     """A consumer asked for another mode than the subscription has."""
+
+
+class _HasConsumers(Protocol):
+    @property
+    def consumers(self) -> Sequence[Consumer]: ...
+
+
+def disconnect_for_delete(
+    topic: object, name: str, subscription: _HasConsumers | None, *, force: bool
+) -> None:
+    """The admin delete of subscription ``name`` of ``topic`` may go on (Pulsar's rules, for
+    persistent and non-persistent topics alike): unknown -> SubscriptionNotFoundError; with
+    consumers -> SubscriptionBusyError, unless ``force``, which disconnects them first."""
+    if subscription is None:
+        raise SubscriptionNotFoundError(f"Subscription {name} not found on topic {topic}")
+    consumers = list(subscription.consumers)
+    if consumers and not force:
+        raise SubscriptionBusyError(
+            f"Subscription {name} of topic {topic} has {len(consumers)} active "
+            "connected consumer(s); use force=true"
+        )
+    for consumer in consumers:
+        consumer.connection.close_consumer(subscription, consumer)
 
 
 class Subscription:
