@@ -20,6 +20,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pulsar
@@ -124,9 +125,13 @@ class Producer:
 
     def __init__(self, url: str) -> None:
         self.client = pulsar.Client(url, operation_timeout_seconds=30, logger=QUIET)
-        self.producer = self.client.create_producer(
-            TOPIC, batching_enabled=False, send_timeout_millis=30_000
-        )
+        try:
+            self.producer = self.client.create_producer(
+                TOPIC, batching_enabled=False, send_timeout_millis=30_000
+            )
+        except BaseException:
+            self.client.close()
+            raise
         self.acked: list[str] = []
         self.failed: list[tuple[str, str]] = []
         self._stop = threading.Event()
@@ -203,57 +208,58 @@ async def test_etcd_members_killed_under_a_live_broker_and_bookies(
         try:
             before = await registrations(etcd.url, bookies)
             assert all(before.values()), before
-            listener = pulsar.Client(broker.url, operation_timeout_seconds=30, logger=QUIET)
-            consumer = listener.subscribe(
-                TOPIC,
-                "after-restarts",
-                initial_position=pulsar.InitialPosition.Earliest,
-            )
-            producer = Producer(broker.url).start()
-            try:
-                producer.wait_for(100)
-
-                first = current_member(broker.log_text(), etcd)
-                kill_and_wait(first, producer)
-                first.start()  # back, with its data dir: it rejoins the cluster
-                producer.wait_for(50)
-
-                second = current_member(broker.log_text(), etcd)
-                assert second is not first, (
-                    "the broker's session did not move off the killed member"
+            with closing(
+                pulsar.Client(broker.url, operation_timeout_seconds=30, logger=QUIET)
+            ) as listener:
+                consumer = listener.subscribe(
+                    TOPIC,
+                    "after-restarts",
+                    initial_position=pulsar.InitialPosition.Earliest,
                 )
-                kill_and_wait(second, producer)
-                second.start()
-                producer.wait_for(50)
-            finally:
-                producer.stop()
-
-            after = await registrations(etcd.url, bookies)
-            for bookie in bookies:
-                assert after[bookie.address] == before[bookie.address], (
-                    f"bookie {bookie.address} registered again: {before} -> {after}\n"
-                    f"{bookie.log_tail()}"
-                )
-                assert bookie.running, bookie.log_tail()
-                assert "lost its metadata session" not in bookie.log_text()
-                assert "metadata session LOST" not in bookie.log_text()
-                assert len(session_leases(bookie.log_text())) == 1, bookie.log_tail()
-
-            received: Counter[str] = Counter()
-            acked = set(producer.acked)
-            deadline = time.monotonic() + 60
-            while not acked <= received.keys() and time.monotonic() < deadline:
+                producer = Producer(broker.url).start()
                 try:
-                    message = consumer.receive(timeout_millis=2000)
-                except pulsar.Timeout:
-                    continue
-                received[message.data().decode()] += 1
-                consumer.acknowledge(message)
-            missing = sorted(acked - received.keys())
-            assert not missing, f"{len(missing)} acknowledged messages lost: {missing[:10]}"
-            duplicated = {m: c for m, c in received.items() if c > 1}
-            assert not duplicated, f"delivered more than once: {list(duplicated.items())[:10]}"
-            listener.close()
+                    producer.wait_for(100)
+
+                    first = current_member(broker.log_text(), etcd)
+                    kill_and_wait(first, producer)
+                    first.start()  # back, with its data dir: it rejoins the cluster
+                    producer.wait_for(50)
+
+                    second = current_member(broker.log_text(), etcd)
+                    assert second is not first, (
+                        "the broker's session did not move off the killed member"
+                    )
+                    kill_and_wait(second, producer)
+                    second.start()
+                    producer.wait_for(50)
+                finally:
+                    producer.stop()
+
+                after = await registrations(etcd.url, bookies)
+                for bookie in bookies:
+                    assert after[bookie.address] == before[bookie.address], (
+                        f"bookie {bookie.address} registered again: {before} -> {after}\n"
+                        f"{bookie.log_tail()}"
+                    )
+                    assert bookie.running, bookie.log_tail()
+                    assert "lost its metadata session" not in bookie.log_text()
+                    assert "metadata session LOST" not in bookie.log_text()
+                    assert len(session_leases(bookie.log_text())) == 1, bookie.log_tail()
+
+                received: Counter[str] = Counter()
+                acked = set(producer.acked)
+                deadline = time.monotonic() + 60
+                while not acked <= received.keys() and time.monotonic() < deadline:
+                    try:
+                        message = consumer.receive(timeout_millis=2000)
+                    except pulsar.Timeout:
+                        continue
+                    received[message.data().decode()] += 1
+                    consumer.acknowledge(message)
+                missing = sorted(acked - received.keys())
+                assert not missing, f"{len(missing)} acknowledged messages lost: {missing[:10]}"
+                duplicated = {m: c for m, c in received.items() if c > 1}
+                assert not duplicated, f"delivered more than once: {list(duplicated.items())[:10]}"
         finally:
             broker.stop()
         log = broker.log_text()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from contextlib import closing
 from pathlib import Path
 
 import pulsar
@@ -31,11 +32,10 @@ def payload(i: int) -> bytes:
 
 def produce_and_damage(tmp_path: Path, extra: list[str]) -> StandaloneProcess:
     node = StandaloneProcess(tmp_path / "node", extra).start()
-    c = client(node)
-    producer = c.create_producer("damaged", batching_enabled=False)
-    for i in range(N):
-        producer.send(payload(i))
-    c.close()
+    with closing(client(node)) as c:
+        producer = c.create_producer("damaged", batching_enabled=False)
+        for i in range(N):
+            producer.send(payload(i))
     node.stop()  # the final checkpoint writes every entry into the entry logs
     flip_byte_of(entry_log_files(node), payload(BAD))
     return node.start()

@@ -25,6 +25,7 @@ import json
 import re
 import time
 from collections.abc import Iterator
+from contextlib import closing
 
 import pulsar
 import pytest
@@ -235,59 +236,60 @@ def test_worker_killed_mid_copy(cluster: MagnetarCluster) -> None:
 
 
 def test_lost_bookies_ledgers_are_replicated_and_stay_readable(cluster: MagnetarCluster) -> None:
-    pulsar_client = client_for(cluster)
-    topics = topics_on_each_broker(cluster, pulsar_client)
-    producers = [PacedProducer(pulsar_client, t, interval=0.01).start() for t in topics]
-    wait_for_each(producers, 100)
+    with closing(client_for(cluster)) as pulsar_client:
+        topics = topics_on_each_broker(cluster, pulsar_client)
+        producers = [PacedProducer(pulsar_client, t, interval=0.01).start() for t in topics]
+        wait_for_each(producers, 100)
 
-    async def write_direct() -> dict[int, int]:
-        async with cluster.client() as client:
-            closed = {
-                await write_ledger(client, 3, 2, 2, close=True): 3,
-                await write_ledger(client, 2, 2, 2, close=True): 2,
-            }
-            return closed
+        async def write_direct() -> dict[int, int]:
+            async with cluster.client() as client:
+                closed = {
+                    await write_ledger(client, 3, 2, 2, close=True): 3,
+                    await write_ledger(client, 2, 2, 2, close=True): 2,
+                }
+                return closed
 
-    direct = asyncio.run(write_direct())
-    # An open ledger whose writer is killed: a worker must fence and recover it.
-    writer = cluster.writer_process(2, 2, 2, 100_000)
-    assert writer.stdout is not None
-    open_id = int(writer.stdout.readline().split()[1])
-    acked = -1
-    while acked < ENTRIES:
-        line = writer.stdout.readline()
-        if line.startswith("acked"):
-            acked = int(line.split()[1])
-    writer.kill()
-    writer.wait()
-    original = ledgers(cluster)[open_id].fragments[0].bookies
-    first, second = original  # E2: both of its bookies die, one after the other
+        direct = asyncio.run(write_direct())
+        # An open ledger whose writer is killed: a worker must fence and recover it.
+        writer = cluster.writer_process(2, 2, 2, 100_000)
+        assert writer.stdout is not None
+        open_id = int(writer.stdout.readline().split()[1])
+        acked = -1
+        while acked < ENTRIES:
+            line = writer.stdout.readline()
+            if line.startswith("acked"):
+                acked = int(line.split()[1])
+        writer.kill()
+        writer.wait()
+        original = ledgers(cluster)[open_id].fragments[0].bookies
+        first, second = original  # E2: both of its bookies die, one after the other
 
-    cluster.bookie(first).kill()
-    wait_fully_replicated(cluster, {first})
-    wait_for_each(producers, 50)  # the writers moved off the lost bookie and go on
-    for producer in producers:
-        producer.stop()
-    assert all(not p.errors and not p.raised for p in producers), [
-        (p.errors[:3], p.raised[:3]) for p in producers
-    ]
-    topic_quorums = {
-        (m.ensemble_size, m.write_quorum, m.ack_quorum)
-        for m in ledgers(cluster).values()
-        if "managed-ledger" in m.custom_metadata
-    }
-    assert topic_quorums == {(3, 2, 2), (2, 2, 2)}, topic_quorums
-    reopened = ledgers(cluster)[open_id]
-    assert reopened.is_closed and reopened.last_entry_id >= acked, reopened
+        cluster.bookie(first).kill()
+        wait_fully_replicated(cluster, {first})
+        wait_for_each(producers, 50)  # the writers moved off the lost bookie and go on
+        for producer in producers:
+            producer.stop()
+        assert all(not p.errors and not p.raised for p in producers), [
+            (p.errors[:3], p.raised[:3]) for p in producers
+        ]
+        topic_quorums = {
+            (m.ensemble_size, m.write_quorum, m.ack_quorum)
+            for m in ledgers(cluster).values()
+            if "managed-ledger" in m.custom_metadata
+        }
+        assert topic_quorums == {(3, 2, 2), (2, 2, 2)}, topic_quorums
+        reopened = ledgers(cluster)[open_id]
+        assert reopened.is_closed and reopened.last_entry_id >= acked, reopened
 
-    # Hold the auditor back while reading with two bookies gone (set at run time, in the store).
-    held = cluster.bk("lostbookierecoverydelay", "--set", "3600", "--json")
-    assert held.returncode == 0 and json.loads(held.stdout) == {"lost_bookie_recovery_delay": 3600}
-    cluster.bookie(second).kill()
-    for producer, topic in zip(producers, topics, strict=True):
-        consume_all(pulsar_client, topic, set(producer.receipted))
-        producer.close()
-    pulsar_client.close()
+        # Hold the auditor back while reading with two bookies gone (set at run time, in the store).
+        held = cluster.bk("lostbookierecoverydelay", "--set", "3600", "--json")
+        assert held.returncode == 0 and json.loads(held.stdout) == {
+            "lost_bookie_recovery_delay": 3600
+        }
+        cluster.bookie(second).kill()
+        for producer, topic in zip(producers, topics, strict=True):
+            consume_all(pulsar_client, topic, set(producer.receipted))
+            producer.close()
 
     async def read_direct() -> None:
         async with cluster.client() as client:
@@ -345,28 +347,32 @@ def test_auditor_failover(cluster: MagnetarCluster) -> None:
 
 def test_decommission_under_traffic(cluster: MagnetarCluster) -> None:
     add_bookie(cluster)
-    pulsar_client = client_for(cluster)
-    topic = "persistent://public/default/autorecovery-decommission"
-    pulsar_client.subscribe(topic, "keep", initial_position=pulsar.InitialPosition.Earliest).close()
-    producer = PacedProducer(pulsar_client, topic, interval=0.005).start()
-    producer.wait_for(100)
-    on_bookies: dict[str, int] = {}
-    for metadata in ledgers(cluster).values():
-        for address in named(metadata):
-            on_bookies[address] = on_bookies.get(address, 0) + 1
-    target = max((a for a in on_bookies if a in live(cluster)), key=on_bookies.__getitem__)
+    with closing(client_for(cluster)) as pulsar_client:
+        topic = "persistent://public/default/autorecovery-decommission"
+        pulsar_client.subscribe(
+            topic, "keep", initial_position=pulsar.InitialPosition.Earliest
+        ).close()
+        producer = PacedProducer(pulsar_client, topic, interval=0.005).start()
+        producer.wait_for(100)
+        on_bookies: dict[str, int] = {}
+        for metadata in ledgers(cluster).values():
+            for address in named(metadata):
+                on_bookies[address] = on_bookies.get(address, 0) + 1
+        target = max((a for a in on_bookies if a in live(cluster)), key=on_bookies.__getitem__)
 
-    result = cluster.bk("decommissionbookie", target, "--timeout", "60", "--json")
-    producer.wait_for(50)
-    producer.stop()
-    assert result.returncode == 0, result
-    assert json.loads(result.stdout.splitlines()[-1])["remaining"] == [], result.stdout
-    assert not producer.errors and not producer.raised, (producer.errors[:3], producer.raised[:3])
-    assert all(target not in named(m) for m in ledgers(cluster).values())
-    cluster.bookie(target).stop()  # removable: nothing needs it any more
-    consume_all(pulsar_client, topic, set(producer.receipted))
-    producer.close()
-    pulsar_client.close()
+        result = cluster.bk("decommissionbookie", target, "--timeout", "60", "--json")
+        producer.wait_for(50)
+        producer.stop()
+        assert result.returncode == 0, result
+        assert json.loads(result.stdout.splitlines()[-1])["remaining"] == [], result.stdout
+        assert not producer.errors and not producer.raised, (
+            producer.errors[:3],
+            producer.raised[:3],
+        )
+        assert all(target not in named(m) for m in ledgers(cluster).values())
+        cluster.bookie(target).stop()  # removable: nothing needs it any more
+        consume_all(pulsar_client, topic, set(producer.receipted))
+        producer.close()
 
 
 def test_recover_bookie_by_hand_while_autorecovery_is_disabled(cluster: MagnetarCluster) -> None:

@@ -11,6 +11,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pulsar
@@ -386,26 +387,28 @@ def test_exclusive_producer_is_fenced_by_shared_ones_and_names_are_unique(
 def test_deduplication_drops_resent_messages_across_restarts(tmp_path: Path) -> None:
     node = StandaloneProcess(tmp_path / "dedup", extra=["--deduplication-enabled"]).start()
     try:
-        c = client(node)
-        producer = c.create_producer("payments", producer_name="billing", batching_enabled=False)
-        for i in range(5):
-            producer.send(f"pay-{i}".encode(), sequence_id=i)
-        producer.send(b"pay-3 resent", sequence_id=3)  # a retry of something already stored
-        c.close()
+        with closing(client(node)) as c:
+            producer = c.create_producer(
+                "payments", producer_name="billing", batching_enabled=False
+            )
+            for i in range(5):
+                producer.send(f"pay-{i}".encode(), sequence_id=i)
+            producer.send(b"pay-3 resent", sequence_id=3)  # a retry of something already stored
 
         node.kill()
         node.start()
 
-        c = client(node)
-        producer = c.create_producer("payments", producer_name="billing", batching_enabled=False)
-        assert producer.last_sequence_id() == 4
-        producer.send(b"pay-4 resent after restart", sequence_id=4)
-        producer.send(b"pay-5", sequence_id=5)
-        reader = c.create_reader("payments", pulsar.MessageId.earliest)
-        got = [reader.read_next(10_000).data() for _ in range(6)]
-        assert got == [f"pay-{i}".encode() for i in range(6)]
-        assert not reader.has_message_available()
-        c.close()
+        with closing(client(node)) as c:
+            producer = c.create_producer(
+                "payments", producer_name="billing", batching_enabled=False
+            )
+            assert producer.last_sequence_id() == 4
+            producer.send(b"pay-4 resent after restart", sequence_id=4)
+            producer.send(b"pay-5", sequence_id=5)
+            reader = c.create_reader("payments", pulsar.MessageId.earliest)
+            got = [reader.read_next(10_000).data() for _ in range(6)]
+            assert got == [f"pay-{i}".encode() for i in range(6)]
+            assert not reader.has_message_available()
     finally:
         node.stop()
 

@@ -7,6 +7,7 @@ import json
 import os
 import time
 import urllib.request
+from contextlib import closing
 from pathlib import Path
 
 from tests.support.standalone import StandaloneProcess, client
@@ -15,21 +16,20 @@ from tests.support.standalone import StandaloneProcess, client
 def test_ten_megabyte_message_in_chunks(tmp_path: Path) -> None:
     node = StandaloneProcess(tmp_path / "node").start()
     try:
-        c = client(node)
-        topic = "persistent://public/default/chunked"
-        consumer = c.subscribe(topic, "s")
-        producer = c.create_producer(topic, chunking_enabled=True, batching_enabled=False)
-        big = os.urandom(10 * 1024 * 1024)
-        small = b"after the big one"
-        producer.send(big)
-        producer.send(small)
-        first = consumer.receive(timeout_millis=30_000)
-        assert first.data() == big
-        consumer.acknowledge(first)
-        second = consumer.receive(timeout_millis=10_000)
-        assert second.data() == small
-        consumer.acknowledge(second)
-        c.close()
+        with closing(client(node)) as c:
+            topic = "persistent://public/default/chunked"
+            consumer = c.subscribe(topic, "s")
+            producer = c.create_producer(topic, chunking_enabled=True, batching_enabled=False)
+            big = os.urandom(10 * 1024 * 1024)
+            small = b"after the big one"
+            producer.send(big)
+            producer.send(small)
+            first = consumer.receive(timeout_millis=30_000)
+            assert first.data() == big
+            consumer.acknowledge(first)
+            second = consumer.receive(timeout_millis=10_000)
+            assert second.data() == small
+            consumer.acknowledge(second)
         url = f"{node.admin_url}/persistent/public/default/chunked/internalStats"
         with urllib.request.urlopen(url, timeout=10) as response:
             stats = json.loads(response.read())

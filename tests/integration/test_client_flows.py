@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pulsar
@@ -216,44 +217,42 @@ def test_restart_redelivers_exactly_the_unacknowledged(tmp_path: Path, batched: 
     topic = "flow-restart"
     own = StandaloneProcess(tmp_path / "standalone").start()
     try:
-        c = client(own)
-        consumer = c.subscribe(
-            topic,
-            "s",
-            initial_position=pulsar.InitialPosition.Earliest,
-            batch_index_ack_enabled=True,  # acks of single messages inside a batch stick
-        )
-        producer = c.create_producer(
-            topic,
-            batching_enabled=batched,
-            batching_max_messages=10,
-            batching_max_publish_delay_ms=10,
-            block_if_queue_full=True,
-        )
-        for i in range(total):
-            producer.send_async(payload(i), None)
-        producer.flush()
+        with closing(client(own)) as c:
+            consumer = c.subscribe(
+                topic,
+                "s",
+                initial_position=pulsar.InitialPosition.Earliest,
+                batch_index_ack_enabled=True,  # acks of single messages inside a batch stick
+            )
+            producer = c.create_producer(
+                topic,
+                batching_enabled=batched,
+                batching_max_messages=10,
+                batching_max_publish_delay_ms=10,
+                block_if_queue_full=True,
+            )
+            for i in range(total):
+                producer.send_async(payload(i), None)
+            producer.flush()
 
-        # Ack the first 200 (a cumulative prefix) and, above it, two of every three up to 700:
-        # holes inside the acknowledged range and inside batches.
-        acked: set[int] = set()
-        for _ in range(700):
-            msg = consumer.receive(timeout_millis=10_000)
-            i = index(msg)
-            if i < 200 or i % 3:
-                consumer.acknowledge(msg)
-                acked.add(i)
-        time.sleep(1)  # the client groups acks for 100 ms
-        c.close()
+            # Ack the first 200 (a cumulative prefix) and, above it, two of every three up to 700:
+            # holes inside the acknowledged range and inside batches.
+            acked: set[int] = set()
+            for _ in range(700):
+                msg = consumer.receive(timeout_millis=10_000)
+                i = index(msg)
+                if i < 200 or i % 3:
+                    consumer.acknowledge(msg)
+                    acked.add(i)
+            time.sleep(1)  # the client groups acks for 100 ms
 
         own.stop()
         own.start()
 
-        c = client(own)
-        consumer = c.subscribe(topic, "s", batch_index_ack_enabled=True)
-        expected = set(range(total)) - acked
-        got = drain_exactly(consumer, len(expected))
-        c.close()
+        with closing(client(own)) as c:
+            consumer = c.subscribe(topic, "s", batch_index_ack_enabled=True)
+            expected = set(range(total)) - acked
+            got = drain_exactly(consumer, len(expected))
         came_back = sorted(set(got) & acked)
         assert not came_back, f"acknowledged came back: {came_back[:20]}\n{cursor_lines(own)}"
         assert set(got) == expected, f"lost: {sorted(expected - set(got))[:20]}"

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pulsar
@@ -294,9 +295,8 @@ def test_dispatch_retries_a_failed_read_and_resumes_by_itself(tmp_path: Path) ->
     count = 50
     node = StandaloneProcess(tmp_path / "node").start()
     try:
-        c = client(node)
-        produce(c, topic, count)
-        c.close()
+        with closing(client(node)) as c:
+            produce(c, topic, count)
         node.stop()  # the final checkpoint writes every entry into the entry logs
 
         # Cut the entry log short in place: the bookie's reads of it fail (a short read) until
@@ -308,32 +308,31 @@ def test_dispatch_retries_a_failed_read_and_resumes_by_itself(tmp_path: Path) ->
             f.truncate(8)  # its header (magic) only
 
         node.start()
-        c = client(node)
-        consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
-        failed = f"subscription {topic}/s: dispatch failed, retrying in"
+        with closing(client(node)) as c:
+            consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+            failed = f"subscription {topic}/s: dispatch failed, retrying in"
 
-        def retried() -> bool:
-            try:
-                message = consumer.receive(timeout_millis=100)
-            except pulsar.Timeout:
-                return node.log_tail(100_000).count(failed) >= 3
-            raise AssertionError(f"received {message.data()!r} from an unreadable entry log")
+            def retried() -> bool:
+                try:
+                    message = consumer.receive(timeout_millis=100)
+                except pulsar.Timeout:
+                    return node.log_tail(100_000).count(failed) >= 3
+                raise AssertionError(f"received {message.data()!r} from an unreadable entry log")
 
-        wait_for(retried, "three logged attempts at the failed read")
-        delays = [
-            float(line.split(failed)[1].split()[0])
-            for line in node.log_tail(100_000).splitlines()
-            if failed in line
-        ]
-        assert delays[0] < delays[1] < delays[2], delays  # backing off
+            wait_for(retried, "three logged attempts at the failed read")
+            delays = [
+                float(line.split(failed)[1].split()[0])
+                for line in node.log_tail(100_000).splitlines()
+                if failed in line
+            ]
+            assert delays[0] < delays[1] < delays[2], delays  # backing off
 
-        with open(entry_log, "r+b") as f:
-            f.write(saved)
-        # No FLOW, ack or new entry from here: the retry alone must deliver.
-        got = [consumer.receive(timeout_millis=10_000) for _ in range(count)]
-        assert data(got) == [payload(i) for i in range(count)]
-        assert received_until_quiet(consumer) == []
-        c.close()
+            with open(entry_log, "r+b") as f:
+                f.write(saved)
+            # No FLOW, ack or new entry from here: the retry alone must deliver.
+            got = [consumer.receive(timeout_millis=10_000) for _ in range(count)]
+            assert data(got) == [payload(i) for i in range(count)]
+            assert received_until_quiet(consumer) == []
     finally:
         node.stop()
         print(node.log_tail())

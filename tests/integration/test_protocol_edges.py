@@ -22,6 +22,7 @@ import socket
 import struct
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from datetime import timedelta
 from pathlib import Path
 
@@ -326,37 +327,35 @@ def test_delayed_messages_stay_delayed_across_a_restart(tmp_path: Path) -> None:
     delay = 8
     own = StandaloneProcess(tmp_path / "standalone").start()
     try:
-        c = client(own)
-        consumer = c.subscribe(
-            "edge-delayed-restart", "s", consumer_type=pulsar.ConsumerType.Shared
-        )
-        producer = c.create_producer("edge-delayed-restart", batching_enabled=False)
-        due = time.monotonic() + delay
-        producer.send(b"delayed", deliver_after=timedelta(seconds=delay))
-        producer.send(b"plain")
-        msg = consumer.receive(timeout_millis=5_000)
-        assert msg.data() == b"plain"
-        consumer.acknowledge(msg)
-        time.sleep(0.5)
-        c.close()
+        with closing(client(own)) as c:
+            consumer = c.subscribe(
+                "edge-delayed-restart", "s", consumer_type=pulsar.ConsumerType.Shared
+            )
+            producer = c.create_producer("edge-delayed-restart", batching_enabled=False)
+            due = time.monotonic() + delay
+            producer.send(b"delayed", deliver_after=timedelta(seconds=delay))
+            producer.send(b"plain")
+            msg = consumer.receive(timeout_millis=5_000)
+            assert msg.data() == b"plain"
+            consumer.acknowledge(msg)
+            time.sleep(0.5)
         own.stop()
         own.start()
 
-        c = client(own)
-        consumer = c.subscribe(
-            "edge-delayed-restart", "s", consumer_type=pulsar.ConsumerType.Shared
-        )
-        early = max(0, due - time.monotonic() - 1)
-        if early > 0.5:
+        with closing(client(own)) as c:
+            consumer = c.subscribe(
+                "edge-delayed-restart", "s", consumer_type=pulsar.ConsumerType.Shared
+            )
+            early = max(0, due - time.monotonic() - 1)
+            if early > 0.5:
+                with pytest.raises(pulsar.Timeout):
+                    consumer.receive(timeout_millis=int(early * 1000))
+            msg = consumer.receive(timeout_millis=15_000)
+            assert msg.data() == b"delayed"
+            assert time.monotonic() >= due - 1
+            consumer.acknowledge(msg)
             with pytest.raises(pulsar.Timeout):
-                consumer.receive(timeout_millis=int(early * 1000))
-        msg = consumer.receive(timeout_millis=15_000)
-        assert msg.data() == b"delayed"
-        assert time.monotonic() >= due - 1
-        consumer.acknowledge(msg)
-        with pytest.raises(pulsar.Timeout):
-            consumer.receive(timeout_millis=1_500)
-        c.close()
+                consumer.receive(timeout_millis=1_500)
     finally:
         own.stop()
     assert_log_clean(own)

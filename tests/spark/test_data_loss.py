@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from contextlib import closing
 
 import pytest
 from pyspark.sql import SparkSession
@@ -35,11 +36,10 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneProcess
 
 
 def test_fail_on_data_loss_both_ways(spark: SparkSession, node: StandaloneProcess) -> None:
-    c = client(node)
-    producer = c.create_producer(TOPIC, batching_enabled=False)
-    ids = [producer.send(f"d-{i:02d}".encode()) for i in range(12)]  # ledgers of 5, 5, 2
-    producer.close()
-    c.close()
+    with closing(client(node)) as c:
+        producer = c.create_producer(TOPIC, batching_enabled=False)
+        ids = [producer.send(f"d-{i:02d}".encode()) for i in range(12)]  # ledgers of 5, 5, 2
+        producer.close()
     first_ledger = ids[0].ledger_id()
     deadline = time.monotonic() + 30
     while any(x["ledgerId"] == first_ledger for x in ledgers(node, "spark-loss")):

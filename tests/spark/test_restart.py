@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pulsar
@@ -54,31 +55,30 @@ class Producer(threading.Thread):
         self.failed: list[str] = []
 
     def run(self) -> None:
-        c = client(self.node)
-        producer = c.create_producer(TOPIC, batching_enabled=False, block_if_queue_full=True)
-        lock = threading.Lock()
+        with closing(client(self.node)) as c:
+            producer = c.create_producer(TOPIC, batching_enabled=False, block_if_queue_full=True)
+            lock = threading.Lock()
 
-        def done_for(i: int) -> Callable[[pulsar.Result, pulsar.MessageId], None]:
-            def done(result: pulsar.Result, _msg_id: pulsar.MessageId) -> None:
-                with lock:
-                    (
-                        self.acked.append(i)
-                        if result == pulsar.Result.Ok
-                        else self.failed.append(str(result))
-                    )
+            def done_for(i: int) -> Callable[[pulsar.Result, pulsar.MessageId], None]:
+                def done(result: pulsar.Result, _msg_id: pulsar.MessageId) -> None:
+                    with lock:
+                        (
+                            self.acked.append(i)
+                            if result == pulsar.Result.Ok
+                            else self.failed.append(str(result))
+                        )
 
-            return done
+                return done
 
-        i = 0
-        while not self.stop.is_set():
-            for _ in range(10):
-                producer.send_async(f"r-{i:06d}".encode(), done_for(i))
-                i += 1
+            i = 0
+            while not self.stop.is_set():
+                for _ in range(10):
+                    producer.send_async(f"r-{i:06d}".encode(), done_for(i))
+                    i += 1
+                producer.flush()
+                self.stop.wait(PAUSE_S)
             producer.flush()
-            self.stop.wait(PAUSE_S)
-        producer.flush()
-        producer.close()
-        c.close()
+            producer.close()
 
 
 def committed_batches(checkpoint: Path) -> int:
