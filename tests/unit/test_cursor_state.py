@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from magnetar.broker.ledger.ack_ranges import AckRanges
 from magnetar.broker.ledger.cursor_state import (
     MAX_METADATA_BYTES,
+    CursorRecord,
     CursorState,
     CursorStateError,
     bounded,
@@ -133,3 +134,26 @@ def test_from_sorted_refuses_unsorted() -> None:
     with pytest.raises(ValueError):
         AckRanges.from_sorted([(2, 0, 0), (1, 0, 0)])
     assert len(AckRanges.from_sorted([(1, 0, 3), (1, 5, 5), (2, 0, 0)])) == 6
+
+
+@given(states(), st.integers(0, 2**40))
+def test_a_record_holding_the_state_reads_back_as_written(state: CursorState, epoch: int) -> None:
+    record = CursorRecord.holding("sub", epoch, state)
+    assert CursorRecord.from_bytes(record.to_bytes()) == record
+    # The format stored before cursor ledgers existed: the state's fields beside name and epoch.
+    assert json.loads(record.to_bytes()) == {"name": "sub", "epoch": epoch, **to_json(state)}
+
+
+@given(positions, st.integers(1, 2**40), st.integers(0, 2**40))
+def test_a_record_naming_a_cursor_ledger_reads_back_as_written(
+    mark_delete: Position, ledger_id: int, epoch: int
+) -> None:
+    record = CursorRecord.naming("sub", epoch, mark_delete, ledger_id)
+    read = CursorRecord.from_bytes(record.to_bytes())
+    assert read == record
+    assert read.state is None and read.cursor_ledger == ledger_id
+
+
+def test_a_record_without_an_epoch_is_from_the_first_owner() -> None:
+    old = json.dumps({"name": "sub", "mark_delete": [3, 4], "acked": [], "batch_acks": []})
+    assert CursorRecord.from_bytes(old.encode()).epoch == 0

@@ -29,7 +29,6 @@ restart redelivers as little as the metadata store can hold.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -37,12 +36,11 @@ from typing import TYPE_CHECKING, Any
 from magnetar.broker.ledger.ack_ranges import AckRanges
 from magnetar.broker.ledger.cursor_ledger import CursorLedger, read_last_state
 from magnetar.broker.ledger.cursor_state import (
+    CursorRecord,
     CursorState,
     bounded,
     describe_loss,
     fits_metadata,
-    from_json,
-    to_json,
 )
 from magnetar.broker.model import keys
 from magnetar.broker.model.position import Position
@@ -101,12 +99,12 @@ class ManagedCursor:
         found = await ml.store.get(cursor_key(ml, name))
         if found is None:
             return None
-        doc = json.loads(found.value)
-        named = doc.get("cursor_ledger")
-        if named is None:
-            state = from_json(doc)
+        record = CursorRecord.from_bytes(found.value)
+        named = record.cursor_ledger
+        if record.state is not None:
+            state = record.state
         else:
-            mark_delete = Position(*doc["mark_delete"])
+            mark_delete = record.mark_delete
             try:
                 state = (await read_last_state(ml, named)).above(mark_delete)
             except Exception as e:
@@ -195,7 +193,7 @@ class ManagedCursor:
     async def _store(self, state: CursorState) -> None:
         bound = self.ml.config.max_unacked_ranges_in_metadata
         if fits_metadata(state, bound):
-            if await self._put_record(to_json(state)):
+            if await self._put_record(CursorRecord.holding(self.name, self.ml.epoch, state)):
                 self._ledger.named_now(None)
                 await self._ledger.release_unnamed()
                 self._stored()
@@ -210,8 +208,7 @@ class ManagedCursor:
             await self._store_bounded(state, bound, ledger_error)
             return
         if ledger_id != self._ledger.named:
-            md = state.mark_delete
-            record = {"mark_delete": [md.ledger_id, md.entry_id], "cursor_ledger": ledger_id}
+            record = CursorRecord.naming(self.name, self.ml.epoch, state.mark_delete, ledger_id)
             if not await self._put_record(record):
                 await self._ledger.release_unnamed()
                 return
@@ -235,7 +232,7 @@ class ManagedCursor:
         """The cursor ledger failed: the record gets what the metadata store may hold."""
         kept, _ = bounded(state, bound)
         try:
-            written = await self._put_record(to_json(kept))
+            written = await self._put_record(CursorRecord.holding(self.name, self.ml.epoch, kept))
         except Exception as store_error:
             raise RuntimeError(
                 f"cursor ledger: {type(cause).__name__}: {cause}; metadata store: "
@@ -255,17 +252,17 @@ class ManagedCursor:
             "retrying with backoff",
         )
 
-    async def _put_record(self, fields: dict[str, Any]) -> bool:
+    async def _put_record(self, record: CursorRecord) -> bool:
         """CAS the metadata record; False when a newer owner's record stands (then this
         instance stops persisting)."""
-        value = json.dumps({"name": self.name, "epoch": self.ml.epoch, **fields}).encode()
+        value = record.to_bytes()
         while True:
             try:
                 self._version = await self.ml.store.put(self.key, value, self._version)
                 return True
             except BadVersionError:
                 found = await self.ml.store.get(self.key)
-                if found is None or json.loads(found.value).get("epoch", 0) > self.ml.epoch:
+                if found is None or CursorRecord.from_bytes(found.value).epoch > self.ml.epoch:
                     break
                 # An older owner's late write, or our own from a write that was cancelled
                 # after it reached the store (epochs are unique per owner): ours wins.
@@ -552,6 +549,6 @@ async def delete_stored_cursor(ml: ManagedLedger, name: str) -> None:
     key = cursor_key(ml, name)
     found = await ml.store.get(key)
     await ml.store.delete(key)
-    named = json.loads(found.value).get("cursor_ledger") if found is not None else None
+    named = CursorRecord.from_bytes(found.value).cursor_ledger if found is not None else None
     if named is not None:
         await CursorLedger(ml, name, named).delete_all()

@@ -115,6 +115,54 @@ def from_json(doc: dict[str, Any]) -> CursorState:
     return CursorState(Position(*doc["mark_delete"]), tuple(acked.ranges()), tuple(batch))
 
 
+@dataclass(slots=True, frozen=True)
+class CursorRecord:
+    """A durable cursor's record in the metadata store, the one place its format is known::
+
+        {"name": ..., "epoch": <the owner's managed-ledger epoch>,
+         "mark_delete": [ledger, entry],
+         and either "acked" + "batch_acks" (the state, ``to_json``)
+         or "cursor_ledger": <id> (the state is the last entry of that ledger)}
+
+    ``epoch`` lets a newer owner's record win over an older owner's late write."""
+
+    name: str
+    epoch: int
+    mark_delete: Position
+    #: The state, when the record holds it; None when it is in ``cursor_ledger``.
+    state: CursorState | None = None
+    cursor_ledger: int | None = None
+
+    @classmethod
+    def holding(cls, name: str, epoch: int, state: CursorState) -> CursorRecord:
+        return cls(name, epoch, state.mark_delete, state)
+
+    @classmethod
+    def naming(cls, name: str, epoch: int, mark_delete: Position, ledger_id: int) -> CursorRecord:
+        return cls(name, epoch, mark_delete, None, ledger_id)
+
+    def to_bytes(self) -> bytes:
+        if self.state is not None:
+            fields = to_json(self.state)
+        else:
+            md = self.mark_delete
+            fields = {
+                "mark_delete": [md.ledger_id, md.entry_id],
+                "cursor_ledger": self.cursor_ledger,
+            }
+        return json.dumps({"name": self.name, "epoch": self.epoch, **fields}).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> CursorRecord:
+        doc = json.loads(data)
+        named = doc.get("cursor_ledger")
+        epoch = int(doc.get("epoch", 0))
+        if named is None:
+            state = from_json(doc)
+            return cls(doc.get("name", ""), epoch, state.mark_delete, state)
+        return cls(doc.get("name", ""), epoch, Position(*doc["mark_delete"]), None, int(named))
+
+
 def bounded(state: CursorState, max_ranges: int) -> tuple[CursorState, bool]:
     """The state cut to fit in the metadata store: at most ``max_ranges`` ranges, as many
     partly acknowledged entries, and :data:`MAX_METADATA_BYTES` of JSON. True if anything was
