@@ -25,6 +25,7 @@ from magnetar.broker.model.position import Position
 from magnetar.common.ledger.errors import NoSuchLedgerError
 from magnetar.common.metadata import open_store
 from tests.integration.test_managed_ledger import Env, crash, start_bookie
+from tests.support.polling import wait_until_async
 
 ENTRIES = 100_000
 
@@ -57,6 +58,14 @@ async def die(ml: ManagedLedger) -> None:
         if handle is not None and handle._timer is not None:
             handle._timer.cancel()
     await crash(ml)
+
+
+async def answer_all(ml: ManagedLedger, addresses: list[str]) -> bool:
+    try:
+        await asyncio.gather(*(ml.client.bookie(a).info() for a in addresses))
+    except Exception:
+        return False
+    return True
 
 
 async def restart_bookie(env: Env, directory: Path, address: str) -> Bookie:
@@ -252,6 +261,9 @@ async def test_bookies_down_stores_a_bounded_state_and_says_so_once(
         await restart_bookie(env, env.base_dir / f"b{i}", address)
         for i, address in enumerate(addresses)
     ]
+    # Until every bookie answers this client again: a connection still in its reconnect backoff
+    # fails the first add to it, an ERROR of a bookie that is not back yet, not the one checked.
+    assert await wait_until_async(lambda: answer_all(ml, addresses), timeout=30)
     caplog.clear()
     for _ in range(40):  # the client's connections to the bookies come back after a moment
         await cursor.persist()
