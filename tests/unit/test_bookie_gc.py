@@ -5,20 +5,17 @@ differently to the list and to the second look."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
-
-import pytest
 
 from magnetar.bookie.config import BookieConfig
 from magnetar.bookie.gc import GarbageCollector
 from magnetar.bookie.ledger_storage import LedgerStorage, StorageError
 from magnetar.bookie.metrics import BookieMetrics
-from magnetar.common.ledger.entry import encode_entry
 from magnetar.common.ledger.identity import INSTANCE_ID_KEY
 from magnetar.common.ledger.metadata import LEDGER_ID_COUNTER, LEDGERS_PATH, ledger_key
 from magnetar.common.metadata import MetadataError, Versioned
 from magnetar.common.proto import bookie_pb2 as pb
+from tests.support.bookie_storage import StoredAdd, add, storage_fixture  # noqa: F401 (fixture)
 
 INSTANCE = "cluster-1"
 
@@ -47,34 +44,6 @@ class ScriptedStore:
         if self.fail:
             raise MetadataError("store unreachable")
         return sorted(str(i) for i in self.listed)
-
-
-class _Add:
-    def __init__(self, ledger_id: int, entry_id: int) -> None:
-        self.ledger_id, self.entry_id = ledger_id, entry_id
-        self.entry = encode_entry(ledger_id, entry_id, entry_id - 1, 10, b"payload")
-        self.recovery = False
-        self.master_key = b"key"
-
-
-@pytest.fixture
-async def storage(tmp_path: Path) -> AsyncIterator[LedgerStorage]:
-    config = BookieConfig(
-        journal_dir=str(tmp_path / "journal"),
-        ledger_dir=str(tmp_path / "ledgers"),
-        journal_sync=False,
-    )
-    storage = LedgerStorage(config)
-    await storage.start()
-    try:
-        yield storage
-    finally:
-        await storage.close()
-
-
-async def add(storage: LedgerStorage, ledger_id: int, entries: int = 3) -> None:
-    failures = await storage.add([_Add(ledger_id, i) for i in range(entries)])
-    assert failures == []
 
 
 def collector(storage: LedgerStorage, store: ScriptedStore, min_idle_s: float) -> GarbageCollector:
@@ -167,7 +136,7 @@ async def test_a_collected_ledger_refuses_adds_and_stays_deleted_after_restart(
     await add(storage, 18)
     store = ScriptedStore(counter=20, ledgers=set())
     assert await collector(storage, store, 0).collect_orphans() == [18]
-    failures = await storage.add([_Add(18, 3)])
+    failures = await storage.add([StoredAdd(18, 3)])
     assert [pb.Status.Name(s) for _i, s, _m in failures] == ["NO_SUCH_LEDGER"]
     await storage.close()
     storage = LedgerStorage(config)

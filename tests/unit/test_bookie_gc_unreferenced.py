@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
-from magnetar.bookie.config import BookieConfig
 from magnetar.bookie.gc import (
     GarbageCollector,
     Unreferenced,
@@ -24,7 +21,6 @@ from magnetar.bookie.ledger_storage import LedgerStorage, StorageError
 from magnetar.bookie.metrics import BookieMetrics
 from magnetar.broker.ledger.ledger_info import LedgerInfo
 from magnetar.broker.model.keys import managed_ledger_key as brokers_managed_ledger_key
-from magnetar.common.ledger.entry import encode_entry
 from magnetar.common.ledger.identity import INSTANCE_ID_KEY
 from magnetar.common.ledger.metadata import (
     LEDGER_ID_COUNTER,
@@ -33,6 +29,7 @@ from magnetar.common.ledger.metadata import (
     ledger_key,
 )
 from magnetar.common.metadata import Versioned
+from tests.support.bookie_storage import add, storage_fixture  # noqa: F401 (fixture)
 
 INSTANCE = "cluster-1"
 #: Managed-ledger names, as the broker gives them (``tenant/namespace/domain/topic``).
@@ -76,33 +73,6 @@ class DictStore:
     async def children(self, path: str) -> list[str]:
         prefix = path.rstrip("/") + "/"
         return sorted({k[len(prefix) :].split("/")[0] for k in self.keys if k.startswith(prefix)})
-
-
-class _Add:
-    def __init__(self, ledger_id: int, entry_id: int) -> None:
-        self.ledger_id, self.entry_id = ledger_id, entry_id
-        self.entry = encode_entry(ledger_id, entry_id, entry_id - 1, 10, b"payload")
-        self.recovery = False
-        self.master_key = b"key"
-
-
-@pytest.fixture
-async def storage(tmp_path: Path) -> AsyncIterator[LedgerStorage]:
-    config = BookieConfig(
-        journal_dir=str(tmp_path / "journal"),
-        ledger_dir=str(tmp_path / "ledgers"),
-        journal_sync=False,
-    )
-    storage = LedgerStorage(config)
-    await storage.start()
-    try:
-        yield storage
-    finally:
-        await storage.close()
-
-
-async def add(storage: LedgerStorage, ledger_id: int, entries: int = 3) -> None:
-    assert await storage.add([_Add(ledger_id, i) for i in range(entries)]) == []
 
 
 def collector(storage: LedgerStorage, store: DictStore, min_idle_s: float = 0) -> GarbageCollector:
