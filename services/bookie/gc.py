@@ -53,13 +53,13 @@ from __future__ import annotations
 import enum
 import json
 import logging
-import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from magnetar.bookie.ledger_storage import GcResult, LedgerStorage, StorageError
 from magnetar.bookie.metrics import BookieMetrics
 from magnetar.common.ledger.identity import read_instance_id
+from magnetar.common.ledger.managed_ledger_keys import managed_ledger_key
 from magnetar.common.ledger.metadata import (
     LEDGER_ID_COUNTER,
     LEDGERS_PATH,
@@ -69,10 +69,6 @@ from magnetar.common.ledger.metadata import (
 from magnetar.common.metadata import MetadataError, MetadataStore
 
 log = logging.getLogger(__name__)
-
-#: Where the broker keeps a topic's ledger list (``services/broker/keys.py``, which the bookie
-#: may not import; tests/unit/test_bookie_gc_unreferenced.py holds the two equal).
-MANAGED_LEDGERS_PATH = "/magnetar/managed-ledgers"
 
 
 class Unreferenced(enum.Enum):
@@ -122,10 +118,6 @@ class UnreferencedLedger:
             f"{self.ledger_id}` if its messages are not wanted (`magnetar bk listunreferenced` "
             "lists all such ledgers)"
         )
-
-
-def managed_ledger_key(name: str) -> str:
-    return f"{MANAGED_LEDGERS_PATH}/{urllib.parse.quote(name, safe='')}"
 
 
 def managed_ledger_of(metadata: LedgerMetadata) -> str | None:

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from magnetar.bookie.config import BookieConfig
+from magnetar.bookie.gc import GarbageCollector
 from magnetar.bookie.ledger_storage import LedgerStorage
+from magnetar.bookie.metrics import BookieMetrics
 from magnetar.common.ledger.entry import encode_entry
 
 
@@ -41,3 +43,18 @@ async def storage_fixture(tmp_path: Path) -> AsyncIterator[LedgerStorage]:
 async def add(storage: LedgerStorage, ledger_id: int, entries: int = 3) -> None:
     """Store entries 0..entries-1 of ``ledger_id``; every add must succeed."""
     assert await storage.add([StoredAdd(ledger_id, i) for i in range(entries)]) == []
+
+
+def gc_over(
+    storage: LedgerStorage, store: object, instance_id: str, min_idle_s: float = 0
+) -> GarbageCollector:
+    """The bookie's garbage collector over ``storage``, asking ``store`` (a stand-in for the
+    metadata store that answers what the test scripts) for the cluster ``instance_id``."""
+    return GarbageCollector(
+        storage,
+        lambda: store,  # type: ignore[arg-type,return-value]
+        BookieMetrics(),
+        address="127.0.0.1:3181",
+        instance_id=instance_id,
+        min_idle_s=min_idle_s,
+    )

@@ -10,12 +10,11 @@ from pathlib import Path
 from magnetar.bookie.config import BookieConfig
 from magnetar.bookie.gc import GarbageCollector
 from magnetar.bookie.ledger_storage import LedgerStorage, StorageError
-from magnetar.bookie.metrics import BookieMetrics
 from magnetar.common.ledger.identity import INSTANCE_ID_KEY
 from magnetar.common.ledger.metadata import LEDGER_ID_COUNTER, LEDGERS_PATH, ledger_key
 from magnetar.common.metadata import MetadataError, Versioned
 from magnetar.common.proto import bookie_pb2 as pb
-from tests.support.bookie_storage import StoredAdd, add, storage_fixture  # noqa: F401 (fixture)
+from tests.support.bookie_storage import StoredAdd, add, gc_over, storage_fixture  # noqa: F401 (fixture)
 
 INSTANCE = "cluster-1"
 
@@ -47,14 +46,7 @@ class ScriptedStore:
 
 
 def collector(storage: LedgerStorage, store: ScriptedStore, min_idle_s: float) -> GarbageCollector:
-    return GarbageCollector(
-        storage,
-        lambda: store,  # type: ignore[arg-type,return-value]
-        BookieMetrics(),
-        address="127.0.0.1:3181",
-        instance_id=INSTANCE,
-        min_idle_s=min_idle_s,
-    )
+    return gc_over(storage, store, INSTANCE, min_idle_s)
 
 
 async def status(storage: LedgerStorage, ledger_id: int) -> str:

@@ -18,7 +18,6 @@ from magnetar.bookie.gc import (
     managed_ledger_key,
 )
 from magnetar.bookie.ledger_storage import LedgerStorage, StorageError
-from magnetar.bookie.metrics import BookieMetrics
 from magnetar.broker.ledger.ledger_info import LedgerInfo
 from magnetar.broker.model.keys import managed_ledger_key as brokers_managed_ledger_key
 from magnetar.common.ledger.identity import INSTANCE_ID_KEY
@@ -29,7 +28,7 @@ from magnetar.common.ledger.metadata import (
     ledger_key,
 )
 from magnetar.common.metadata import Versioned
-from tests.support.bookie_storage import add, storage_fixture  # noqa: F401 (fixture)
+from tests.support.bookie_storage import add, gc_over, storage_fixture  # noqa: F401 (fixture)
 
 INSTANCE = "cluster-1"
 #: Managed-ledger names, as the broker gives them (``tenant/namespace/domain/topic``).
@@ -76,14 +75,7 @@ class DictStore:
 
 
 def collector(storage: LedgerStorage, store: DictStore, min_idle_s: float = 0) -> GarbageCollector:
-    return GarbageCollector(
-        storage,
-        lambda: store,  # type: ignore[arg-type,return-value]
-        BookieMetrics(),
-        address="127.0.0.1:3181",
-        instance_id=INSTANCE,
-        min_idle_s=min_idle_s,
-    )
+    return gc_over(storage, store, INSTANCE, min_idle_s)
 
 
 async def holds(storage: LedgerStorage, ledger_id: int) -> bool:
@@ -178,7 +170,8 @@ async def test_a_store_without_a_counter_reports_every_unknown_ledger(
 
 async def test_the_topic_record_is_the_brokers() -> None:
     """gc.py reads the broker's managed-ledger record without importing the broker: the key
-    and the document must stay the broker's."""
+    (shared through magnetar.common.ledger.managed_ledger_keys) and the document must stay the
+    broker's."""
     for name in (TOPIC, "t/ns/persistent/a b%c", "persistent://t/ns/x"):
         assert managed_ledger_key(name) == brokers_managed_ledger_key(name)
     store = DictStore(counter=1)

@@ -1,28 +1,19 @@
 """Where managed ledgers and their cursors live in the metadata store. A leaf module.
 
-Key encoding: the whole topic name is percent-encoded (``urllib.parse.quote(name, safe="")``),
-so ``persistent://t/ns/topic`` becomes ``persistent%3A%2F%2Ft%2Fns%2Ftopic``: one path segment,
-reversible, and never a prefix of another topic's key, which matters because the cursors live
-*under* it (``<key>/cursors/<encoded cursor name>``)."""
+The managed ledger's key and its encoding are shared with the bookie's garbage collector
+(``magnetar.common.ledger.managed_ledger_keys``); a cursor's record lives under it
+(``<key>/cursors/<encoded cursor name>``)."""
 
 from __future__ import annotations
 
-import urllib.parse
+from magnetar.common.ledger.managed_ledger_keys import (
+    MANAGED_LEDGERS_PATH,
+    decode_name,
+    encode_name,
+    managed_ledger_key,
+)
 
-MANAGED_LEDGERS_PATH = "/magnetar/managed-ledgers"
-
-
-def encode_name(name: str) -> str:
-    """One key-safe, reversible path segment for a topic or cursor name."""
-    return urllib.parse.quote(name, safe="")
-
-
-def decode_name(segment: str) -> str:
-    return urllib.parse.unquote(segment)
-
-
-def managed_ledger_key(name: str) -> str:
-    return f"{MANAGED_LEDGERS_PATH}/{encode_name(name)}"
+__all__ = ["MANAGED_LEDGERS_PATH", "cursor_key", "decode_name", "encode_name", "managed_ledger_key"]
 
 
 def cursor_key(managed_ledger_key: str, name: str) -> str:
