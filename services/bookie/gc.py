@@ -214,6 +214,9 @@ class GarbageCollector:
         self._reported: set[tuple[int, Unreferenced]] = set()
         self._kept: set[int] = set()
         self._last_unreferenced: list[UnreferencedLedger] = []
+        #: Ledger id -> the managed ledger that wrote it (None: a cursor ledger or not a
+        #: topic's), from its custom metadata, for the ledgers this bookie holds.
+        self._writer_of: dict[int, str | None] = {}
 
     async def run(self) -> GcRound:
         """One round: collect orphan ledgers, then reclaim entry-log space (theirs included)."""
@@ -317,16 +320,23 @@ class GarbageCollector:
             if await store.get(ledger_key(ledger_id)) is None:
                 found.append(UnreferencedLedger(ledger_id, Unreferenced.ABOVE_COUNTER, None, last))
         by_name: dict[int, tuple[str, int | None]] = {}
+        for ledger_id in set(self._writer_of) - held:
+            del self._writer_of[ledger_id]
         for ledger_id, last in entries.items():
             if ledger_id not in known:
                 continue
-            stored = await store.get(ledger_key(ledger_id))
-            if stored is None:
-                continue
-            try:
-                name = managed_ledger_of(LedgerMetadata.from_bytes(stored.value))
-            except Exception:  # not ledger metadata we can read: not ours to judge
-                continue
+            if ledger_id not in self._writer_of:
+                # A ledger's writer never changes: its metadata is read once, not every round.
+                stored = await store.get(ledger_key(ledger_id))
+                if stored is None:
+                    continue
+                try:
+                    self._writer_of[ledger_id] = managed_ledger_of(
+                        LedgerMetadata.from_bytes(stored.value)
+                    )
+                except Exception:  # not ledger metadata we can read: not ours to judge
+                    continue
+            name = self._writer_of[ledger_id]
             if name is not None:
                 by_name[ledger_id] = (name, last)
         found += await find_unlisted(store, by_name)
