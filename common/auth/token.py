@@ -19,14 +19,11 @@ import jwt
 from cryptography.hazmat.primitives.serialization import load_der_public_key, load_pem_public_key
 
 from magnetar.common.auth.keys import KeyConfigError, read_key
+from magnetar.common.auth.provider import Authenticated, AuthenticationError, Credentials
 
 #: Longest credential examined; a larger one is refused before it is parsed.
 MAX_TOKEN_BYTES = 64 * 1024
 PUBLIC_ALGORITHMS = ("RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "PS256")
-
-
-class AuthenticationError(Exception):
-    """The credentials do not authenticate anyone; the message is safe to log and to send."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -39,15 +36,10 @@ class TokenSettings:
     audience: str | None = None
 
 
-@dataclass(slots=True, frozen=True)
-class Authenticated:
-    role: str
-    #: When the credentials stop being valid (seconds since the epoch); None: never.
-    expires_at: float | None
-
-
 class TokenAuthenticator:
     """Validates JWTs against one key, chosen at start-up (``KeyConfigError`` if unusable)."""
+
+    method = "token"
 
     def __init__(self, settings: TokenSettings) -> None:
         if settings.audience_claim and not settings.audience:
@@ -75,7 +67,9 @@ class TokenAuthenticator:
             raise KeyConfigError("the token provider needs token_secret_key or token_public_key")
         self.settings = settings
 
-    def authenticate(self, credentials: bytes | str) -> Authenticated:
+    def authenticate(self, credentials: Credentials | bytes | str) -> Authenticated:
+        if isinstance(credentials, Credentials):
+            credentials = credentials.data
         token = (
             credentials.decode("utf-8", "replace")
             if isinstance(credentials, bytes)
