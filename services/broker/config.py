@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from magnetar.common.auth.settings import SecuritySettings
 from magnetar.common.config import ConfigError, setting
 
 AUTO_CREATION_TYPES = ("non-partitioned", "partitioned")
 
 
 @dataclass(slots=True)
-class TopicSettings:
-    """Limits and the defaults of namespace policies; shared by ``broker`` and ``standalone``."""
+class TopicSettings(SecuritySettings):
+    """Limits, the defaults of namespace policies and the security settings; shared by
+    ``broker`` and ``standalone``."""
 
     max_message_size: int = setting(
         5 * 1024 * 1024, "largest message (payload and metadata) accepted"
@@ -136,6 +138,7 @@ class TopicSettings:
             )
         if not 1 <= self.default_number_of_namespace_bundles <= 1024:
             raise ConfigError("default_number_of_namespace_bundles must be between 1 and 1024")
+        self.validate_security()
 
 
 @dataclass(slots=True)
