@@ -29,8 +29,12 @@ from magnetar.broker.model.broker_info import BrokerInfo
 from magnetar.broker.model.topic_name import TopicName
 from magnetar.broker.namespace.policies import Policies
 from magnetar.broker.namespace.records import ensure_default_namespace
+from magnetar.broker.protocol.authentication import check_expiry
 from magnetar.broker.protocol.connection import ServerConnection
 from magnetar.broker.topics.service import Topic, TopicService
+from magnetar.common.auth.client import ClientCredentials
+from magnetar.common.auth.service import AuthenticationService
+from magnetar.common.auth.settings import names
 from magnetar.common.ledger.client import LedgerClient
 from magnetar.common.metadata import MetadataStore, open_store
 from magnetar.common.net import AddressInUseError, listen_error
@@ -57,6 +61,14 @@ class Broker:
         self.ledger_client: LedgerClient | None = None
         self.connections: set[ServerConnection] = set()
         self.metrics = BrokerMetrics()
+        self.authentication = AuthenticationService(config)
+        self.proxy_roles = frozenset(names(config.proxy_roles))
+        #: How this broker authenticates to other brokers (hand-overs, partition deletes).
+        self.client_credentials = ClientCredentials.parse(
+            config.broker_client_authentication_plugin,
+            config.broker_client_authentication_parameters,
+        )
+        self._refresh_task: asyncio.Task[None] | None = None
         self.metrics.bind(self)  # Pulsar's families, computed from the topics when scraped
         #: Advertised listener names a client may ask for in a lookup (none are configured yet).
         self.listener_names: frozenset[str] = frozenset()
@@ -109,6 +121,8 @@ class Broker:
         )
         await self.membership.join()
         self.topic_service.start()
+        if self.authentication.enabled:
+            self._refresh_task = loop.create_task(self._check_credentials())
         log.info(
             "broker serving %s (admin http://%s:%d)",
             self.service_url,
@@ -120,6 +134,8 @@ class Broker:
         """Unload everything (clients told to reconnect elsewhere, cursors persisted, bundles
         released), then close."""
         await self.topic_service.stop_policies()
+        if self._refresh_task is not None:
+            self._refresh_task.cancel()
         if self._server is not None:
             self._server.close()
         if self.load_manager is not None:
@@ -141,6 +157,14 @@ class Broker:
         if self.owns_store and self.store is not None:
             await self.store.close()
         log.info("broker stopped")
+
+    async def _check_credentials(self) -> None:
+        """Every ``authentication_refresh_check_seconds``: connections whose credentials
+        expired are challenged or closed (``protocol/authentication.py``)."""
+        while True:
+            await asyncio.sleep(self.config.authentication_refresh_check_seconds)
+            for connection in list(self.connections):
+                check_expiry(connection)
 
     # -- the metadata session (membership replaces a lost one) ------------------------------------
 

@@ -13,12 +13,16 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from magnetar.broker.admin.app import build_app
 from magnetar.broker.admin.errors import AdminError, errors
+from magnetar.common.auth.service import AuthenticationService
+from magnetar.common.auth.settings import SecuritySettings
 
 
 class NoBroker:
     """Answers only what a route may ask before it reads the store; anything else fails (500)."""
 
     store = object()  # set, as in a started broker, but never read by these requests
+    authentication = AuthenticationService(SecuritySettings())  # off, as by default
+    proxy_roles: frozenset[str] = frozenset()
 
     async def namespace_policies(self, namespace: str) -> None:
         return None

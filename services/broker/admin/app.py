@@ -8,8 +8,10 @@ subset), built from one route adder per resource group:
 - ``topics``: non-partitioned topics, their stats and subscriptions
 - ``partitioned``: partitioned topics (their delete goes to each partition's owner)
 
-Errors are Pulsar's, answered in one place (``errors.errors``, the middleware): handlers raise
-``AdminError``. What the routes need of the broker is ``service.AdminBroker``.
+Every request is authenticated first (``authentication.authentication``, a middleware: the
+caller's role is on the request before its route runs). Errors are Pulsar's, answered in one
+place (``errors.errors``, the middleware): handlers raise ``AdminError``. What the routes need
+of the broker is ``service.AdminBroker``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from magnetar.broker.admin.authentication import authentication
 from magnetar.broker.admin.cluster import add_cluster_routes
 from magnetar.broker.admin.errors import errors
 from magnetar.broker.admin.namespaces import add_namespace_routes
@@ -44,6 +47,6 @@ def build_app(broker: AdminBroker) -> web.Application:
         add_metrics_routes,
     ):
         add(routes, broker)
-    app = web.Application(middlewares=[errors])
+    app = web.Application(middlewares=[errors, authentication(broker)])
     app.add_routes(routes)
     return app

@@ -1,6 +1,8 @@
 """Admin REST of tenants, namespaces and their policies, on Pulsar's paths:
 
-- ``GET    /admin/v2/tenants``, ``PUT /admin/v2/tenants/{tenant}``
+- ``GET    /admin/v2/tenants`` lists the tenants
+- ``PUT|POST|GET|DELETE /admin/v2/tenants/{tenant}`` creates, updates, reads, deletes one: its
+  record is Pulsar's TenantInfo, ``{"adminRoles": [...], "allowedClusters": [...]}``
 - ``GET    /admin/v2/namespaces/{tenant}`` lists its namespaces
 - ``PUT    /admin/v2/namespaces/{tenant}/{namespace}`` (body: ``{"bundles": {"numBundles": n}}``)
 - ``GET    /admin/v2/namespaces/{tenant}/{namespace}`` the namespace's policy document
@@ -21,9 +23,10 @@ from magnetar.broker.admin.errors import AdminError
 from magnetar.broker.cluster.bundles import load_or_create
 from magnetar.broker.config import TopicSettings
 from magnetar.broker.namespace import policies
+from magnetar.broker.namespace.authorization import TenantInfo
 from magnetar.broker.namespace.policies import PartitionCountError, PolicyError, parse_document
 from magnetar.broker.namespace.records import NAMESPACES_PATH, TENANTS_PATH
-from magnetar.common.metadata import NOT_EXISTS, BadVersionError
+from magnetar.common.metadata import NOT_EXISTS, BadVersionError, NoSuchKeyError
 
 if TYPE_CHECKING:
     from magnetar.broker.admin.service import AdminBroker
@@ -55,10 +58,53 @@ def add_namespace_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None
     async def create_tenant(request: web.Request) -> web.Response:
         assert broker.store is not None
         tenant = requests.tenant(request)
+        record = await _tenant_body(request)
         try:
-            await broker.store.put(f"{TENANTS_PATH}/{tenant}", b"{}", NOT_EXISTS)
+            await broker.store.put(f"{TENANTS_PATH}/{tenant}", record, NOT_EXISTS)
         except BadVersionError:
             raise AdminError(409, "Tenant already exists") from None
+        _tenant_changed(broker, tenant)
+        return web.Response(status=204)
+
+    @routes.get("/admin/v2/tenants/{tenant}")
+    async def get_tenant(request: web.Request) -> web.Response:
+        assert broker.store is not None
+        found = await broker.store.get(f"{TENANTS_PATH}/{requests.tenant(request)}")
+        if found is None:
+            raise AdminError(404, "Tenant does not exist")
+        return web.json_response(TenantInfo.from_bytes(found.value).to_json())
+
+    @routes.post("/admin/v2/tenants/{tenant}")
+    async def update_tenant(request: web.Request) -> web.Response:
+        assert broker.store is not None
+        tenant = requests.tenant(request)
+        record = await _tenant_body(request)
+        key = f"{TENANTS_PATH}/{tenant}"
+        found = await broker.store.get(key)
+        if found is None:
+            raise AdminError(404, "Tenant does not exist")
+        try:
+            await broker.store.put(key, record, found.version)
+        except BadVersionError:  # deleted or rewritten meanwhile: the caller decides again
+            raise AdminError(409, "Concurrent modification") from None
+        _tenant_changed(broker, tenant)
+        return web.Response(status=204)
+
+    @routes.delete("/admin/v2/tenants/{tenant}")
+    async def delete_tenant(request: web.Request) -> web.Response:
+        assert broker.store is not None
+        tenant = requests.tenant(request)
+        key = f"{TENANTS_PATH}/{tenant}"
+        found = await broker.store.get(key)
+        if found is None:
+            raise AdminError(404, "Tenant does not exist")
+        if await broker.store.children(f"{NAMESPACES_PATH}/{tenant}"):
+            raise AdminError(409, "The tenant still has active namespaces")
+        try:
+            await broker.store.delete(key, found.version)
+        except (BadVersionError, NoSuchKeyError):
+            raise AdminError(409, "Concurrent modification") from None
+        _tenant_changed(broker, tenant)
         return web.Response(status=204)
 
     @routes.get("/admin/v2/namespaces/{tenant}")
@@ -112,6 +158,31 @@ def add_namespace_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None
         await _update_policies(broker, f"{NAMESPACES_PATH}/{namespace}", key, value)
         broker.policies_changed()
         return web.Response(status=204)
+
+
+async def _tenant_body(request: web.Request) -> bytes:
+    """The stored record of a tenant PUT or POST: its TenantInfo body, ``{}`` when empty."""
+    if not request.can_read_body or not (await request.text()).strip():
+        return b"{}"
+    body = await requests.json_body(request)
+    if not isinstance(body, dict):
+        raise AdminError(412, 'expected {"adminRoles": [...], "allowedClusters": [...]}')
+    record: dict[str, list[str]] = {}
+    for field in ("adminRoles", "allowedClusters"):
+        value = body.get(field)
+        if value is None:
+            continue
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise AdminError(412, f"{field} must be a list of names, got {value!r}")
+        record[field] = list(dict.fromkeys(value))
+    return json.dumps(record).encode()
+
+
+def _tenant_changed(broker: AdminBroker, tenant: str) -> None:
+    """This broker's authorization sees the tenant's new admins at once."""
+    authorization = getattr(broker, "authorization", None)
+    if authorization is not None:
+        authorization.invalidate(tenant=tenant)
 
 
 async def _bundle_count_body(request: web.Request) -> int | None:

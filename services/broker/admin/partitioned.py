@@ -233,7 +233,10 @@ async def delete_partitioned_topic(broker: AdminBroker, name: TopicName, *, forc
             "partitioned topic %s: marked deleted; deleting %d partitions", name, len(partitions)
         )
         break
-    async with ClientSession(timeout=ClientTimeout(total=PARTITION_DELETE_TIMEOUT_S)) as http:
+    async with ClientSession(
+        timeout=ClientTimeout(total=PARTITION_DELETE_TIMEOUT_S),
+        headers=broker.client_credentials.http_headers(),
+    ) as http:
         for partition in partitions:
             await _delete_partition(broker, http, name, partition, force)
         # A client that passed the partition check just before the mark may have stored its
@@ -280,7 +283,10 @@ async def _refuse_if_busy(
     """412 if any partition has a producer or consumer, counted where the partition is served
     (a partition loaded nowhere has none)."""
     busy: dict[str, int] = {}
-    async with ClientSession(timeout=ClientTimeout(total=PARTITION_DELETE_TIMEOUT_S)) as http:
+    async with ClientSession(
+        timeout=ClientTimeout(total=PARTITION_DELETE_TIMEOUT_S),
+        headers=broker.client_credentials.http_headers(),
+    ) as http:
         for partition in partitions:
             topic = broker.topics.get(str(partition))
             if topic is not None:

@@ -31,6 +31,7 @@ from magnetar.broker.config import BrokerConfig
 from magnetar.broker.errors import TopicNotOwnedError
 from magnetar.broker.model.broker_info import BrokerInfo
 from magnetar.broker.model.topic_name import TopicName
+from magnetar.common.auth.client import ClientCredentials
 from magnetar.common.metadata import MetadataStore
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,8 @@ class BundleHost(LookupContext, Protocol):
 
     @property
     def config(self) -> BrokerConfig: ...
+    @property
+    def client_credentials(self) -> ClientCredentials: ...
 
 
 class BundleOperations:
@@ -205,7 +208,7 @@ class BundleOperations:
             await self.unload_bundle(namespace, bundle)
             return
         url = f"{owner.http_url}/admin/v2/namespaces/{namespace}/{bundle}/unload"
-        await _owner_call(url, f"unload of {namespace}/{bundle}", owner)
+        await _owner_call(url, f"unload of {namespace}/{bundle}", owner, self._host)
 
     async def request_split(self, owner: BrokerInfo, namespace: str, bundle: BundleRange) -> None:
         """The load manager splits a hot bundle: its owner splits it, keeps both halves in the
@@ -217,11 +220,14 @@ class BundleOperations:
             f"{owner.http_url}/admin/v2/namespaces/{namespace}/{bundle}/split"
             "?unload=true&splitAlgorithmName=range_equally_divide"
         )
-        await _owner_call(url, f"split of {namespace}/{bundle}", owner)
+        await _owner_call(url, f"split of {namespace}/{bundle}", owner, self._host)
 
 
-async def _owner_call(url: str, what: str, owner: BrokerInfo) -> None:
-    async with ClientSession(timeout=ClientTimeout(total=30)) as session:
+async def _owner_call(url: str, what: str, owner: BrokerInfo, host: BundleHost) -> None:
+    """An admin call to the owning broker, authenticated as this broker
+    (``broker_client_authentication_*``)."""
+    headers = host.client_credentials.http_headers()
+    async with ClientSession(timeout=ClientTimeout(total=30), headers=headers) as session:
         async with session.put(url) as response:
             if response.status >= 300:
                 raise RuntimeError(f"{what} at {owner.broker_id}: HTTP {response.status}")

@@ -14,13 +14,20 @@ class BrokerInfo:
     broker_id: str  # "host:http_port", as Pulsar names brokers (lookup data, admin paths)
     service_url: str  # pulsar://host:port
     http_url: str  # http://host:http_port
+    service_url_tls: str = ""  # pulsar+ssl://host:port_tls, when the broker has a TLS port
+    https_url: str = ""  # https://host:web_port_tls, when the broker has one
 
     def to_dict(self) -> dict[str, str]:
-        return {
+        document = {
             "brokerId": self.broker_id,
             "serviceUrl": self.service_url,
             "httpUrl": self.http_url,
         }
+        if self.service_url_tls:
+            document["serviceUrlTls"] = self.service_url_tls
+        if self.https_url:
+            document["httpsUrl"] = self.https_url
+        return document
 
     def to_json(self) -> bytes:
         return json.dumps(self.to_dict()).encode()
@@ -28,7 +35,13 @@ class BrokerInfo:
     @classmethod
     def from_dict(cls, data: Any) -> BrokerInfo:
         try:
-            return cls(str(data["brokerId"]), str(data["serviceUrl"]), str(data["httpUrl"]))
+            return cls(
+                str(data["brokerId"]),
+                str(data["serviceUrl"]),
+                str(data["httpUrl"]),
+                str(data.get("serviceUrlTls", "")),
+                str(data.get("httpsUrl", "")),
+            )
         except (KeyError, TypeError) as e:
             raise ValueError(f"not a broker info document: {data!r}") from e
 

@@ -9,6 +9,10 @@ A namespace's policies are the JSON document at its key in the metadata store
 - ``deduplicationEnabled``: true/false
 - ``autoTopicCreationOverride``: ``{"allowAutoTopicCreation": b, "topicType": "partitioned" |
   "non-partitioned", "defaultNumPartitions": N}``
+- ``auth_policies``: the namespace's grants, ``{"namespace_auth": {role: [action]},
+  "destination_auth": {topic: {role: [action]}}, "subscription_auth_roles": {sub: [role]}}``
+  (read and written by ``authorization``; ``effective`` leaves it alone, and every writer of
+  one policy rewrites the document with the others, grants included, as it found them)
 
 A partitioned topic's record (``PartitionedTopicRecord``) lives here too: it is read by the admin
 API, the lookup side (PARTITIONED_METADATA) and topic loading alike.

@@ -1,4 +1,5 @@
-"""CONNECT, PING, PONG, and the answer to commands this broker does not serve."""
+"""PING, PONG, and the answer to commands this broker does not serve (CONNECT is in
+``authentication.py``)."""
 
 from __future__ import annotations
 
@@ -12,18 +13,6 @@ if TYPE_CHECKING:
     from magnetar.broker.protocol.connection import ServerConnection
 
 log = logging.getLogger(__name__)
-SERVER_VERSION = "magnetar-0.1"
-
-
-def connect(conn: ServerConnection, body: pb.CommandConnect, frame: codec.Frame) -> None:
-    conn.protocol_version = codec.negotiate_protocol_version(body.protocol_version)
-    conn.send(
-        pb.CommandConnected(
-            server_version=SERVER_VERSION,
-            protocol_version=conn.protocol_version,
-            max_message_size=conn.broker.config.max_message_size,
-        )
-    )
 
 
 def ping(conn: ServerConnection, body: pb.CommandPing, frame: codec.Frame) -> None:

@@ -5,7 +5,8 @@ keep-alive) is ``common/protocol/transport.py``; this class adds what the broker
 connection (its producers and consumers), the reply plumbing, and the table that sends each
 legal command to its handler, one module per command family:
 
-* ``connect``: CONNECT, PING, PONG, and commands not served;
+* ``authentication``: CONNECT and AUTH_RESPONSE (who is on the connection);
+* ``connect``: PING, PONG, and commands not served;
 * ``lookup``: PARTITIONED_METADATA, LOOKUP, GET_TOPICS_OF_NAMESPACE;
 * ``schema``: GET_SCHEMA, GET_OR_CREATE_SCHEMA;
 * ``producer``: PRODUCER, SEND, CLOSE_PRODUCER;
@@ -28,7 +29,8 @@ from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 from magnetar.broker.model.topic_name import InvalidTopicNameError, TopicName
-from magnetar.broker.protocol import connect, consumer, lookup, producer, schema
+from magnetar.broker.protocol import authentication, connect, consumer, lookup, producer, schema
+from magnetar.broker.protocol.authentication import Identity
 from magnetar.broker.protocol.errors import Refusal, refusal
 from magnetar.broker.protocol.service import BrokerService
 from magnetar.broker.topics.consumer import Consumer
@@ -66,6 +68,9 @@ class ServerConnection(FrameConnection):
         self.closed_by_broker: set[int] = set()
         self.consumers: dict[int, tuple[AnySubscription, Consumer]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self.identity = Identity()
+        #: Frames that arrived while CONNECT's credentials were being checked (None: none held).
+        self._held: list[codec.Frame] | None = None
 
     # -- transport ----------------------------------------------------------------------------
 
@@ -107,7 +112,34 @@ class ServerConnection(FrameConnection):
             subscription.wake()
 
     def handle_frame(self, frame: codec.Frame) -> None:
+        if self._held is not None and frame.type not in (Type.PING, Type.PONG):
+            self._held.append(frame)
+            return
         HANDLERS.get(frame.type, connect.unsupported)(self, frame.body, frame)
+
+    # -- authentication (protocol/authentication.py) -------------------------------------------
+
+    def hold_frames(self) -> None:
+        """Keep the frames that arrive from now on until :meth:`release_frames`."""
+        self._held = []
+
+    def release_frames(self) -> None:
+        held, self._held = self._held or [], None
+        for frame in held:
+            if self.is_closed:
+                return
+            self.handle_frame(frame)
+
+    @property
+    def is_closed(self) -> bool:
+        return self.state is ConnectionState.CLOSED
+
+    def peer_certificate(self) -> bytes | None:
+        """The DER of the certificate the client showed on a TLS connection, if any."""
+        ssl_object = self.transport.get_extra_info("ssl_object") if self.transport else None
+        if ssl_object is None:
+            return None
+        return ssl_object.getpeercert(binary_form=True)  # type: ignore[no-any-return]
 
     def frame_failed(self, frame: codec.Frame) -> None:
         self.answer_failure(frame.body, "internal error")
@@ -272,7 +304,8 @@ Handler = Callable[[ServerConnection, Any, codec.Frame], None]
 #: Which handler serves which command. Commands legal in the state table but missing here get
 #: a NotAllowedError answer (``connect.unsupported``).
 HANDLERS: dict[int, Handler] = {
-    Type.CONNECT: connect.connect,
+    Type.CONNECT: authentication.connect,
+    Type.AUTH_RESPONSE: authentication.auth_response,
     Type.PING: connect.ping,
     Type.PONG: connect.pong,
     Type.PARTITIONED_METADATA: lookup.partitioned_metadata,

@@ -14,6 +14,7 @@ from magnetar.broker.config import BrokerConfig
 from magnetar.broker.model.topic_name import TopicName
 from magnetar.broker.topics.nonpersistent import NonPersistentTopic
 from magnetar.broker.topics.persistent import PersistentTopic
+from magnetar.common.auth.service import AuthenticationService
 
 if TYPE_CHECKING:
     from magnetar.broker.protocol.connection import ServerConnection
@@ -42,6 +43,9 @@ class BrokerService(LookupContext, Protocol):
     connections: set[ServerConnection]
     #: Advertised listener names a LOOKUP may ask for.
     listener_names: frozenset[str]
+    authentication: AuthenticationService
+    #: Roles of proxies (``proxy_roles``): such a connection names the client it relays.
+    proxy_roles: frozenset[str]
 
     @property
     def metrics(self) -> ProtocolMetrics: ...

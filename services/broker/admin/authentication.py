@@ -1,0 +1,69 @@
+"""Who calls the admin API: one middleware that authenticates every request before its route
+runs, and puts the caller's role (``request["role"]``, None while authentication is off) and, for
+a request relayed by a proxy, the client's role (``request["original_principal"]``) on it.
+
+Credentials come from ``Authorization: Bearer <token>`` or ``Authorization: Basic <base64>``,
+else from the client certificate of an HTTPS connection (the ``tls`` provider), else the
+anonymous role. Missing or bad credentials are answered 401 with Pulsar's ``{"reason": ...}``.
+A proxy names its client in ``X-Original-Principal``, as Pulsar's proxy does; only a role in
+``proxy_roles`` may, and it may not name a proxy role.
+
+``/health`` and ``/metrics`` stay open: probes and scrapers carry no credentials.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from magnetar.broker.admin.errors import error_response
+from magnetar.common.auth.provider import AuthenticationError
+
+if TYPE_CHECKING:
+    from magnetar.broker.admin.service import AdminBroker
+
+OPEN_PATHS = frozenset({"/health", "/metrics", "/admin/v2/brokers/health"})
+ORIGINAL_PRINCIPAL_HEADER = "X-Original-Principal"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def peer_certificate(request: web.Request) -> bytes | None:
+    ssl_object = request.transport.get_extra_info("ssl_object") if request.transport else None
+    return ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+
+
+def authentication(
+    broker: AdminBroker,
+) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    service = broker.authentication
+
+    @web.middleware
+    async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+        request["role"] = None
+        request["original_principal"] = None
+        if not service.enabled or request.path in OPEN_PATHS:
+            return await handler(request)
+        try:
+            found = await asyncio.to_thread(
+                service.authenticate_http,
+                request.headers.get("Authorization"),
+                peer_certificate(request),
+            )
+            original = request.headers.get(ORIGINAL_PRINCIPAL_HEADER) or None
+            if original is not None:
+                if found.role not in broker.proxy_roles or original in broker.proxy_roles:
+                    raise AuthenticationError("Invalid roles.")
+        except AuthenticationError as e:
+            service.failures.refused(
+                f"HTTP {request.method} {request.path}", request.remote or "?", str(e)
+            )
+            return error_response(401, f"Authentication required: {e}")
+        request["role"] = found.role
+        request["original_principal"] = original
+        return await handler(request)
+
+    return authenticate
