@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -356,9 +356,9 @@ class AuthorizationService:
             merged.setdefault(role, set()).update(actions)
         return {role: sorted(actions) for role, actions in merged.items()}
 
-    async def grant_namespace(self, namespace: str, role: str, actions: Iterable[str]) -> None:
+    async def grant_namespace(self, namespace: str, role: str, actions: list[str]) -> None:
         """Set ``role``'s actions on the namespace (replacing what it had there)."""
-        chosen = check_actions(list(actions))
+        chosen = check_actions(actions)
 
         def change(auth: dict[str, Any]) -> None:
             auth[NAMESPACE_AUTH][role] = chosen
@@ -371,10 +371,10 @@ class AuthorizationService:
 
         await self._update(namespace, change)
 
-    async def grant_topic(self, topic: TopicName, role: str, actions: Iterable[str]) -> None:
+    async def grant_topic(self, topic: TopicName, role: str, actions: list[str]) -> None:
         """Set ``role``'s actions on the topic, and on each of its partitions if it is a
         partitioned topic (as Pulsar), in one write."""
-        chosen = check_actions(list(actions))
+        chosen = check_actions(actions)
         names_ = await self._with_partitions(topic)
 
         def change(auth: dict[str, Any]) -> None:
@@ -400,11 +400,9 @@ class AuthorizationService:
 
         await self._update(topic.namespace_name, change)
 
-    async def grant_subscription(
-        self, namespace: str, subscription: str, roles: Iterable[str]
-    ) -> None:
+    async def grant_subscription(self, namespace: str, subscription: str, roles: list[str]) -> None:
         """Set the roles allowed on ``subscription`` across the namespace (replacing)."""
-        chosen = check_roles(list(roles))
+        chosen = check_roles(roles)
 
         def change(auth: dict[str, Any]) -> None:
             auth[SUBSCRIPTION_AUTH][subscription] = chosen
