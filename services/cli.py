@@ -79,6 +79,7 @@ _COMMANDS = {
     "standalone": "run metadata, one bookie and one broker in one process",
     "perf": "load generators (produce, consume) on the official client",
     "bk": "BookKeeper-style tools (bookiesanity, listledgers, recover, ...)",
+    "tokens": "keys and JWTs for the token provider (create-secret-key, create, validate, ...)",
 }
 
 
@@ -107,6 +108,11 @@ def _add_command(sub: argparse._SubParsersAction, name: str) -> None:  # type: i
 
         perf.add_arguments(p)
         p.set_defaults(func=perf.run)
+    elif name == "tokens":
+        from magnetar import tokens
+
+        tokens.add_arguments(p)
+        p.set_defaults(func=tokens.run)
     else:
         from magnetar import bkshell
 
@@ -148,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else argv
     parser = build_parser(_requested_command(args_in))
     args = parser.parse_args(args_in)
-    _setup_logging(args.log_level or ("WARNING" if args.command in ("bk", "perf") else "INFO"))
+    _setup_logging(
+        args.log_level or ("WARNING" if args.command in ("bk", "perf", "tokens") else "INFO")
+    )
     tune_gc()
     try:
         return int(args.func(args) or 0)
