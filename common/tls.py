@@ -26,6 +26,7 @@ import time
 from typing import Protocol
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ def _load_chain(
         raise TlsConfigError(
             f"{key_setting}: the key in {key_file} is encrypted; give an unencrypted PEM key"
         ) from None
-    except (ValueError, OSError):
+    except (ValueError, UnsupportedAlgorithm, OSError):
         raise TlsConfigError(
             f"{key_setting}: no PEM private key can be read from {key_file}"
         ) from None
@@ -190,6 +191,9 @@ class ServerTls:
     def _build(self) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = MINIMUM_VERSION
+        # The tls provider reads the client certificate once, after the handshake; a TLS 1.2
+        # renegotiation could show another one under the role already granted.
+        context.options |= ssl.OP_NO_RENEGOTIATION
         _load_chain(
             context,
             self.certificate_file,

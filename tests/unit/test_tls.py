@@ -523,6 +523,17 @@ def test_an_encrypted_key_is_refused_without_prompting(pki: Pki) -> None:
         ServerTls(str(pki.server.certificate), str(encrypted))
 
 
+def test_the_server_context_refuses_old_versions_and_renegotiation(pki: Pki) -> None:
+    context = server_tls(pki).context
+    assert context.minimum_version == ssl.TLSVersion.TLSv1_2
+    assert context.options & ssl.OP_NO_RENEGOTIATION
+    assert context.verify_mode == ssl.CERT_NONE
+    optional = server_tls(pki, trust_file=str(pki.ca.certificate)).context
+    assert optional.verify_mode == ssl.CERT_OPTIONAL
+    required = server_tls(pki, trust_file=str(pki.ca.certificate), require_client_cert=True)
+    assert required.context.verify_mode == ssl.CERT_REQUIRED
+
+
 def test_settings_that_contradict_each_other_are_refused(pki: Pki) -> None:
     with pytest.raises(TlsConfigError, match="needs tls_trust_certs_file_path"):
         server_tls(pki, require_client_cert=True)
