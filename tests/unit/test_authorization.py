@@ -6,13 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import given
 from hypothesis import strategies as st
 
+from magnetar.broker.admin.errors import errors
+from magnetar.broker.admin.permissions import (
+    require_namespace_operation,
+    require_superuser,
+    require_tenant_admin,
+)
 from magnetar.broker.model.topic_name import TopicName
 from magnetar.broker.namespace.authorization import (
     AuthorizationService,
@@ -24,6 +33,9 @@ from magnetar.broker.namespace.policies import PolicyError
 from magnetar.broker.namespace.records import NAMESPACES_PATH, TENANTS_PATH, partitioned_key
 from magnetar.common.auth.settings import SecuritySettings
 from magnetar.common.metadata import MetadataStore, open_store
+
+#: The request keys are the authentication middleware's (plain strings, as it sets them).
+pytestmark = pytest.mark.filterwarnings("ignore:It is recommended to use web.RequestKey")
 
 TOPIC = TopicName.parse("persistent://acme/orders/events")
 OTHER = TopicName.parse("persistent://acme/orders/other")
@@ -299,3 +311,135 @@ async def test_damaged_grants_grant_nothing(
     )
     assert not await authz.can_produce(TOPIC, "alice")
     assert await authz.can_produce(TOPIC, "bob")
+
+
+# -- the admin room's checks ----------------------------------------------------------------
+
+
+class FakeBroker:
+    def __init__(self, store: MetadataStore, config: SecuritySettings) -> None:
+        self.store = store
+        self.config = config
+        self.authorization = AuthorizationService(store, config)
+
+
+@web.middleware
+async def roles_from_headers(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Stands in for the authentication middleware: X-Role / X-Original (absent: no key)."""
+    if "X-Role" in request.headers:
+        request["role"] = request.headers["X-Role"] or None
+        request["original_principal"] = request.headers.get("X-Original") or None
+    return await handler(request)
+
+
+async def checker(broker: FakeBroker) -> TestClient[Any, Any]:
+    routes = web.RouteTableDef()
+
+    @routes.get("/tenant/{tenant}")
+    async def tenant(request: web.Request) -> web.Response:
+        await require_tenant_admin(request, broker, request.match_info["tenant"])  # type: ignore[arg-type]
+        return web.Response(status=204)
+
+    @routes.get("/superuser")
+    async def superuser(request: web.Request) -> web.Response:
+        await require_superuser(request, broker)  # type: ignore[arg-type]
+        return web.Response(status=204)
+
+    @routes.get("/namespace/{tenant}/{namespace}")
+    async def namespace(request: web.Request) -> web.Response:
+        name = f"{request.match_info['tenant']}/{request.match_info['namespace']}"
+        await require_namespace_operation(request, broker, name, "GET_PERMISSION")  # type: ignore[arg-type]
+        return web.Response(status=204)
+
+    app = web.Application(middlewares=[errors, roles_from_headers])
+    app.add_routes(routes)
+    client: TestClient[Any, Any] = TestClient(TestServer(app))
+    await client.start_server()
+    return client
+
+
+async def answer(
+    client: TestClient[Any, Any], path: str, role: str | None = None, original: str = ""
+) -> tuple[int, str]:
+    headers = {} if role is None else {"X-Role": role, "X-Original": original}
+    response = await client.get(path, headers=headers)
+    body = await response.json() if response.status != 204 else {}
+    return response.status, body.get("reason", "")
+
+
+async def test_require_tenant_admin(store: MetadataStore) -> None:
+    client = await checker(
+        FakeBroker(store, settings(proxy_roles="proxy", anonymous_user_role="boss"))
+    )
+    try:
+        assert await answer(client, "/tenant/acme", "boss") == (204, "")
+        assert await answer(client, "/tenant/acme", "root") == (204, "")
+        assert await answer(client, "/tenant/acme", "alice") == (
+            401,
+            "Don't have permission to administrate resources on this tenant",
+        )
+        assert await answer(client, "/tenant/nosuch", "root") == (404, "Tenant does not exist")
+        assert await answer(client, "/tenant/acme", "") == (
+            403,
+            "Need to authenticate to perform the request",
+        )
+        # No middleware's word: the anonymous role.
+        assert await answer(client, "/tenant/acme") == (204, "")
+        # A proxy: a tenant admin itself, or it and its client superusers.
+        assert await answer(client, "/tenant/acme", "proxy") == (
+            401,
+            "Original principal cannot be empty if the request is via proxy.",
+        )
+        assert await answer(client, "/tenant/acme", "proxy", "proxy") == (
+            401,
+            "Original principal cannot be a proxy role",
+        )
+        assert await answer(client, "/tenant/acme", "proxy", "root") == (
+            401,
+            "Proxy not authorized to access resource (proxy:proxy,original:root)",
+        )
+        await store.put(f"{TENANTS_PATH}/acme", b'{"adminRoles": ["boss", "proxy"]}')
+        assert await answer(client, "/tenant/acme", "proxy", "alice") == (204, "")  # read fresh
+    finally:
+        await client.close()
+
+
+async def test_require_superuser_and_namespace_operation(store: MetadataStore) -> None:
+    client = await checker(FakeBroker(store, settings(proxy_roles="proxy,root")))
+    try:
+        assert await answer(client, "/superuser", "admin") == (204, "")
+        assert await answer(client, "/superuser", "boss") == (
+            403,
+            "This operation requires super-user access",
+        )
+        assert await answer(client, "/superuser", "root", "admin") == (204, "")  # both superusers
+        assert (await answer(client, "/superuser", "root", "boss"))[0] == 403
+        assert (await answer(client, "/superuser"))[0] == 403  # anonymous, and no anonymous role
+        assert await answer(client, "/namespace/acme/orders", "boss") == (204, "")
+        assert await answer(client, "/namespace/acme/orders", "alice") == (
+            403,
+            "Unauthorized to validateNamespaceOperation for operation [GET_PERMISSION] on "
+            "namespace [acme/orders]",
+        )
+        # A superuser proxy relaying a tenant admin; relaying anyone else is refused.
+        assert await answer(client, "/namespace/acme/orders", "root", "boss") == (204, "")
+        assert (await answer(client, "/namespace/acme/orders", "root", "alice"))[0] == 403
+        assert await answer(client, "/namespace/nosuch/ns", "admin") == (
+            404,
+            "Tenant does not exist",
+        )
+    finally:
+        await client.close()
+
+
+async def test_admin_checks_pass_while_authorization_is_off(store: MetadataStore) -> None:
+    client = await checker(FakeBroker(store, settings(authorization_enabled=False)))
+    try:
+        assert await answer(client, "/tenant/acme", "alice") == (204, "")
+        assert await answer(client, "/superuser") == (204, "")
+        assert await answer(client, "/namespace/acme/orders", "alice") == (204, "")
+        assert (await answer(client, "/tenant/nosuch", "alice"))[0] == 404  # still must exist
+    finally:
+        await client.close()

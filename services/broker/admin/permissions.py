@@ -87,7 +87,7 @@ async def require_tenant_admin(request: web.Request, broker: AdminBroker, tenant
     passes as a tenant admin itself, or when it and the client it relays are both superusers
     (Pulsar's rule)."""
     authorization = _authorization(broker)
-    if await authorization.tenant(tenant) is None:
+    if await authorization.tenant(tenant, fresh=True) is None:
         raise AdminError(404, TENANT_MISSING)
     if not _checked(broker):
         return
@@ -96,7 +96,7 @@ async def require_tenant_admin(request: web.Request, broker: AdminBroker, tenant
         raise AdminError(403, NEED_AUTHENTICATION)
     _require_valid_pair(authorization, role, original)
     if authorization.is_proxy_role(role):
-        if await authorization.is_tenant_admin(tenant, role):
+        if await authorization.is_tenant_admin(tenant, role, fresh=True):
             return
         if not (
             await authorization.is_superuser(role) and await authorization.is_superuser(original)
@@ -106,7 +106,7 @@ async def require_tenant_admin(request: web.Request, broker: AdminBroker, tenant
                 f"Proxy not authorized to access resource (proxy:{role},original:{original})",
             )
         return
-    if not await authorization.is_tenant_admin(tenant, role):
+    if not await authorization.is_tenant_admin(tenant, role, fresh=True):
         raise AdminError(401, NOT_TENANT_ADMIN)
 
 
@@ -144,11 +144,11 @@ async def require_namespace_operation(
     if role is None:
         raise AdminError(403, NEED_AUTHENTICATION)
     tenant = namespace.split("/")[0]
-    if await authorization.tenant(tenant) is None:
+    if await authorization.tenant(tenant, fresh=True) is None:
         raise AdminError(404, TENANT_MISSING)
 
     async def admin(r: str | None) -> bool:
-        return await authorization.is_tenant_admin(tenant, r)
+        return await authorization.is_tenant_admin(tenant, r, fresh=True)
 
     if not await authorization.allowed_through_proxy(admin, role, original):
         raise AdminError(

@@ -33,7 +33,7 @@ conflict, so two grants at once both land and no other policy of the document is
 Staleness: the checks read each namespace's grants and each tenant's admins through a cache
 of ``cache_seconds`` (2 s by default). A grant or revoke made through this service is seen by
 this broker at once (it drops its cache entry); one made through another broker is seen here
-within ``cache_seconds``.
+within ``cache_seconds``. The admin room reads tenants fresh (``fresh=True``).
 """
 
 from __future__ import annotations
@@ -218,22 +218,23 @@ class AuthorizationService:
     async def is_superuser(self, role: str | None) -> bool:
         return role is not None and role in self.superuser_roles()
 
-    async def tenant(self, tenant: str) -> TenantInfo | None:
-        """The tenant's record (None: no such tenant), through the cache."""
+    async def tenant(self, tenant: str, *, fresh: bool = False) -> TenantInfo | None:
+        """The tenant's record (None: no such tenant), through the cache unless ``fresh`` (the
+        admin room reads it fresh: its calls are rare, and must not see a stale tenant)."""
         now = self._clock()
         cached = self._tenants.get(tenant)
-        if cached is not None and cached[0] > now:
+        if not fresh and cached is not None and cached[0] > now:
             return cached[1]
         found = await self.store.get(f"{TENANTS_PATH}/{tenant}")
         info = None if found is None else TenantInfo.from_bytes(found.value)
         self._tenants[tenant] = (now + self.cache_seconds, info)
         return info
 
-    async def is_tenant_admin(self, tenant: str, role: str | None) -> bool:
+    async def is_tenant_admin(self, tenant: str, role: str | None, *, fresh: bool = False) -> bool:
         """A superuser, or a role in the tenant's ``adminRoles`` (False for a missing tenant)."""
         if await self.is_superuser(role):
             return True
-        info = await self.tenant(tenant)
+        info = await self.tenant(tenant, fresh=fresh)
         return info is not None and role is not None and role in info.admin_roles
 
     # -- topic checks -----------------------------------------------------------------------------
