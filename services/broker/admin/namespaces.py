@@ -180,7 +180,7 @@ async def _tenant_body(request: web.Request) -> bytes:
 
 def _tenant_changed(broker: AdminBroker, tenant: str) -> None:
     """This broker's authorization sees the tenant's new admins at once."""
-    authorization = getattr(broker, "authorization", None)
+    authorization = getattr(broker, "authorization", None)  # absent in admin-only test brokers
     if authorization is not None:
         authorization.invalidate(tenant=tenant)
 

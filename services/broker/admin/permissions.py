@@ -25,7 +25,7 @@ caller, the ``anonymous_user_role`` if one is set (:func:`caller`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -53,13 +53,6 @@ NAMESPACE_MISSING = "Namespace does not exist"
 GRANT_NAMESPACE_MISSING = "Topic's namespace does not exist"
 
 
-class AuthorizingBroker(Protocol):
-    """What these routes need beyond ``AdminBroker``: the broker's authorization service."""
-
-    @property
-    def authorization(self) -> AuthorizationService: ...
-
-
 def caller(request: web.Request, broker: AdminBroker) -> tuple[str | None, str | None]:
     """The caller's role and, when a proxy relays it, the client's (``original_principal``).
     Without the authentication middleware's word (no ``role`` key) the caller is anonymous:
@@ -77,7 +70,7 @@ def _checked(broker: AdminBroker) -> bool:
 
 
 def _authorization(broker: AdminBroker) -> AuthorizationService:
-    return broker.authorization  # type: ignore[attr-defined, no-any-return]
+    return broker.authorization
 
 
 async def require_tenant_admin(request: web.Request, broker: AdminBroker, tenant: str) -> None:
@@ -299,7 +292,6 @@ def add_permission_routes(routes: web.RouteTableDef, broker: AdminBroker) -> Non
 
 
 __all__ = [
-    "AuthorizingBroker",
     "add_permission_routes",
     "caller",
     "require_namespace_operation",

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from magnetar.broker.config import BrokerConfig
     from magnetar.broker.model.broker_info import BrokerInfo
     from magnetar.broker.model.topic_name import TopicName
+    from magnetar.broker.namespace.authorization import AuthorizationService
     from magnetar.broker.namespace.policies import Policies
     from magnetar.broker.topics.service import Topic
     from magnetar.common.auth.client import ClientCredentials
@@ -61,6 +62,8 @@ class AdminBroker(LookupContext, Protocol):
     def proxy_roles(self) -> frozenset[str]: ...
     @property
     def client_credentials(self) -> ClientCredentials: ...
+    @property
+    def authorization(self) -> AuthorizationService: ...
 
     def may_serve(self) -> bool: ...
     def policies_changed(self) -> None: ...
