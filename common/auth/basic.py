@@ -104,16 +104,6 @@ def parse_htpasswd(content: bytes, setting: str = "basic_auth_conf") -> dict[str
     return users
 
 
-def _read_conf(conf: str) -> bytes:
-    try:
-        return read_key(conf, "basic_auth_conf")
-    except OSError:
-        # read_key asks whether the value names a file before it tries base64, and the base64
-        # of an htpasswd file is soon longer than a file name may be (ENAMETOOLONG): such a
-        # value is base64, as read_key would have taken it next.
-        return read_key("data:;base64," + conf, "basic_auth_conf")
-
-
 def from_http_header(value: str) -> Credentials:
     """The credentials of an HTTP ``Authorization: Basic <base64>`` header, ``value`` being what
     follows the scheme: the same ``user:password`` bytes the binary protocol carries."""
@@ -135,7 +125,7 @@ class BasicAuthenticator:
     def __init__(self, conf: str) -> None:
         if not conf:
             raise KeyConfigError("the basic provider needs basic_auth_conf")
-        self._users = parse_htpasswd(_read_conf(conf))
+        self._users = parse_htpasswd(read_key(conf, "basic_auth_conf"))
 
     @property
     def users(self) -> frozenset[str]:

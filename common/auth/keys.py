@@ -34,13 +34,22 @@ def read_key(value: str, setting: str) -> bytes:
             return path.read_bytes()
         except OSError as e:
             raise KeyConfigError(f"{setting}: cannot read {path}: {e.strerror}") from None
-    if value and Path(value).is_file():
+    if value and _names_a_file(value):
         return Path(value).read_bytes()
     try:
         return base64.b64decode(value, validate=True) if value else b""
     except binascii.Error:
         pass
     raise KeyConfigError(
-        f"{setting}: {value[:8] + '...' if len(value) > 8 else 'the value'} is neither a "
+        f"{setting}: the value ({len(value)} characters, not shown) is neither a "
         "data: or file: URL, nor an existing file, nor base64"
     )
+
+
+def _names_a_file(value: str) -> bool:
+    """Whether ``value`` is the path of a file; a base64 key is soon longer than a file name may
+    be, which is an answer (no), not an error."""
+    try:
+        return Path(value).is_file()
+    except OSError:
+        return False

@@ -11,11 +11,10 @@ otherwise, as in Pulsar.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import logging
 import time
 
+from magnetar.common.auth.basic import BasicAuthenticator, from_http_header
 from magnetar.common.auth.provider import (
     Authenticated,
     AuthenticationError,
@@ -23,6 +22,7 @@ from magnetar.common.auth.provider import (
     Provider,
 )
 from magnetar.common.auth.settings import SecuritySettings
+from magnetar.common.auth.tls import TlsAuthenticator
 from magnetar.common.auth.token import TokenAuthenticator, TokenSettings
 
 log = logging.getLogger(__name__)
@@ -49,12 +49,8 @@ def build_providers(settings: SecuritySettings) -> dict[str, Provider]:
                 )
             )
         elif name == "basic":
-            from magnetar.common.auth.basic import BasicAuthenticator
-
             providers[name] = BasicAuthenticator(settings.basic_auth_conf)
         elif name == "tls":
-            from magnetar.common.auth.tls import TlsAuthenticator
-
             providers[name] = TlsAuthenticator()
     return providers
 
@@ -118,11 +114,7 @@ class AuthenticationService:
             if scheme == "bearer":
                 return self.authenticate("token", Credentials(value.strip().encode()))
             if scheme == "basic":
-                try:
-                    decoded = base64.b64decode(value.strip(), validate=True)
-                except (binascii.Error, ValueError):
-                    raise AuthenticationError("Authorization: Basic is not base64") from None
-                return self.authenticate("basic", Credentials(decoded))
+                return self.authenticate("basic", from_http_header(value.strip()))
             raise AuthenticationError(f"unsupported Authorization scheme {scheme!r}")
         if peer_certificate is not None and "tls" in self.providers:
             return self.authenticate("tls", Credentials(peer_certificate=peer_certificate))

@@ -35,6 +35,7 @@ from magnetar.broker.topics.service import Topic, TopicService
 from magnetar.common.auth.client import ClientCredentials
 from magnetar.common.auth.service import AuthenticationService
 from magnetar.common.auth.settings import names
+from magnetar.common.tls import ServerTls
 from magnetar.common.ledger.client import LedgerClient
 from magnetar.common.metadata import MetadataStore, open_store
 from magnetar.common.net import AddressInUseError, listen_error
@@ -72,10 +73,15 @@ class Broker:
         self.metrics.bind(self)  # Pulsar's families, computed from the topics when scraped
         #: Advertised listener names a client may ask for in a lookup (none are configured yet).
         self.listener_names: frozenset[str] = frozenset()
-        self._server: asyncio.AbstractServer | None = None
+        self._servers: list[asyncio.AbstractServer] = []
+        self._sites: list[web.TCPSite] = []
         self._http: web.AppRunner | None = None
+        self.server_tls: ServerTls | None = None
         self.port = config.port
         self.http_port = config.http_port
+        #: The TLS ports bound (0: none).
+        self.port_tls = 0
+        self.https_port = 0
         self.info = BrokerInfo("", "", "")
         self.topic_service = TopicService(self, self.metrics)
         self.bundles = BundleOperations(self, self.topic_service)
@@ -92,37 +98,39 @@ class Broker:
         for address, client in self.local_bookies.items():
             self.ledger_client.add_local_bookie(address, client)
         await ensure_default_namespace(self.store)
+        if self.config.broker_service_port_tls >= 0 or self.config.web_service_port_tls >= 0:
+            self.server_tls = ServerTls(
+                self.config.tls_certificate_file_path,
+                self.config.tls_key_file_path,
+                self.config.tls_trust_certs_file_path,
+                self.config.tls_require_trusted_client_cert_on_connect,
+                self.config.tls_cert_refresh_check_duration_sec,
+            )
         # HTTP first: once clients can connect to the Pulsar port, the admin API is up too.
         self._http = web.AppRunner(build_app(self), access_log=None)
         await self._http.setup()
-        host = self.config.bind_address
-        # reuse_port off: a port another process listens on must fail the bind, not be shared.
-        site = web.TCPSite(self._http, host, self.config.http_port, reuse_port=False)
-        try:
-            await site.start()
-        except OSError as e:
-            raise AddressInUseError(
-                listen_error("http_port", host, self.config.http_port, e)
-            ) from None
-        self.http_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        loop = asyncio.get_running_loop()
-        try:
-            self._server = await loop.create_server(
-                lambda: ServerConnection(self), host, self.config.port, reuse_port=False
+        self.http_port = await self._listen_http("http_port", self.config.http_port, None)
+        if self.config.web_service_port_tls >= 0:
+            self.https_port = await self._listen_http(
+                "web_service_port_tls", self.config.web_service_port_tls, self.server_tls
             )
-        except OSError as e:
-            raise AddressInUseError(listen_error("port", host, self.config.port, e)) from None
-        self.port = self._server.sockets[0].getsockname()[1]
+        self.port = await self._listen_binary("port", self.config.port, None)
+        if self.config.broker_service_port_tls >= 0:
+            self.port_tls = await self._listen_binary(
+                "broker_service_port_tls", self.config.broker_service_port_tls, self.server_tls
+            )
         advertised = self.config.advertised_address
         self.info = BrokerInfo(
             broker_id=f"{advertised}:{self.http_port}",
             service_url=self.service_url,
             http_url=f"http://{advertised}:{self.http_port}",
+            service_url_tls=f"pulsar+ssl://{advertised}:{self.port_tls}" if self.port_tls else "",
+            https_url=f"https://{advertised}:{self.https_port}" if self.https_port else "",
         )
         await self.membership.join()
         self.topic_service.start()
         if self.authentication.enabled:
-            self._refresh_task = loop.create_task(self._check_credentials())
+            self._refresh_task = asyncio.get_running_loop().create_task(self._check_credentials())
         log.info(
             "broker serving %s (admin http://%s:%d)",
             self.service_url,
@@ -136,8 +144,8 @@ class Broker:
         await self.topic_service.stop_policies()
         if self._refresh_task is not None:
             self._refresh_task.cancel()
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         if self.load_manager is not None:
             await self.load_manager.close()
         if self.ownership is not None and self.store is not None and not self.store.session_lost:
@@ -157,6 +165,41 @@ class Broker:
         if self.owns_store and self.store is not None:
             await self.store.close()
         log.info("broker stopped")
+
+    async def _listen_http(self, setting: str, port: int, tls: ServerTls | None) -> int:
+        """Serve the admin app on ``port`` (HTTPS with ``tls``); the port bound."""
+        assert self._http is not None
+        host = self.config.bind_address
+        # reuse_port off: a port another process listens on must fail the bind, not be shared.
+        site = web.TCPSite(
+            self._http,
+            host,
+            port,
+            reuse_port=False,
+            ssl_context=tls.context if tls else None,
+        )
+        try:
+            await site.start()
+        except OSError as e:
+            raise AddressInUseError(listen_error(setting, host, port, e)) from None
+        self._sites.append(site)
+        return site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr,no-any-return]
+
+    async def _listen_binary(self, setting: str, port: int, tls: ServerTls | None) -> int:
+        """Serve the Pulsar protocol on ``port`` (over TLS with ``tls``); the port bound."""
+        host = self.config.bind_address
+        try:
+            server = await asyncio.get_running_loop().create_server(
+                lambda: ServerConnection(self),
+                host,
+                port,
+                reuse_port=False,
+                ssl=tls.context if tls else None,
+            )
+        except OSError as e:
+            raise AddressInUseError(listen_error(setting, host, port, e)) from None
+        self._servers.append(server)
+        return server.sockets[0].getsockname()[1]  # type: ignore[no-any-return]
 
     async def _check_credentials(self) -> None:
         """Every ``authentication_refresh_check_seconds``: connections whose credentials

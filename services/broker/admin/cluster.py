@@ -162,7 +162,7 @@ def add_cluster_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None:
                 "brokerUrl": answer.broker.service_url,
                 "httpUrl": answer.broker.http_url,
                 "nativeUrl": answer.broker.service_url,
-                "brokerUrlTls": "",
-                "httpUrlTls": "",
+                "brokerUrlTls": answer.broker.service_url_tls,
+                "httpUrlTls": answer.broker.https_url,
             }
         )

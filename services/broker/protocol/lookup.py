@@ -70,6 +70,7 @@ async def _answer_lookup(conn: ServerConnection, body: pb.CommandLookupTopic) ->
             request_id=body.request_id,
             response=reply.Connect if answer.kind is LookupKind.CONNECT else reply.Redirect,
             brokerServiceUrl=answer.broker.service_url,
+            brokerServiceUrlTls=answer.broker.service_url_tls or None,
             authoritative=answer.authoritative,
         )
     )
