@@ -3,12 +3,14 @@ reasons: tenant records, namespace, subscription and topic grants, who may chang
 
 from __future__ import annotations
 
+import base64
 import json
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import bcrypt
 import pytest
 
 from tests.support.standalone import StandaloneProcess
@@ -32,10 +34,19 @@ def start(tmp_path: Path) -> Iterator[Callable[..., StandaloneProcess]]:
 
 
 def admin(
-    node: StandaloneProcess, method: str, path: str, body: object = None, raw: bytes | None = None
+    node: StandaloneProcess,
+    method: str,
+    path: str,
+    body: object = None,
+    raw: bytes | None = None,
+    user: str | None = None,
 ) -> tuple[int, object]:
+    """One admin call: anonymous, or as ``user`` (password ``pw``) with HTTP Basic."""
     data = raw if raw is not None else None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(node.admin_url + path, method=method, data=data)
+    if user is not None:
+        basic = base64.b64encode(f"{user}:pw".encode()).decode()
+        request.add_header("Authorization", f"Basic {basic}")
     if data is not None:
         request.add_header("Content-Type", "application/json")
     try:
@@ -160,15 +171,35 @@ def test_namespace_subscription_and_topic_grants(start: Callable[..., Standalone
 
 
 def test_only_superusers_and_tenant_admins_manage_grants(
-    start: Callable[..., StandaloneProcess],
+    start: Callable[..., StandaloneProcess], tmp_path: Path
 ) -> None:
-    # Unauthenticated callers are "guest": no superuser.
-    node = start(*SECURED, "--anonymous-user-role", "guest")
-    # Tenant records are not this test's business: made as the tenant routes allow today.
-    assert admin(node, "PUT", "/tenants/theirs", {"adminRoles": ["someone"]})[0] == 204
-    assert admin(node, "PUT", "/tenants/ours", {"adminRoles": ["guest"]})[0] == 204
+    # "admin" (a superuser) signs in with Basic; anonymous callers are "guest", no superuser.
+    htpasswd = tmp_path / "htpasswd"
+    htpasswd.write_text(f"admin:{bcrypt.hashpw(b'pw', bcrypt.gensalt(4)).decode()}\n")
+    node = start(
+        *SECURED,
+        "--anonymous-user-role",
+        "guest",
+        "--authentication-providers",
+        "basic",
+        "--basic-auth-conf",
+        str(htpasswd),
+    )
+    # Tenants are the superusers' (Pulsar).
+    superuser_only = (403, "This operation requires super-user access")
+    assert reason(admin(node, "PUT", "/tenants/mine", {"adminRoles": ["guest"]})) == superuser_only
+    assert reason(admin(node, "GET", "/tenants")) == superuser_only
+    assert (
+        admin(node, "PUT", "/tenants/theirs", {"adminRoles": ["someone"]}, user="admin")[0] == 204
+    )
+    assert admin(node, "PUT", "/tenants/ours", {"adminRoles": ["guest"]}, user="admin")[0] == 204
+    assert reason(admin(node, "GET", "/tenants/ours")) == superuser_only
+    assert reason(admin(node, "POST", "/tenants/theirs", {"adminRoles": ["guest"]})) == (
+        superuser_only
+    )
+    assert reason(admin(node, "DELETE", "/tenants/theirs")) == superuser_only
     for tenant in ("theirs", "ours"):
-        assert admin(node, "PUT", f"/namespaces/{tenant}/ns")[0] == 204
+        assert admin(node, "PUT", f"/namespaces/{tenant}/ns", user="admin")[0] == 204
 
     refused = reason(admin(node, "POST", "/namespaces/theirs/ns/permissions/x", ["produce"]))
     assert refused == (

@@ -2,7 +2,8 @@
 
 - ``GET    /admin/v2/tenants`` lists the tenants
 - ``PUT|POST|GET|DELETE /admin/v2/tenants/{tenant}`` creates, updates, reads, deletes one: its
-  record is Pulsar's TenantInfo, ``{"adminRoles": [...], "allowedClusters": [...]}``
+  record is Pulsar's TenantInfo, ``{"adminRoles": [...], "allowedClusters": [...]}``; the tenant
+  routes are for superusers (Pulsar's, when authentication and authorization are on)
 - ``GET    /admin/v2/namespaces/{tenant}`` lists its namespaces
 - ``PUT    /admin/v2/namespaces/{tenant}/{namespace}`` (body: ``{"bundles": {"numBundles": n}}``)
 - ``GET    /admin/v2/namespaces/{tenant}/{namespace}`` the namespace's policy document
@@ -20,6 +21,7 @@ from aiohttp import web
 
 from magnetar.broker.admin import requests
 from magnetar.broker.admin.errors import AdminError
+from magnetar.broker.admin.permissions import require_superuser
 from magnetar.broker.cluster.bundles import load_or_create
 from magnetar.broker.config import TopicSettings
 from magnetar.broker.namespace import policies
@@ -52,12 +54,14 @@ def add_namespace_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None
     @routes.get("/admin/v2/tenants")
     async def list_tenants(request: web.Request) -> web.Response:
         assert broker.store is not None
+        await require_superuser(request, broker)
         return web.json_response(await broker.store.children(TENANTS_PATH))
 
     @routes.put("/admin/v2/tenants/{tenant}")
     async def create_tenant(request: web.Request) -> web.Response:
         assert broker.store is not None
         tenant = requests.tenant(request)
+        await require_superuser(request, broker)
         record = await _tenant_body(request)
         try:
             await broker.store.put(f"{TENANTS_PATH}/{tenant}", record, NOT_EXISTS)
@@ -69,6 +73,7 @@ def add_namespace_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None
     @routes.get("/admin/v2/tenants/{tenant}")
     async def get_tenant(request: web.Request) -> web.Response:
         assert broker.store is not None
+        await require_superuser(request, broker)
         found = await broker.store.get(f"{TENANTS_PATH}/{requests.tenant(request)}")
         if found is None:
             raise AdminError(404, "Tenant does not exist")
@@ -78,6 +83,7 @@ def add_namespace_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None
     async def update_tenant(request: web.Request) -> web.Response:
         assert broker.store is not None
         tenant = requests.tenant(request)
+        await require_superuser(request, broker)
         record = await _tenant_body(request)
         key = f"{TENANTS_PATH}/{tenant}"
         found = await broker.store.get(key)
@@ -94,6 +100,7 @@ def add_namespace_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None
     async def delete_tenant(request: web.Request) -> web.Response:
         assert broker.store is not None
         tenant = requests.tenant(request)
+        await require_superuser(request, broker)
         key = f"{TENANTS_PATH}/{tenant}"
         found = await broker.store.get(key)
         if found is None:
