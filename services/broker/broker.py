@@ -27,6 +27,7 @@ from magnetar.broker.config import BrokerConfig
 from magnetar.broker.metrics import BrokerMetrics
 from magnetar.broker.model.broker_info import BrokerInfo
 from magnetar.broker.model.topic_name import TopicName
+from magnetar.broker.namespace.authorization import AuthorizationService
 from magnetar.broker.namespace.policies import Policies
 from magnetar.broker.namespace.records import ensure_default_namespace
 from magnetar.broker.protocol.authentication import check_expiry
@@ -35,10 +36,10 @@ from magnetar.broker.topics.service import Topic, TopicService
 from magnetar.common.auth.client import ClientCredentials
 from magnetar.common.auth.service import AuthenticationService
 from magnetar.common.auth.settings import names
-from magnetar.common.tls import ServerTls
 from magnetar.common.ledger.client import LedgerClient
 from magnetar.common.metadata import MetadataStore, open_store
 from magnetar.common.net import AddressInUseError, listen_error
+from magnetar.common.tls import ServerTls
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,8 @@ class Broker:
             config.broker_client_authentication_parameters,
         )
         self._refresh_task: asyncio.Task[None] | None = None
+        #: Made once the metadata store is open (``start``).
+        self._authorization: AuthorizationService | None = None
         self.metrics.bind(self)  # Pulsar's families, computed from the topics when scraped
         #: Advertised listener names a client may ask for in a lookup (none are configured yet).
         self.listener_names: frozenset[str] = frozenset()
@@ -88,6 +91,11 @@ class Broker:
         self.membership = Membership(self, self.topic_service, self.bundles)
 
     @property
+    def authorization(self) -> AuthorizationService:
+        assert self._authorization is not None, "the broker is not started"
+        return self._authorization
+
+    @property
     def service_url(self) -> str:
         return f"pulsar://{self.config.advertised_address}:{self.port}"
 
@@ -98,6 +106,7 @@ class Broker:
         for address, client in self.local_bookies.items():
             self.ledger_client.add_local_bookie(address, client)
         await ensure_default_namespace(self.store)
+        self._authorization = AuthorizationService(self.store, self.config)
         if self.config.broker_service_port_tls >= 0 or self.config.web_service_port_tls >= 0:
             self.server_tls = ServerTls(
                 self.config.tls_certificate_file_path,
@@ -226,6 +235,8 @@ class Broker:
 
     async def open_session(self) -> None:
         self.store = await open_store(self.config.metadata_url, **self._store_options())
+        if self._authorization is not None:
+            self._authorization.store = self.store
         if self.ledger_client is not None:
             await self.ledger_client.close()
         self.ledger_client = LedgerClient(self.store)

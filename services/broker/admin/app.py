@@ -25,6 +25,7 @@ from magnetar.broker.admin.cluster import add_cluster_routes
 from magnetar.broker.admin.errors import errors
 from magnetar.broker.admin.namespaces import add_namespace_routes
 from magnetar.broker.admin.partitioned import add_partitioned_routes
+from magnetar.broker.admin.permissions import add_permission_routes
 from magnetar.broker.admin.schemas import add_schema_routes
 from magnetar.broker.admin.status import add_health_routes, add_metrics_routes
 from magnetar.broker.admin.topics import add_topic_routes
@@ -38,6 +39,7 @@ def build_app(broker: AdminBroker) -> web.Application:
     # In this order: the router tries routes as added, and the cluster's paths are more
     # specific than the namespace policies' (``.../{namespace}/bundles`` before ``{policy}``).
     for add in (
+        add_permission_routes,  # before the namespace policies' ``.../{policy}``
         add_cluster_routes,
         add_schema_routes,
         add_health_routes,

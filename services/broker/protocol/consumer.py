@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from magnetar.broker.model.message_id import LATEST, to_wire
 from magnetar.broker.protocol import errors
+from magnetar.broker.protocol.authorization import may_consume
 from magnetar.broker.protocol.schema import NO_SCHEMA
 from magnetar.broker.schema.registry import IncompatibleSchemaError, SchemaData, SchemaRegistry
 from magnetar.broker.topics.consumer import Consumer
@@ -36,6 +37,8 @@ async def _create_consumer(conn: ServerConnection, body: pb.CommandSubscribe) ->
         return
     if not body.subscription:
         conn.error(body.request_id, pb.NotAllowedError, "the subscription name is empty")
+        return
+    if not await may_consume(conn, body.request_id, name, body.subscription):
         return
     existing = conn.consumers.get(body.consumer_id)
     if existing is not None:

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from magnetar.broker.cluster.lookup import LookupKind, lookup
 from magnetar.broker.protocol import errors
+from magnetar.broker.protocol.authorization import may_list, may_look_up
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
 
@@ -25,7 +26,9 @@ async def _answer_partitioned_metadata(
 ) -> None:
     reply = pb.CommandPartitionedTopicMetadataResponse
     name = conn.topic_name(body.topic, body.request_id, reply)
-    if name is None:
+    if name is None or not await may_look_up(
+        conn, body.request_id, name, reply, "Get Partition Metadata"
+    ):
         return
     try:
         partitions = await conn.broker.partitions_for_client(name)
@@ -49,7 +52,7 @@ def lookup_topic(conn: ServerConnection, body: pb.CommandLookupTopic, frame: cod
 async def _answer_lookup(conn: ServerConnection, body: pb.CommandLookupTopic) -> None:
     reply = pb.CommandLookupTopicResponse
     name = conn.topic_name(body.topic, body.request_id, reply)
-    if name is None:
+    if name is None or not await may_look_up(conn, body.request_id, name, reply, "Lookup"):
         return
     listener = body.advertised_listener_name
     if listener and listener not in conn.broker.listener_names:
@@ -97,6 +100,8 @@ async def _answer_topics_of_namespace(
             pb.MetadataError,
             f"namespace {body.namespace!r}: expected tenant/namespace",
         )
+        return
+    if not await may_list(conn, body.request_id, body.namespace):
         return
     try:
         topics = await conn.broker.list_topics(body.namespace, domains)

@@ -12,6 +12,7 @@ from magnetar.broker.ledger.errors import EntryTooLargeForLedgerError, ManagedLe
 from magnetar.broker.model.message_id import EARLIEST
 from magnetar.broker.model.position import Position
 from magnetar.broker.protocol import errors
+from magnetar.broker.protocol.authorization import may_produce
 from magnetar.broker.protocol.schema import Answered, producer_schema_version
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
@@ -29,7 +30,7 @@ def producer(conn: ServerConnection, body: pb.CommandProducer, frame: codec.Fram
 
 async def _create_producer(conn: ServerConnection, body: pb.CommandProducer) -> None:
     name = conn.topic_name(body.topic, body.request_id, pb.CommandError)
-    if name is None:
+    if name is None or not await may_produce(conn, body.request_id, name):
         return
     existing = conn.producers.get(body.producer_id)
     if existing is not None:

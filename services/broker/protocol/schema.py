@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from magnetar.broker.model.topic_name import TopicName
 from magnetar.broker.protocol import errors
+from magnetar.broker.protocol.authorization import may_look_up, may_produce
 from magnetar.broker.schema.registry import (
     IncompatibleSchemaError,
     SchemaData,
@@ -36,7 +37,7 @@ def get_schema(conn: ServerConnection, body: pb.CommandGetSchema, frame: codec.F
 async def _answer_get_schema(conn: ServerConnection, body: pb.CommandGetSchema) -> None:
     reply = pb.CommandGetSchemaResponse
     name = conn.topic_name(body.topic, body.request_id, reply)
-    if name is None:
+    if name is None or not await may_look_up(conn, body.request_id, name, reply, "GetSchema"):
         return
     assert conn.broker.store is not None
     try:
@@ -66,7 +67,7 @@ async def _answer_get_or_create_schema(
 ) -> None:
     reply = pb.CommandGetOrCreateSchemaResponse
     name = conn.topic_name(body.topic, body.request_id, reply)
-    if name is None:
+    if name is None or not await may_produce(conn, body.request_id, name, reply):
         return
     assert conn.broker.store is not None
     try:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 from magnetar.broker.cluster.lookup import LookupContext
 from magnetar.broker.config import BrokerConfig
 from magnetar.broker.model.topic_name import TopicName
+from magnetar.broker.namespace.authorization import AuthorizationService
 from magnetar.broker.topics.nonpersistent import NonPersistentTopic
 from magnetar.broker.topics.persistent import PersistentTopic
 from magnetar.common.auth.service import AuthenticationService
@@ -44,6 +45,7 @@ class BrokerService(LookupContext, Protocol):
     #: Advertised listener names a LOOKUP may ask for.
     listener_names: frozenset[str]
     authentication: AuthenticationService
+    authorization: AuthorizationService
     #: Roles of proxies (``proxy_roles``): such a connection names the client it relays.
     proxy_roles: frozenset[str]
 
