@@ -21,7 +21,8 @@ class NoBroker:
     """Answers only what a route may ask before it reads the store; anything else fails (500)."""
 
     store = object()  # set, as in a started broker, but never read by these requests
-    authentication = AuthenticationService(SecuritySettings())  # off, as by default
+    config = SecuritySettings()  # authentication and authorization off, as by default
+    authentication = AuthenticationService(config)
     proxy_roles: frozenset[str] = frozenset()
 
     async def namespace_policies(self, namespace: str) -> None:

@@ -16,6 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import given
 from hypothesis import strategies as st
 
+from magnetar.broker.admin.authentication import ORIGINAL_PRINCIPAL, ROLE
 from magnetar.broker.admin.errors import errors
 from magnetar.broker.admin.permissions import (
     require_namespace_operation,
@@ -329,8 +330,8 @@ async def roles_from_headers(
 ) -> web.StreamResponse:
     """Stands in for the authentication middleware: X-Role / X-Original (absent: no key)."""
     if "X-Role" in request.headers:
-        request["role"] = request.headers["X-Role"] or None
-        request["original_principal"] = request.headers.get("X-Original") or None
+        request[ROLE] = request.headers["X-Role"] or None  # type: ignore[assignment]
+        request[ORIGINAL_PRINCIPAL] = request.headers.get("X-Original") or None  # type: ignore[assignment]
     return await handler(request)
 
 
@@ -377,8 +378,8 @@ async def test_require_tenant_admin(store: MetadataStore) -> None:
         assert await answer(client, "/tenant/acme", "boss") == (204, "")
         assert await answer(client, "/tenant/acme", "root") == (204, "")
         assert await answer(client, "/tenant/acme", "alice") == (
-            401,
-            "Don't have permission to administrate resources on this tenant",
+            403,
+            "Don't have admin permission",
         )
         assert await answer(client, "/tenant/nosuch", "root") == (404, "Tenant does not exist")
         assert await answer(client, "/tenant/acme", "") == (

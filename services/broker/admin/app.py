@@ -9,7 +9,8 @@ subset), built from one route adder per resource group:
 - ``partitioned``: partitioned topics (their delete goes to each partition's owner)
 
 Every request is authenticated first (``authentication.authentication``, a middleware: the
-caller's role is on the request before its route runs). Errors are Pulsar's, answered in one
+caller's role is on the request before its route runs), then authorized for what it asks
+(``authorization.authorization``, the table of who may call what). Errors are Pulsar's, answered in one
 place (``errors.errors``, the middleware): handlers raise ``AdminError``. What the routes need
 of the broker is ``service.AdminBroker``.
 """
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from magnetar.broker.admin.authentication import authentication
+from magnetar.broker.admin.authorization import authorization
 from magnetar.broker.admin.cluster import add_cluster_routes
 from magnetar.broker.admin.errors import errors
 from magnetar.broker.admin.namespaces import add_namespace_routes
@@ -49,6 +51,6 @@ def build_app(broker: AdminBroker) -> web.Application:
         add_metrics_routes,
     ):
         add(routes, broker)
-    app = web.Application(middlewares=[errors, authentication(broker)])
+    app = web.Application(middlewares=[errors, authentication(broker), authorization(broker)])
     app.add_routes(routes)
     return app

@@ -1,6 +1,6 @@
 """Who calls the admin API: one middleware that authenticates every request before its route
-runs, and puts the caller's role (``request["role"]``, None while authentication is off) and, for
-a request relayed by a proxy, the client's role (``request["original_principal"]``) on it.
+runs, and puts the caller's role (``request[ROLE]``, None while authentication is off) and, for
+a request relayed by a proxy, the client's role (``request[ORIGINAL_PRINCIPAL]``) on it.
 
 Credentials come from ``Authorization: Bearer <token>`` or ``Authorization: Basic <base64>``,
 else from the client certificate of an HTTPS connection (the ``tls`` provider), else the
@@ -25,6 +25,9 @@ from magnetar.common.auth.provider import AuthenticationError
 if TYPE_CHECKING:
     from magnetar.broker.admin.service import AdminBroker
 
+#: Where the caller's role and the client a proxy relays are kept on the request.
+ROLE = web.RequestKey("role", str)
+ORIGINAL_PRINCIPAL = web.RequestKey("original_principal", str)
 OPEN_PATHS = frozenset({"/health", "/metrics", "/admin/v2/brokers/health"})
 ORIGINAL_PRINCIPAL_HEADER = "X-Original-Principal"
 
@@ -43,8 +46,8 @@ def authentication(
 
     @web.middleware
     async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
-        request["role"] = None
-        request["original_principal"] = None
+        request[ROLE] = None  # type: ignore[assignment]
+        request[ORIGINAL_PRINCIPAL] = None  # type: ignore[assignment]
         if not service.enabled or request.path in OPEN_PATHS:
             return await handler(request)
         try:
@@ -62,8 +65,8 @@ def authentication(
                 f"HTTP {request.method} {request.path}", request.remote or "?", str(e)
             )
             return error_response(401, f"Authentication required: {e}")
-        request["role"] = found.role
-        request["original_principal"] = original
+        request[ROLE] = found.role
+        request[ORIGINAL_PRINCIPAL] = original  # type: ignore[assignment]
         return await handler(request)
 
     return authenticate

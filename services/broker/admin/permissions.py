@@ -18,7 +18,7 @@ and the tenant's admins, 403 otherwise), the topic routes its tenant-admin check
 as Pulsar's does. Register these routes before the namespace policies'
 (``.../{namespace}/{policy}`` would take ``.../permissions``).
 
-Who the caller is: ``request["role"]`` and ``request["original_principal"]``, put there by the
+Who the caller is: ``request[ROLE]`` and ``request[ORIGINAL_PRINCIPAL]``, put there by the
 authentication middleware; a request it has not seen (no ``role`` key) is an unauthenticated
 caller, the ``anonymous_user_role`` if one is set (:func:`caller`).
 """
@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from magnetar.broker.admin import requests
+from magnetar.broker.admin.authentication import ORIGINAL_PRINCIPAL, ROLE
 from magnetar.broker.admin.errors import AdminError
 from magnetar.broker.namespace.authorization import (
     AuthorizationService,
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 
 NOT_ENABLED = "Authorization is not enabled"
 NEED_AUTHENTICATION = "Need to authenticate to perform the request"
-NOT_TENANT_ADMIN = "Don't have permission to administrate resources on this tenant"
+NOT_TENANT_ADMIN = "Don't have admin permission"
 NOT_SUPERUSER = "This operation requires super-user access"
 TENANT_MISSING = "Tenant does not exist"
 NAMESPACE_MISSING = "Namespace does not exist"
@@ -57,8 +58,8 @@ def caller(request: web.Request, broker: AdminBroker) -> tuple[str | None, str |
     """The caller's role and, when a proxy relays it, the client's (``original_principal``).
     Without the authentication middleware's word (no ``role`` key) the caller is anonymous:
     the ``anonymous_user_role`` while authentication is on and one is set, else None."""
-    if "role" in request:
-        return request["role"], request.get("original_principal")
+    if ROLE in request:
+        return request[ROLE], request.get(ORIGINAL_PRINCIPAL)
     config = broker.config
     anonymous = config.anonymous_user_role if config.authentication_enabled else ""
     return (anonymous or None), None
@@ -76,7 +77,7 @@ def _authorization(broker: AdminBroker) -> AuthorizationService:
 async def require_tenant_admin(request: web.Request, broker: AdminBroker, tenant: str) -> None:
     """Pulsar's tenant-admin check (``validateAdminAccessForTenant``): 404 for a missing
     tenant; then, with authentication and authorization on, 403 for an unauthenticated caller
-    and 401 unless the caller is a superuser or one of the tenant's ``adminRoles``. A proxy
+    and 403 unless the caller is a superuser or one of the tenant's ``adminRoles``. A proxy
     passes as a tenant admin itself, or when it and the client it relays are both superusers
     (Pulsar's rule)."""
     authorization = _authorization(broker)
@@ -100,7 +101,7 @@ async def require_tenant_admin(request: web.Request, broker: AdminBroker, tenant
             )
         return
     if not await authorization.is_tenant_admin(tenant, role, fresh=True):
-        raise AdminError(401, NOT_TENANT_ADMIN)
+        raise AdminError(403, NOT_TENANT_ADMIN)
 
 
 async def require_superuser(request: web.Request, broker: AdminBroker) -> None:
