@@ -106,12 +106,19 @@ def _start(base: Path, name: str, extra: list[str]) -> Secured:
     return Secured(node.start(), pki, secret, tls_port, https_port, htpasswd)
 
 
+OPEN_SETTINGS = [
+    "--authentication-providers", PROVIDERS,
+    "--anonymous-user-role", "anonymous",
+    "--proxy-roles", "proxy",
+]  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def open_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     secured = _start(
         tmp_path_factory.mktemp("auth"),
         "open",
-        ["--authentication-providers", PROVIDERS, "--anonymous-user-role", "anonymous"],
+        OPEN_SETTINGS,
     )
     yield from _checked(secured)
 
@@ -171,8 +178,9 @@ def _refused(url: str, authentication: pulsar.Authentication | None, **kwargs: o
         c.close()
 
 
-def _raw_connect(node: StandaloneProcess, method: str, data: bytes) -> codec.Frame:
-    """CONNECT with ``method`` and ``data`` on a raw connection: the broker's first answer."""
+def _raw_connect(node: StandaloneProcess, method: str, data: bytes, **proxied: str) -> codec.Frame:
+    """CONNECT with ``method`` and ``data`` (and ``original_*`` fields, as a proxy sends them)
+    on a raw connection: the broker's first answer."""
     with RawConnection(node) as raw:
         raw.command(
             pb.CommandConnect(
@@ -180,6 +188,7 @@ def _raw_connect(node: StandaloneProcess, method: str, data: bytes) -> codec.Fra
                 protocol_version=codec.SERVER_PROTOCOL_VERSION,
                 auth_method_name=method,
                 auth_data=data,
+                **proxied,
             )
         )
         frame = raw.next_frame()
@@ -188,11 +197,15 @@ def _raw_connect(node: StandaloneProcess, method: str, data: bytes) -> codec.Fra
         return frame
 
 
-def _assert_refused_on_the_wire(node: StandaloneProcess, method: str, data: bytes) -> None:
-    frame = _raw_connect(node, method, data)
+def _assert_refused_on_the_wire(
+    node: StandaloneProcess, method: str, data: bytes, **proxied: str
+) -> str:
+    """The broker refuses this CONNECT as Pulsar does; its message is returned."""
+    frame = _raw_connect(node, method, data, **proxied)
     assert frame.type == pb.BaseCommand.ERROR, frame.name
     assert frame.body.error == pb.AuthenticationError  # type: ignore[attr-defined]
     assert frame.body.request_id == 2**64 - 1  # type: ignore[attr-defined]  # Pulsar's -1
+    return frame.body.message  # type: ignore[attr-defined,no-any-return]
 
 
 def _log_since(node: StandaloneProcess, offset: int) -> str:
@@ -325,6 +338,66 @@ def test_a_fixed_token_that_expires_closes_the_connection(open_node: Secured) ->
     finally:
         c.close()
     assert "token expired" in _log_since(open_node.node, offset)
+
+
+# -- proxies ---------------------------------------------------------------------------------
+
+
+def test_a_proxy_role_names_the_client_it_relays(open_node: Secured) -> None:
+    proxy = open_node.token("proxy").encode()
+    alice = open_node.token("alice")
+    offset = _log_size(open_node.node)
+    frame = _raw_connect(open_node.node, "token", proxy, original_principal="alice")
+    assert frame.type == pb.BaseCommand.CONNECTED, frame.name
+    # The client's own credentials, forwarded: they are checked and name the client.
+    frame = _raw_connect(
+        open_node.node,
+        "token",
+        proxy,
+        original_principal="alice",
+        original_auth_method="token",
+        original_auth_data=alice,
+    )
+    assert frame.type == pb.BaseCommand.CONNECTED, frame.name
+    assert "authenticated as 'proxy' for 'alice' (token)" in _log_since(open_node.node, offset)
+    invalid = "Invalid roles."
+    refusals = [
+        # A proxy must name its client, and the client may not be a proxy.
+        _assert_refused_on_the_wire(open_node.node, "token", proxy),
+        _assert_refused_on_the_wire(open_node.node, "token", proxy, original_principal="proxy"),
+        # Forwarded credentials of another role than the one named.
+        _assert_refused_on_the_wire(
+            open_node.node,
+            "token",
+            proxy,
+            original_principal="mallory",
+            original_auth_method="token",
+            original_auth_data=alice,
+        ),
+        # A client that is no proxy may not speak for another.
+        _assert_refused_on_the_wire(
+            open_node.node, "token", alice.encode(), original_principal="bob"
+        ),
+    ]
+    assert refusals == [invalid] * 4
+    forged = open_node.token("alice", key=secrets.token_bytes(32))
+    assert "token not valid" in _assert_refused_on_the_wire(
+        open_node.node,
+        "token",
+        proxy,
+        original_principal="alice",
+        original_auth_method="token",
+        original_auth_data=forged,
+    )
+
+
+def test_a_proxy_names_the_client_over_http(open_node: Secured) -> None:
+    http = f"http://127.0.0.1:{open_node.node.http_port}/admin/v2/tenants"
+    proxy = f"Bearer {open_node.token('proxy')}"
+    alice = f"Bearer {open_node.token('alice')}"
+    assert _get(http, {"Authorization": proxy, "X-Original-Principal": "alice"}) == 200
+    assert _get(http, {"Authorization": alice, "X-Original-Principal": "bob"}) == 401
+    assert _get(http, {"Authorization": proxy, "X-Original-Principal": "proxy"}) == 401
 
 
 # -- basic ---------------------------------------------------------------------------------------
