@@ -1,0 +1,602 @@
+"""Issue 18's authorization matrix, with real processes and the official client: six callers
+(a superuser, a tenant's admin, a role granted only ``produce`` on the namespace, one granted
+only ``consume``, a role with no grant, and an anonymous caller mapped to the ungranted
+``anonymous`` role) times eleven operations, every cell asserted allowed or refused, on a
+standalone and on a three-broker cluster.
+
+On the cluster every client and every admin call is given a broker that does not own the
+namespace's one bundle, so lookups answer Redirect and topic admin calls 307 to the owner, and
+the caller's token has to be accepted there too (the brokers call each other as the superuser
+``broker``).
+
+The spec (Pulsar's default authorization provider): superusers may do everything; a tenant's
+admins everything under their tenant but tenants themselves; ``produce`` grants lookup and
+produce; ``consume`` grants lookup, consume and readers; anything else is refused. Binary
+refusals are ``AuthorizationError`` (the official client raises ``pulsar.AuthorizationError``),
+HTTP refusals 403 with Pulsar's ``{"reason": ...}``.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import jwt
+import pulsar
+import pytest
+
+from magnetar.common.proto import pulsar_api_pb2 as pb
+from magnetar.common.protocol import codec
+from tests.support.cluster import BrokerProcess, MagnetarCluster, assert_no_traceback
+from tests.support.polling import wait_until
+from tests.support.raw_client import RawConnection, assert_log_clean
+from tests.support.standalone import QUIET, StandaloneProcess
+
+TENANT = "acme"
+NAMESPACE = f"{TENANT}/ns"
+CLUSTER_NAME = "standalone"  # the brokers' default cluster_name
+#: Messages per allowed produce cell, and in the backlog every allowed consumer and reader drains.
+COUNT = 10
+
+#: Matrix role -> the role its token names (None: no credentials, the anonymous role).
+ROLES: dict[str, str | None] = {
+    "superuser": "admin",
+    "tenant-admin": "boss",
+    "produce-only": "writer",
+    "consume-only": "reader",
+    "ungranted": "stranger",
+    "anonymous": None,
+}
+ANONYMOUS_ROLE = "anonymous"
+BROKER_ROLE = "broker"  # how the cluster's brokers call each other
+SUPERUSERS = f"admin,{BROKER_ROLE}"
+
+OPERATIONS = (
+    "lookup",
+    "produce",
+    "consume",
+    "reader",
+    "create-topic",
+    "delete-topic",
+    "namespace-policy",
+    "grant",
+    "revoke",
+    "tenant-create",
+    "tenant-delete",
+)
+UNDER_THE_TENANT = set(OPERATIONS) - {"tenant-create", "tenant-delete"}
+ALLOWED: dict[str, set[str]] = {
+    "superuser": set(OPERATIONS),
+    "tenant-admin": UNDER_THE_TENANT,
+    "produce-only": {"lookup", "produce"},
+    "consume-only": {"lookup", "consume", "reader"},
+    "ungranted": set(),
+    "anonymous": set(),
+}
+
+NOT_ADMIN = "Don't have admin permission"
+NOT_SUPERUSER = "This operation requires super-user access"
+NOT_LOOKUP = "Client is not authorized to Lookup"
+
+
+def allowed(role: str, operation: str) -> bool:
+    return operation in ALLOWED[role]
+
+
+def topic(local: str) -> str:
+    return f"persistent://{NAMESPACE}/{local}"
+
+
+# -- the two deployments ---------------------------------------------------------------------
+
+
+@dataclass
+class Deployment:
+    """Where the callers go: ``entry`` is given to every client and admin call; ``owner`` owns
+    the namespace's one bundle (the same process on the standalone)."""
+
+    kind: str
+    secret: bytes
+    entry: StandaloneProcess | BrokerProcess
+    owner: StandaloneProcess | BrokerProcess
+
+    @property
+    def redirected(self) -> bool:
+        return self.entry is not self.owner
+
+    def token(self, role: str | None) -> str | None:
+        return None if role is None else jwt.encode({"sub": role}, self.secret, "HS256")
+
+    def client(self, matrix_role: str) -> pulsar.Client:
+        token = self.token(ROLES[matrix_role])
+        return pulsar.Client(
+            self.entry.url,
+            authentication=None if token is None else pulsar.AuthenticationToken(token),
+            operation_timeout_seconds=5,
+            logger=QUIET,
+        )
+
+    def http(self, matrix_role: str | None, method: str, path: str, body: object = None) -> Answer:
+        """One HTTP call to the entry as ``matrix_role`` (None: the superuser)."""
+        role = ROLES[matrix_role] if matrix_role is not None else ROLES["superuser"]
+        return http_call(http_url(self.entry), method, path, self.token(role), body)
+
+    def admin(self, method: str, path: str, body: object = None) -> Any:
+        """A superuser's admin call that must succeed; its JSON body."""
+        answer = self.http(None, method, path, body)
+        assert 200 <= answer.status < 300, f"{method} {path}: {answer}"
+        return answer.body
+
+
+def http_url(node: StandaloneProcess | BrokerProcess) -> str:
+    return f"http://127.0.0.1:{node.http_port}"
+
+
+def port_of(url: str) -> int | None:
+    """The port of an advertised URL (the standalone advertises ``localhost``, brokers their
+    ``--advertised-address``)."""
+    return urllib.parse.urlsplit(url).port
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    status: int
+    body: Any
+    #: The URLs 307/308 redirects sent the call to, in order.
+    hops: tuple[str, ...]
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None  # followed by hand, with the credentials, and recorded
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
+def http_call(base: str, method: str, path: str, token: str | None, body: object) -> Answer:
+    """One HTTP request with ``Authorization: Bearer`` (none for None); 307/308 followed with
+    the same method, body and credentials, as Pulsar's admin client does."""
+    url = base + path
+    data = None if body is None else json.dumps(body).encode()
+    hops: list[str] = []
+    while True:
+        request = urllib.request.Request(url, method=method, data=data)
+        if token is not None:
+            request.add_header("Authorization", f"Bearer {token}")
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
+        try:
+            with _OPENER.open(request, timeout=30) as response:
+                status, raw = response.status, response.read()
+        except urllib.error.HTTPError as e:
+            status, raw = e.code, e.read()
+            location = e.headers.get("Location")
+            if status in (307, 308) and location and len(hops) < 5:
+                url = urllib.parse.urljoin(url, location)
+                hops.append(url)
+                continue
+        try:
+            decoded = json.loads(raw) if raw else None
+        except ValueError:
+            decoded = raw.decode(errors="replace")
+        return Answer(status, decoded, tuple(hops))
+
+
+def _key_file(base: Path) -> tuple[bytes, Path]:
+    secret = secrets.token_bytes(32)
+    key_file = base / "secret.key"
+    key_file.write_bytes(secret)
+    return secret, key_file
+
+
+def _security(key_file: Path) -> dict[str, object]:
+    return {
+        "authentication_enabled": True,
+        "authentication_providers": "token",
+        "token_secret_key": f"file://{key_file}",
+        "anonymous_user_role": ANONYMOUS_ROLE,
+        "authorization_enabled": True,
+        "superuser_roles": SUPERUSERS,
+    }
+
+
+def _standalone(base: Path) -> Iterator[Deployment]:
+    secret, key_file = _key_file(base)
+    extra: list[str] = []
+    for name, value in _security(key_file).items():
+        option = "--" + name.replace("_", "-")
+        extra += [option] if value is True else [option, str(value)]
+    node = StandaloneProcess(base / "standalone", extra=extra).start()
+    try:
+        deployment = Deployment("standalone", secret, node, node)
+        wait_until(
+            lambda: deployment.http(None, "GET", "/admin/v2/tenants").status == 200,
+            "the standalone's admin API answers",
+            timeout=30,
+        )
+        _prepare(deployment)
+        yield deployment
+    finally:
+        node.stop()
+        print(node.log_tail())
+    assert_log_clean(node)
+
+
+def _cluster(base: Path) -> Iterator[Deployment]:
+    secret, key_file = _key_file(base)
+    broker_token = jwt.encode({"sub": BROKER_ROLE}, secret, "HS256")
+    settings = {
+        **_security(key_file),
+        "broker_client_authentication_plugin": "token",
+        "broker_client_authentication_parameters": f"token:{broker_token}",
+    }
+    cluster = MagnetarCluster(base / "cluster", bookies=3, brokers=3, broker_settings=settings)
+    try:
+        cluster.start()
+        first = cluster.brokers[0]
+        deployment = Deployment("cluster", secret, first, first)
+        _create_namespace(deployment)
+        # Place the namespace's one bundle (a lookup does), then enter by another broker.
+        probe = topic("placement")
+        assert deployment.http(None, "GET", _lookup_path(probe)).status == 200
+        owner_id = cluster.wait_for(
+            lambda: cluster.owner_of_topic(probe), what=f"an owner for {NAMESPACE}"
+        )
+        deployment.owner = cluster.broker(owner_id)
+        deployment.entry = next(b for b in cluster.brokers if b.broker_id != owner_id)
+        _prepare(deployment, namespace_made=True)
+        yield deployment
+        # Nothing moved while the matrix ran: every redirect went to the same owner.
+        assert cluster.owner_of_topic(probe) == owner_id
+    finally:
+        cluster.close()
+        print(cluster.logs())
+    for broker in cluster.brokers:
+        assert_no_traceback(broker)
+        errors = broker.log_lines(" ERROR ", " CRITICAL ")
+        assert not errors, f"broker {broker.broker_id} logged errors:\n" + "\n".join(errors[:40])
+
+
+def _create_namespace(deployment: Deployment) -> None:
+    deployment.admin(
+        "PUT",
+        f"/admin/v2/tenants/{TENANT}",
+        {"adminRoles": [ROLES["tenant-admin"]], "allowedClusters": [CLUSTER_NAME]},
+    )
+    deployment.admin("PUT", f"/admin/v2/namespaces/{NAMESPACE}", {"bundles": {"numBundles": 1}})
+
+
+def _prepare(deployment: Deployment, *, namespace_made: bool = False) -> None:
+    """The tenant and namespace, the two grants, and per caller: a topic and a tenant to delete
+    and a grant to revoke; then the backlog the consumers and readers drain."""
+    if not namespace_made:
+        _create_namespace(deployment)
+    grants = f"/admin/v2/namespaces/{NAMESPACE}/permissions"
+    deployment.admin("POST", f"{grants}/{ROLES['produce-only']}", ["produce"])
+    deployment.admin("POST", f"{grants}/{ROLES['consume-only']}", ["consume"])
+    for role in ROLES:
+        deployment.admin("PUT", f"/admin/v2/persistent/{NAMESPACE}/doomed-{role}")
+        deployment.admin("PUT", f"/admin/v2/tenants/doomed-{role}", {"adminRoles": []})
+        deployment.admin("POST", f"{grants}/revocable-{role}", ["produce"])
+    c = deployment.client("superuser")
+    try:
+        producer = c.create_producer(topic("backlog"), batching_enabled=False)
+        for i in range(COUNT):
+            producer.send(f"backlog-{i}".encode())
+        producer.close()
+    finally:
+        c.close()
+
+
+@pytest.fixture(scope="module", params=["standalone", "cluster"])
+def deployment(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Deployment]:
+    base = tmp_path_factory.mktemp(f"authz-{request.param}")
+    yield from (_standalone(base) if request.param == "standalone" else _cluster(base))
+
+
+each_role = pytest.mark.parametrize("role", list(ROLES))
+
+
+def _assert_refused(answer: Answer, reason: str) -> None:
+    assert answer.status == 403, answer
+    assert answer.body == {"reason": reason}, answer
+
+
+def _assert_redirected(deployment: Deployment, answer: Answer) -> None:
+    """On the cluster the entry is not the owner: the call went there through a redirect."""
+    if deployment.redirected:
+        assert answer.hops, f"the entry broker answered without a redirect: {answer}"
+        assert port_of(answer.hops[-1]) == deployment.owner.http_port, answer
+    else:
+        assert answer.hops == (), answer
+
+
+# -- lookup ----------------------------------------------------------------------------------
+
+
+def _lookup_path(name: str) -> str:
+    return "/lookup/v2/topic/" + name.replace("://", "/", 1)
+
+
+def _raw_lookup(
+    deployment: Deployment,
+    node: StandaloneProcess | BrokerProcess,
+    role: str | None,
+    name: str,
+    authoritative: bool = False,
+) -> pb.CommandLookupTopicResponse:
+    """CONNECT (with the role's token) and LOOKUP on a raw connection: the broker's answer."""
+    token = deployment.token(role)
+    # RawConnection needs only the node's ``port``; a broker process has one too.
+    with RawConnection(cast(StandaloneProcess, node)) as raw:
+        credentials = {"auth_method_name": "token", "auth_data": token.encode()} if token else {}
+        raw.command(
+            pb.CommandConnect(
+                client_version="authz-matrix",
+                protocol_version=codec.SERVER_PROTOCOL_VERSION,
+                **credentials,
+            )
+        )
+        raw.expect(pb.BaseCommand.CONNECTED)
+        raw.command(pb.CommandLookupTopic(topic=name, request_id=1, authoritative=authoritative))
+        answer = raw.expect(pb.BaseCommand.LOOKUP_RESPONSE).body
+        return cast(pb.CommandLookupTopicResponse, answer)
+
+
+@each_role
+def test_lookup(deployment: Deployment, role: str) -> None:
+    name = topic(f"lookup-{role}")
+    reply = pb.CommandLookupTopicResponse
+    binary = _raw_lookup(deployment, deployment.entry, ROLES[role], name)
+    c = deployment.client(role)
+    try:
+        if allowed(role, "lookup"):
+            assert c.get_topic_partitions(name) == [name]
+        else:
+            with pytest.raises(pulsar.AuthorizationError):
+                c.get_topic_partitions(name)
+    finally:
+        c.close()
+    answer = deployment.http(role, "GET", _lookup_path(name))
+
+    if not allowed(role, "lookup"):
+        assert (binary.response, binary.error, binary.message) == (
+            reply.Failed,
+            pb.AuthorizationError,
+            NOT_LOOKUP,
+        ), binary
+        _assert_refused(answer, NOT_LOOKUP)
+        return
+    assert port_of(binary.brokerServiceUrl) == deployment.owner.port, binary
+    if deployment.redirected:
+        assert binary.response == reply.Redirect, binary
+        # The owner, asked as the redirect says, answers Connect to the same caller.
+        there = _raw_lookup(deployment, deployment.owner, ROLES[role], name, binary.authoritative)
+        assert there.response == reply.Connect, there
+        assert port_of(there.brokerServiceUrl) == deployment.owner.port, there
+    else:
+        assert binary.response == reply.Connect, binary
+    assert answer.status == 200, answer
+    assert port_of(answer.body["brokerUrl"]) == deployment.owner.port, answer
+    assert port_of(answer.body["httpUrl"]) == deployment.owner.http_port, answer
+    _assert_redirected(deployment, answer)
+
+
+# -- produce, consume, read ------------------------------------------------------------------
+
+
+@each_role
+def test_produce(deployment: Deployment, role: str) -> None:
+    name = topic(f"produce-{role}")
+    sent = [f"{role}-{i}".encode() for i in range(COUNT)]
+    c = deployment.client(role)
+    try:
+        if not allowed(role, "produce"):
+            with pytest.raises(pulsar.AuthorizationError):
+                c.create_producer(name)
+            return
+        producer = c.create_producer(name, batching_enabled=False)
+        for payload in sent:
+            producer.send(payload)
+        producer.close()
+    finally:
+        c.close()
+    # Exactly what was sent is stored: a superuser drains the topic from its start.
+    check = deployment.client("superuser")
+    try:
+        consumer = check.subscribe(name, "check", initial_position=pulsar.InitialPosition.Earliest)
+        got = [consumer.receive(timeout_millis=10_000).data() for _ in range(COUNT)]
+        assert got == sent
+        with pytest.raises(pulsar.Timeout):
+            consumer.receive(timeout_millis=500)
+    finally:
+        check.close()
+
+
+BACKLOG = [f"backlog-{i}".encode() for i in range(COUNT)]
+
+
+@each_role
+def test_consume(deployment: Deployment, role: str) -> None:
+    c = deployment.client(role)
+    try:
+        if not allowed(role, "consume"):
+            with pytest.raises(pulsar.AuthorizationError):
+                c.subscribe(topic("backlog"), f"sub-{role}")
+            return
+        consumer = c.subscribe(
+            topic("backlog"), f"sub-{role}", initial_position=pulsar.InitialPosition.Earliest
+        )
+        got = []
+        for _ in range(COUNT):
+            message = consumer.receive(timeout_millis=10_000)
+            consumer.acknowledge(message)
+            got.append(message.data())
+        assert got == BACKLOG
+        with pytest.raises(pulsar.Timeout):
+            consumer.receive(timeout_millis=500)
+    finally:
+        c.close()
+
+
+@each_role
+def test_reader(deployment: Deployment, role: str) -> None:
+    c = deployment.client(role)
+    try:
+        if not allowed(role, "reader"):
+            with pytest.raises(pulsar.AuthorizationError):
+                c.create_reader(topic("backlog"), pulsar.MessageId.earliest)
+            return
+        reader = c.create_reader(topic("backlog"), pulsar.MessageId.earliest)
+        got = [reader.read_next(timeout_millis=10_000).data() for _ in range(COUNT)]
+        assert got == BACKLOG
+        with pytest.raises(pulsar.Timeout):
+            reader.read_next(timeout_millis=500)
+    finally:
+        c.close()
+
+
+# -- topics ----------------------------------------------------------------------------------
+
+
+def _topic_exists(deployment: Deployment, local: str) -> bool:
+    answer = deployment.http(None, "GET", f"/admin/v2/persistent/{NAMESPACE}/{local}/stats")
+    assert answer.status in (200, 404), answer
+    return answer.status == 200
+
+
+@each_role
+def test_create_topic(deployment: Deployment, role: str) -> None:
+    local = f"created-{role}"
+    answer = deployment.http(role, "PUT", f"/admin/v2/persistent/{NAMESPACE}/{local}")
+    if allowed(role, "create-topic"):
+        assert answer.status == 204, answer
+        _assert_redirected(deployment, answer)
+        assert _topic_exists(deployment, local)
+    else:
+        _assert_refused(answer, NOT_ADMIN)
+        assert not _topic_exists(deployment, local)
+
+
+@each_role
+def test_delete_topic(deployment: Deployment, role: str) -> None:
+    local = f"doomed-{role}"
+    answer = deployment.http(role, "DELETE", f"/admin/v2/persistent/{NAMESPACE}/{local}")
+    if allowed(role, "delete-topic"):
+        assert answer.status == 204, answer
+        _assert_redirected(deployment, answer)
+        assert not _topic_exists(deployment, local)
+    else:
+        _assert_refused(answer, NOT_ADMIN)
+        assert _topic_exists(deployment, local)
+
+
+# -- the namespace: a policy and grants ------------------------------------------------------
+
+
+@each_role
+def test_namespace_policy(deployment: Deployment, role: str) -> None:
+    index = list(ROLES).index(role)
+    retention = {"retentionTimeInMinutes": 100 + index, "retentionSizeInMB": 10 + index}
+    path = f"/admin/v2/namespaces/{NAMESPACE}/retention"
+    answer = deployment.http(role, "POST", path, retention)
+    stored = deployment.admin("GET", path)
+    if allowed(role, "namespace-policy"):
+        assert answer.status == 204, answer
+        assert stored == retention
+    else:
+        _assert_refused(answer, NOT_ADMIN)
+        assert stored != retention
+
+
+def _permissions(deployment: Deployment) -> dict[str, list[str]]:
+    return cast(
+        dict[str, list[str]],
+        deployment.admin("GET", f"/admin/v2/namespaces/{NAMESPACE}/permissions"),
+    )
+
+
+@each_role
+def test_grant(deployment: Deployment, role: str) -> None:
+    grantee = f"granted-by-{role}"
+    answer = deployment.http(
+        role, "POST", f"/admin/v2/namespaces/{NAMESPACE}/permissions/{grantee}", ["consume"]
+    )
+    permissions = _permissions(deployment)
+    if allowed(role, "grant"):
+        assert answer.status == 204, answer
+        assert permissions.get(grantee) == ["consume"], permissions
+    else:
+        _assert_refused(answer, NOT_ADMIN)
+        assert grantee not in permissions, permissions
+    # The matrix's own grants are untouched.
+    assert permissions[ROLES["produce-only"] or ""] == ["produce"], permissions
+    assert permissions[ROLES["consume-only"] or ""] == ["consume"], permissions
+
+
+@each_role
+def test_revoke(deployment: Deployment, role: str) -> None:
+    grantee = f"revocable-{role}"
+    answer = deployment.http(
+        role, "DELETE", f"/admin/v2/namespaces/{NAMESPACE}/permissions/{grantee}"
+    )
+    permissions = _permissions(deployment)
+    if allowed(role, "revoke"):
+        assert answer.status == 204, answer
+        assert grantee not in permissions, permissions
+    else:
+        _assert_refused(answer, NOT_ADMIN)
+        assert permissions.get(grantee) == ["produce"], permissions
+
+
+# -- tenants ---------------------------------------------------------------------------------
+
+
+def _tenant_status(deployment: Deployment, tenant: str) -> int:
+    return deployment.http(None, "GET", f"/admin/v2/tenants/{tenant}").status
+
+
+@each_role
+def test_tenant_create(deployment: Deployment, role: str) -> None:
+    tenant = f"made-by-{role}"
+    info = {"adminRoles": [ROLES[role] or ANONYMOUS_ROLE], "allowedClusters": [CLUSTER_NAME]}
+    answer = deployment.http(role, "PUT", f"/admin/v2/tenants/{tenant}", info)
+    if allowed(role, "tenant-create"):
+        assert answer.status == 204, answer
+        assert deployment.admin("GET", f"/admin/v2/tenants/{tenant}") == info
+    else:
+        _assert_refused(answer, NOT_SUPERUSER)
+        assert _tenant_status(deployment, tenant) == 404
+
+
+@each_role
+def test_tenant_delete(deployment: Deployment, role: str) -> None:
+    tenant = f"doomed-{role}"
+    answer = deployment.http(role, "DELETE", f"/admin/v2/tenants/{tenant}")
+    if allowed(role, "tenant-delete"):
+        assert answer.status == 204, answer
+        assert _tenant_status(deployment, tenant) == 404
+    else:
+        _assert_refused(answer, NOT_SUPERUSER)
+        assert _tenant_status(deployment, tenant) == 200
+
+
+def test_the_matrix_is_whole() -> None:
+    """Every operation has its test above, and each is parametrized over every role."""
+    tested = {
+        name.removeprefix("test_").replace("_", "-")
+        for name, value in globals().items()
+        if name.startswith("test_") and callable(value)
+    }
+    assert set(OPERATIONS) <= tested, set(OPERATIONS) - tested
+    assert set(ALLOWED) == set(ROLES)
