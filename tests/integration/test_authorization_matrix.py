@@ -65,6 +65,8 @@ OPERATIONS = (
     "reader",
     "create-topic",
     "delete-topic",
+    "create-partitioned-topic",
+    "delete-partitioned-topic",
     "namespace-policy",
     "grant",
     "revoke",
@@ -284,6 +286,9 @@ def _prepare(deployment: Deployment, *, namespace_made: bool = False) -> None:
     deployment.admin("POST", f"{grants}/{ROLES['consume-only']}", ["consume"])
     for role in ROLES:
         deployment.admin("PUT", f"/admin/v2/persistent/{NAMESPACE}/doomed-{role}")
+        deployment.admin(
+            "PUT", f"/admin/v2/persistent/{NAMESPACE}/doomed-parted-{role}/partitions", 2
+        )
         deployment.admin("PUT", f"/admin/v2/tenants/doomed-{role}", {"adminRoles": []})
         deployment.admin("POST", f"{grants}/revocable-{role}", ["produce"])
     c = deployment.client("superuser")
@@ -292,6 +297,12 @@ def _prepare(deployment: Deployment, *, namespace_made: bool = False) -> None:
         for i in range(COUNT):
             producer.send(f"backlog-{i}".encode())
         producer.close()
+        # The partitions stored, so their delete goes to where they are served (on the
+        # cluster: the owner, called by the entry with the brokers' own credentials).
+        for role in ROLES:
+            for partition in range(2):
+                name = topic(f"doomed-parted-{role}-partition-{partition}")
+                c.create_producer(name).close()
     finally:
         c.close()
 
@@ -377,19 +388,19 @@ def test_lookup(deployment: Deployment, role: str) -> None:
         ), binary
         _assert_refused(answer, NOT_LOOKUP)
         return
+    # As Pulsar: a bundle owned elsewhere is answered Connect (authoritative) with the
+    # owner's URL, and the client goes there; on the cluster that is not the entry.
+    assert (binary.response, binary.authoritative) == (reply.Connect, True), binary
     assert port_of(binary.brokerServiceUrl) == deployment.owner.port, binary
     if deployment.redirected:
-        assert binary.response == reply.Redirect, binary
-        # The owner, asked as the redirect says, answers Connect to the same caller.
-        there = _raw_lookup(deployment, deployment.owner, ROLES[role], name, binary.authoritative)
+        # The owner accepts the same caller and answers it the same.
+        there = _raw_lookup(deployment, deployment.owner, ROLES[role], name)
         assert there.response == reply.Connect, there
         assert port_of(there.brokerServiceUrl) == deployment.owner.port, there
-    else:
-        assert binary.response == reply.Connect, binary
     assert answer.status == 200, answer
     assert port_of(answer.body["brokerUrl"]) == deployment.owner.port, answer
     assert port_of(answer.body["httpUrl"]) == deployment.owner.http_port, answer
-    _assert_redirected(deployment, answer)
+    assert answer.hops == (), answer  # an owned bundle is answered with its owner's URLs
 
 
 # -- produce, consume, read ------------------------------------------------------------------
@@ -499,6 +510,40 @@ def test_delete_topic(deployment: Deployment, role: str) -> None:
     else:
         _assert_refused(answer, NOT_ADMIN)
         assert _topic_exists(deployment, local)
+
+
+def _partitions(deployment: Deployment, local: str) -> int:
+    path = f"/admin/v2/persistent/{NAMESPACE}/{local}/partitions"
+    return int(deployment.admin("GET", path)["partitions"])
+
+
+@each_role
+def test_create_partitioned_topic(deployment: Deployment, role: str) -> None:
+    local = f"parted-{role}"
+    path = f"/admin/v2/persistent/{NAMESPACE}/{local}/partitions"
+    answer = deployment.http(role, "PUT", path, 3)
+    if allowed(role, "create-partitioned-topic"):
+        assert answer.status == 204, answer
+        assert _partitions(deployment, local) == 3
+    else:
+        _assert_refused(answer, NOT_ADMIN)
+        assert _partitions(deployment, local) == 0
+
+
+@each_role
+def test_delete_partitioned_topic(deployment: Deployment, role: str) -> None:
+    local = f"doomed-parted-{role}"
+    path = f"/admin/v2/persistent/{NAMESPACE}/{local}/partitions"
+    answer = deployment.http(role, "DELETE", path)
+    partitions = [f"{local}-partition-{i}" for i in range(2)]
+    if allowed(role, "delete-partitioned-topic"):
+        assert answer.status == 204, answer
+        assert _partitions(deployment, local) == 0
+        assert not any(_topic_exists(deployment, p) for p in partitions)
+    else:
+        _assert_refused(answer, NOT_ADMIN)
+        assert _partitions(deployment, local) == 2
+        assert all(_topic_exists(deployment, p) for p in partitions)
 
 
 # -- the namespace: a policy and grants ------------------------------------------------------
