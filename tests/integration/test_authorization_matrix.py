@@ -116,10 +116,12 @@ class Deployment:
     def token(self, role: str | None) -> str | None:
         return None if role is None else jwt.encode({"sub": role}, self.secret, "HS256")
 
-    def client(self, matrix_role: str) -> pulsar.Client:
+    def client(self, matrix_role: str, *, over_http: bool = False) -> pulsar.Client:
+        """An official client given the entry's Pulsar URL (or its HTTP URL: lookups and
+        partition counts over the REST API)."""
         token = self.token(ROLES[matrix_role])
         return pulsar.Client(
-            self.entry.url,
+            http_url(self.entry) if over_http else self.entry.url,
             authentication=None if token is None else pulsar.AuthenticationToken(token),
             operation_timeout_seconds=5,
             logger=QUIET,
@@ -289,7 +291,9 @@ def _prepare(deployment: Deployment, *, namespace_made: bool = False) -> None:
         deployment.admin(
             "PUT", f"/admin/v2/persistent/{NAMESPACE}/doomed-parted-{role}/partitions", 2
         )
-        deployment.admin("PUT", f"/admin/v2/tenants/doomed-{role}", {"adminRoles": []})
+        # Administered by the caller that tries to delete it: only superusers delete tenants.
+        admins = [ROLES[role] or ANONYMOUS_ROLE]
+        deployment.admin("PUT", f"/admin/v2/tenants/doomed-{role}", {"adminRoles": admins})
         deployment.admin("POST", f"{grants}/revocable-{role}", ["produce"])
     c = deployment.client("superuser")
     try:
@@ -369,16 +373,24 @@ def test_lookup(deployment: Deployment, role: str) -> None:
     name = topic(f"lookup-{role}")
     reply = pb.CommandLookupTopicResponse
     binary = _raw_lookup(deployment, deployment.entry, ROLES[role], name)
-    c = deployment.client(role)
-    try:
-        if allowed(role, "lookup"):
-            assert c.get_topic_partitions(name) == [name]
-        else:
-            with pytest.raises(pulsar.AuthorizationError):
-                c.get_topic_partitions(name)
-    finally:
-        c.close()
+    for over_http in (False, True):
+        c = deployment.client(role, over_http=over_http)
+        try:
+            if allowed(role, "lookup"):
+                assert c.get_topic_partitions(name) == [name]
+            else:
+                # Over HTTP the broker answers 403 (asserted below); the official client turns
+                # any HTTP error status of a lookup into ConnectError.
+                refusal = pulsar.ConnectError if over_http else pulsar.AuthorizationError
+                with pytest.raises(refusal):
+                    c.get_topic_partitions(name)
+        finally:
+            c.close()
     answer = deployment.http(role, "GET", _lookup_path(name))
+    # What the official client asks over HTTP for a partition count.
+    partitions = deployment.http(
+        role, "GET", f"/admin/v2/persistent/{NAMESPACE}/lookup-{role}/partitions"
+    )
 
     if not allowed(role, "lookup"):
         assert (binary.response, binary.error, binary.message) == (
@@ -387,7 +399,9 @@ def test_lookup(deployment: Deployment, role: str) -> None:
             NOT_LOOKUP,
         ), binary
         _assert_refused(answer, NOT_LOOKUP)
+        _assert_refused(partitions, NOT_LOOKUP)
         return
+    assert (partitions.status, partitions.body) == (200, {"partitions": 0}), partitions
     # As Pulsar: a bundle owned elsewhere is answered Connect (authoritative) with the
     # owner's URL, and the client goes there; on the cluster that is not the entry.
     assert (binary.response, binary.authoritative) == (reply.Connect, True), binary
