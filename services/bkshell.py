@@ -1,5 +1,9 @@
 """``magnetar bk ...``: BookKeeper-style shell commands against a running cluster, and offline
-tools that work on a stopped bookie's directories (``journalrepair``, ``indexrebuild``)."""
+tools that work on a stopped bookie's directories (``journalrepair``, ``indexrebuild``).
+
+TLS to bookies and etcd comes from the environment, under the broker's setting names
+(``MAGNETAR_BOOKKEEPER_TLS_ENABLED``, ``MAGNETAR_ETCD_USE_TLS``, ...: see :class:`ShellTls`), so
+the tools work from a broker's pod as they are."""
 
 from __future__ import annotations
 
@@ -24,8 +28,9 @@ from magnetar.bookie.gc import find_unlisted, managed_ledger_of
 from magnetar.bookie.index import rebuild_index
 from magnetar.bookie.metrics import BookieMetrics
 from magnetar.bookie.replication import ReplicationSettings, ReplicationWorker
+from magnetar.common.config import ENV_PREFIX, load_config, setting
 from magnetar.common.filelock import LockedError, acquire_lock
-from magnetar.common.ledger.bookie_client import BookieClient, BookieError
+from magnetar.common.ledger.bookie_client import BookieClient, BookieError, BookieTls
 from magnetar.common.ledger.bookies import list_bookies
 from magnetar.common.ledger.client import LedgerClient
 from magnetar.common.ledger.distribution import QuorumConfigError
@@ -48,6 +53,7 @@ from magnetar.common.ledger.underreplication import (
     update_settings,
 )
 from magnetar.common.metadata import MetadataStore, open_store
+from magnetar.common.metadata.etcd import EtcdTls
 from magnetar.common.proto import bookie_pb2 as pb
 
 DEFAULT_METADATA_URL = "etcd://127.0.0.1:2379"
@@ -134,6 +140,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument(*o.flags, **o.kwargs)
 
 
+@dataclass(slots=True)
+class ShellTls:
+    """The broker's client TLS settings (same names and meaning), read from MAGNETAR_* variables."""
+
+    bookkeeper_tls_enabled: bool = setting(False, "reach bookies over TLS")
+    bookkeeper_tls_client_authentication: bool = setting(
+        False, "reach bookies over TLS and show them a client certificate"
+    )
+    bookkeeper_tls_trust_certs_file_path: str = setting("", "CAs of the bookies' certificates")
+    bookkeeper_tls_certificate_file_path: str = setting("", "client certificate for bookies")
+    bookkeeper_tls_key_file_path: str = setting("", "its key")
+    etcd_use_tls: bool = setting(False, "reach etcd over TLS")
+    etcd_tls_trust_certs_file_path: str = setting("", "CAs of etcd's certificate")
+    etcd_tls_certificate_file_path: str = setting("", "client certificate for etcd")
+    etcd_tls_key_file_path: str = setting("", "its key")
+
+    @classmethod
+    def from_environ(cls, environ: dict[str, str] | None = None) -> ShellTls:
+        environ = dict(os.environ if environ is None else environ)
+        # MAGNETAR_CONFIG names a service's own file (a broker's or a bookie's), not ours.
+        environ.pop(ENV_PREFIX + "CONFIG", None)
+        return load_config(cls, None, environ)  # type: ignore[no-any-return]
+
+    def bookie_tls(self) -> BookieTls | None:
+        if not (self.bookkeeper_tls_enabled or self.bookkeeper_tls_client_authentication):
+            return None
+        show = self.bookkeeper_tls_client_authentication
+        return BookieTls(
+            trust_certs_file=self.bookkeeper_tls_trust_certs_file_path,
+            certificate_file=self.bookkeeper_tls_certificate_file_path if show else "",
+            key_file=self.bookkeeper_tls_key_file_path if show else "",
+        )
+
+    def etcd_tls(self) -> EtcdTls | None:
+        if not self.etcd_use_tls:
+            return None
+        return EtcdTls(
+            trust_certs_file=self.etcd_tls_trust_certs_file_path,
+            certificate_file=self.etcd_tls_certificate_file_path,
+            key_file=self.etcd_tls_key_file_path,
+        )
+
+
 def metadata_url(args: argparse.Namespace) -> str:
     return args.metadata_url or os.environ.get("MAGNETAR_METADATA_URL") or DEFAULT_METADATA_URL
 
@@ -144,14 +193,22 @@ async def run(args: argparse.Namespace) -> int:
         return t.func(args)
     url = metadata_url(args)
     try:
-        store = await open_store(url)
+        tls = ShellTls.from_environ()
+        args.bookie_tls = tls.bookie_tls()
+        if args.bookie_tls is not None:
+            args.bookie_tls.channel_credentials()  # a bad file is reported here, not mid-tool
+    except ValueError as e:
+        print(f"bk {args.bk_command}: TLS settings: {e}", file=sys.stderr)
+        return 2
+    try:
+        store = await open_store(url, tls=tls.etcd_tls())
     except Exception as e:
         print(f"cannot open metadata store {url}: {e}", file=sys.stderr)
         return 2
     try:
         if t.needs is Needs.STORE:
             return await t.func(store, args)
-        async with LedgerClient(store) as client:
+        async with LedgerClient(store, tls=args.bookie_tls) as client:
             return await t.func(client, args)
     except (LedgerError, NotEnoughBookiesError, QuorumConfigError, IdentityError) as e:
         print(f"bk {args.bk_command}: {e}", file=sys.stderr)
@@ -185,7 +242,9 @@ async def bookiesanity(store: MetadataStore, args: argparse.Namespace) -> int:
     # A one-bookie ledger outside the ledger-id range the ledger client allocates from.
     ledger_id = -(time.time_ns() & 0x7FFFFFFFFFFF) - 1
     payloads = [f"bookiesanity entry {i}".encode() for i in range(args.entries)]
-    async with BookieClient(address, timeout=args.timeout) as client:
+    tls: BookieTls | None = getattr(args, "bookie_tls", None)
+    credentials = None if tls is None else tls.channel_credentials()
+    async with BookieClient(address, timeout=args.timeout, credentials=credentials) as client:
         try:
             length, lac = 0, -1
             adds = []

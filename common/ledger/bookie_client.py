@@ -4,6 +4,9 @@ Adds are queued and a sender task packs whatever is waiting into one ``AddReques
 message, so many adds share a message while the previous one is in flight. A receiver task
 matches results to callers by tag. If the stream breaks, every pending add fails with
 ``BookieUnavailableError`` and the next add opens a new stream.
+
+Channels are plain by default; with :class:`BookieTls` they are TLS channels, and gRPC checks the
+bookie's certificate against the host of its ``host:port`` address (see :class:`BookieTls`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,63 @@ class BookieUnavailableError(BookieError):
         self.args = (f"bookie {address}: unavailable: {message}",)
 
 
+class BookieTlsConfigError(ValueError):
+    """A TLS file for bookie connections cannot be used; the message names the file."""
+
+
+@dataclass(slots=True, frozen=True)
+class BookieTls:
+    """TLS of the gRPC channels to bookies (Pulsar's ``bookkeeperTLS*`` client settings).
+
+    - ``trust_certs_file``: PEM CA certificates the bookies' certificates must chain to (empty:
+      gRPC's bundled public roots, which a private CA is not in).
+    - ``certificate_file`` / ``key_file``: a PEM client certificate and its unencrypted key, shown
+      to bookies that require one (BookKeeper's ``tlsClientAuthentication``); both or neither.
+
+    Hostname verification is gRPC's and cannot be turned off: the bookie's certificate must name
+    the host of the address the bookie registers under (``advertised_address``), as a DNS name
+    or an IP address in its subjectAltName. BookKeeper's ``tlsHostnameVerificationEnabled=false``
+    has no equivalent here.
+    """
+
+    trust_certs_file: str = ""
+    certificate_file: str = ""
+    key_file: str = ""
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        """The files read into gRPC credentials (read once: new files need a new client)."""
+        if bool(self.certificate_file) != bool(self.key_file):
+            raise BookieTlsConfigError(
+                "bookie TLS: a client certificate needs both its certificate file and its key "
+                f"file (got certificate {self.certificate_file!r}, key {self.key_file!r})"
+            )
+        root = _read_pem(self.trust_certs_file, "CA certificates", b"CERTIFICATE-----")
+        chain = _read_pem(self.certificate_file, "client certificate", b"CERTIFICATE-----")
+        key = _read_pem(self.key_file, "client key", b"PRIVATE KEY-----")
+        if key is not None and b"ENCRYPTED" in key:
+            raise BookieTlsConfigError(
+                f"bookie TLS: the key in {self.key_file} is encrypted; give an unencrypted PEM key"
+            )
+        return grpc.ssl_channel_credentials(
+            root_certificates=root, private_key=key, certificate_chain=chain
+        )
+
+
+def _read_pem(path: str, what: str, marker: bytes) -> bytes | None:
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise BookieTlsConfigError(
+            f"bookie TLS: cannot read the {what} file {path}: {e.strerror}"
+        ) from None
+    if marker not in data:
+        raise BookieTlsConfigError(f"bookie TLS: {path} holds no PEM {what}")
+    return data
+
+
 @dataclass(slots=True, frozen=True)
 class LedgerPosition:
     lac: int
@@ -68,16 +128,25 @@ def add_future() -> tuple[asyncio.Future[None], AddCallback]:
 
 
 class BookieClient:
-    def __init__(self, address: str, *, timeout: float = 10.0) -> None:
+    """``credentials`` (from :meth:`BookieTls.channel_credentials`): a TLS channel; None: plain."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout: float = 10.0,
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.aio.insecure_channel(
-            address,
-            options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ],
-        )
+        options = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ]
+        if credentials is None:
+            self._channel = grpc.aio.insecure_channel(address, options=options)
+        else:
+            self._channel = grpc.aio.secure_channel(address, credentials, options=options)
         self._stub = bookie_pb2_grpc.BookieStub(self._channel)
         self._tags = itertools.count(1)
         self._waiting: dict[int, AddCallback] = {}

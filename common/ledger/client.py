@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from magnetar.common.ledger.bookie_client import BookieClient, BookieError
+from magnetar.common.ledger.bookie_client import BookieClient, BookieError, BookieTls
 from magnetar.common.ledger.bookies import BookieRegistration, list_bookies
 from magnetar.common.ledger.distribution import Quorum
 from magnetar.common.ledger.entry import DigestMismatchError, EntryFormatError, verify_entry
@@ -76,13 +76,19 @@ def master_key_for(password: bytes | None) -> bytes:
 
 
 class LedgerClient:
+    """``tls``: reach bookies over TLS channels (None: plain gRPC, the default). Its files are
+    read here, once; bookies in this process (``add_local_bookie``) are reached without it."""
+
     def __init__(
         self,
         store: MetadataStore,
         config: LedgerClientConfig | None = None,
         placement: PlacementPolicy | None = None,
+        *,
+        tls: BookieTls | None = None,
     ) -> None:
         self.store = store
+        self._credentials = None if tls is None else tls.channel_credentials()
         self.config = config or LedgerClientConfig()
         self.placement = placement or RandomPlacement()
         self._bookies: dict[str, BookieClient] = {}
@@ -102,7 +108,7 @@ class LedgerClient:
         client = self._bookies.get(address)
         if client is None:
             client = self._bookies[address] = BookieClient(
-                address, timeout=self.config.read_timeout_s
+                address, timeout=self.config.read_timeout_s, credentials=self._credentials
             )
         return client
 

@@ -44,5 +44,9 @@ __all__ = [
 
 
 async def open_store(url: str, **options: object) -> MetadataStore:
-    """Open the store named by ``url`` (``etcd://h:p[,h:p]`` or ``local:///path/meta.db``)."""
+    """Open the store named by ``url`` (``etcd://h:p[,h:p]`` or ``local:///path/meta.db``).
+
+    Options: ``session_ttl``, ``request_timeout`` and ``tls`` (an
+    ``magnetar.common.metadata.etcd.EtcdTls`` for etcd over TLS; None: plain), see
+    ``magnetar.common.metadata.factory.open_store``."""
     return await _open(url, **options)

@@ -37,8 +37,11 @@ from typing import Any, TypeVar
 
 import aetcd
 import aetcd.exceptions
+import aetcd.rpc
 import aetcd.rtypes
 import aetcd.utils
+import aetcd.watcher
+import grpc
 
 from magnetar.common.metadata.election import StoreLeaderElection, cancel_and_wait
 from magnetar.common.metadata.store import (
@@ -93,7 +96,105 @@ class Endpoint:
         return f"{self.host}:{self.port}"
 
 
-def _new_client(endpoint: Endpoint, request_timeout: float) -> aetcd.Client:
+class EtcdTlsConfigError(ValueError):
+    """A TLS file for etcd cannot be used; the message names the file."""
+
+
+@dataclass(slots=True, frozen=True)
+class EtcdTls:
+    """TLS to etcd (etcd's client ``--cacert``, ``--cert``, ``--key``).
+
+    - ``trust_certs_file``: PEM CA certificates the members' certificates must chain to (empty:
+      gRPC's bundled public roots).
+    - ``certificate_file`` / ``key_file``: a PEM client certificate and its unencrypted key, for
+      members started with ``--client-cert-auth``; both or neither.
+
+    Hostname verification is gRPC's and always on: a member's certificate must name the host the
+    metadata URL gives for it (DNS name or IP address in its subjectAltName).
+    """
+
+    trust_certs_file: str = ""
+    certificate_file: str = ""
+    key_file: str = ""
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        """The files read into gRPC credentials (read once, when the store is opened)."""
+        if bool(self.certificate_file) != bool(self.key_file):
+            raise EtcdTlsConfigError(
+                "etcd TLS: a client certificate needs both its certificate file and its key "
+                f"file (got certificate {self.certificate_file!r}, key {self.key_file!r})"
+            )
+        root = _read_pem(self.trust_certs_file, "CA certificates", b"CERTIFICATE-----")
+        chain = _read_pem(self.certificate_file, "client certificate", b"CERTIFICATE-----")
+        key = _read_pem(self.key_file, "client key", b"PRIVATE KEY-----")
+        if key is not None and b"ENCRYPTED" in key:
+            raise EtcdTlsConfigError(
+                f"etcd TLS: the key in {self.key_file} is encrypted; give an unencrypted PEM key"
+            )
+        return grpc.ssl_channel_credentials(
+            root_certificates=root, private_key=key, certificate_chain=chain
+        )
+
+
+def _read_pem(path: str, what: str, marker: bytes) -> bytes | None:
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise EtcdTlsConfigError(
+            f"etcd TLS: cannot read the {what} file {path}: {e.strerror}"
+        ) from None
+    if marker not in data:
+        raise EtcdTlsConfigError(f"etcd TLS: {path} holds no PEM {what}")
+    return data
+
+
+class _TlsClient(aetcd.Client):
+    """aetcd's client on a TLS channel: its ``connect`` with ``secure_channel`` in place of
+    ``insecure_channel`` (aetcd 1.0 takes no credentials; user/password auth is not used here)."""
+
+    def __init__(self, *args: Any, credentials: grpc.ChannelCredentials, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._credentials = credentials
+
+    async def connect(self) -> None:
+        if self._connected.is_set():
+            return
+        if self._is_connecting:
+            await asyncio.wait_for(self._connected.wait(), self._connect_wait_timeout)
+            return
+        try:
+            self._is_connecting = True
+            self.channel = aetcd.rpc.secure_channel(
+                f"{self._host}:{self._port}", self._credentials, options=self._options.items()
+            )
+            self.kvstub = aetcd.rpc.KVStub(self.channel)
+            self.clusterstub = aetcd.rpc.ClusterStub(self.channel)
+            self.leasestub = aetcd.rpc.LeaseStub(self.channel)
+            self.maintenancestub = aetcd.rpc.MaintenanceStub(self.channel)
+            self._watcher = aetcd.watcher.Watcher(
+                aetcd.rpc.WatchStub(self.channel), timeout=self._timeout, metadata=self.metadata
+            )
+            self._connected.set()
+        finally:
+            self._is_connecting = False
+
+
+def _new_client(
+    endpoint: Endpoint,
+    request_timeout: float,
+    credentials: grpc.ChannelCredentials | None = None,
+) -> aetcd.Client:
+    if credentials is not None:
+        return _TlsClient(
+            endpoint.host,
+            endpoint.port,
+            timeout=request_timeout,
+            options=dict(_CHANNEL_OPTIONS),
+            credentials=credentials,
+        )
     return aetcd.Client(
         endpoint.host, endpoint.port, timeout=request_timeout, options=dict(_CHANNEL_OPTIONS)
     )
@@ -117,8 +218,10 @@ class EtcdMetadataStore(MetadataStore):
         lease_id: int,
         session_ttl: int,
         request_timeout: float,
+        credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         self._client = client
+        self._credentials = credentials  # TLS to every member, or None
         self._endpoints = list(endpoints)
         self._index = index  # of the member self._client talks to
         self._failover_lock = asyncio.Lock()
@@ -155,14 +258,17 @@ class EtcdMetadataStore(MetadataStore):
         *,
         session_ttl: int = 10,
         request_timeout: float = 10.0,
+        tls: EtcdTls | None = None,
     ) -> EtcdMetadataStore:
-        """Connect to the first endpoint that answers and open a session (lease) there."""
+        """Connect to the first endpoint that answers and open a session (lease) there; with
+        ``tls``, over TLS to every member."""
         if not endpoints:
             raise ValueError("at least one etcd endpoint is needed")
+        credentials = None if tls is None else tls.channel_credentials()
         members = [Endpoint(host, port) for host, port in endpoints]
         errors: list[str] = []
         for index, endpoint in enumerate(members):
-            client = _new_client(endpoint, request_timeout)
+            client = _new_client(endpoint, request_timeout, credentials)
             try:
                 # Granting the lease is the first RPC: it proves the endpoint answers.
                 lease = await asyncio.wait_for(client.lease(session_ttl), request_timeout)
@@ -177,10 +283,16 @@ class EtcdMetadataStore(MetadataStore):
                 lease.ttl,
                 ",".join(map(str, members)),
             )
-            return cls(client, members, index, lease.id, session_ttl, request_timeout)
+            return cls(client, members, index, lease.id, session_ttl, request_timeout, credentials)
+        hint = (
+            "check that etcd is running and the metadata URL lists the right host:port pairs"
+            if tls is None
+            else "check that etcd is running, serves TLS, and its certificate chains to "
+            "etcd_tls_trust_certs_file_path and names the host given in the metadata URL"
+        )
+        over = "" if tls is None else " over TLS"
         raise MetadataError(
-            "cannot reach any etcd endpoint (" + "; ".join(errors) + "); check that etcd is "
-            "running and the metadata URL lists the right host:port pairs"
+            f"cannot reach any etcd endpoint{over} (" + "; ".join(errors) + f"); {hint}"
         )
 
     # -- reads ---------------------------------------------------------------------------
@@ -460,7 +572,7 @@ class EtcdMetadataStore(MetadataStore):
         for step in range(1, len(self._endpoints) + 1):
             index = (self._index + step) % len(self._endpoints)
             endpoint = self._endpoints[index]
-            client = _new_client(endpoint, self._request_timeout)
+            client = _new_client(endpoint, self._request_timeout, self._credentials)
             try:
                 await _bounded(_revision(client), self._probe_timeout)
             except (aetcd.exceptions.ClientError, TimeoutError) as e:

@@ -9,15 +9,17 @@ from magnetar.common.metadata.store import MetadataStore
 ACCEPTED_FORMS = "etcd://host:port[,host:port...] or local:///absolute/path/meta.db"
 
 # Options every scheme accepts, so callers can pass one set regardless of the URL; the local
-# store has no lease, so session_ttl and request_timeout mean nothing to it.
-_OPTIONS = {"session_ttl", "request_timeout"}
+# store has no lease, so session_ttl and request_timeout mean nothing to it, and no network, so
+# it takes tls only as None.
+_OPTIONS = {"session_ttl", "request_timeout", "tls"}
 
 
 async def open_store(url: str, **options: object) -> MetadataStore:
     """Open the store named by ``url``.
 
     Options: ``session_ttl`` (seconds, default 10: how long etcd keeps our ephemeral keys after
-    we stop answering) and ``request_timeout`` (seconds, default 10, per etcd request).
+    we stop answering), ``request_timeout`` (seconds, default 10, per etcd request) and ``tls``
+    (an ``EtcdTls``: reach etcd over TLS; None, the default: plain gRPC).
     """
     unknown = set(options) - _OPTIONS
     if unknown:
@@ -29,16 +31,22 @@ async def open_store(url: str, **options: object) -> MetadataStore:
         raise ValueError(
             f"malformed metadata store URL {url!r}: accepted forms are {ACCEPTED_FORMS}"
         )
+    tls = options.get("tls")
     if scheme == "etcd":
-        from magnetar.common.metadata.etcd import EtcdMetadataStore
+        from magnetar.common.metadata.etcd import EtcdMetadataStore, EtcdTls
 
+        if tls is not None and not isinstance(tls, EtcdTls):
+            raise ValueError(f"tls must be an EtcdTls or None, not {tls!r}")
         return await EtcdMetadataStore.connect(
             parse_etcd_endpoints(url),
             session_ttl=_positive_int(options.get("session_ttl", 10), "session_ttl"),
             request_timeout=_positive_float(
                 options.get("request_timeout", 10.0), "request_timeout"
             ),
+            tls=tls,
         )
+    if tls is not None:
+        raise ValueError(f"TLS settings apply to etcd only, not to {url!r}")
     if scheme == "local":
         from magnetar.common.metadata.local import LocalMetadataStore
 

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from magnetar.common.config import ConfigError, setting
+
+if TYPE_CHECKING:
+    from magnetar.common.ledger.bookie_client import BookieTls
+    from magnetar.common.metadata.etcd import EtcdTls
 
 MiB = 1024 * 1024
 
@@ -111,6 +116,46 @@ class BookieConfig:
         "worker takes its writer for gone, fences and recovers it, and copies the rest",
     )
 
+    # -- TLS of the bookie protocol (BookKeeper's PEM settings, in snake_case; off by default) --
+    tls_certificate_path: str = setting(
+        "",
+        "PEM certificate (chain) of this bookie; with tls_key_store, the gRPC port serves TLS "
+        "only (BookKeeper's tlsCertificatePath). It must name the host of advertised_address "
+        "(subjectAltName DNS or IP): clients check it. Empty: plain gRPC",
+    )
+    tls_key_store: str = setting(
+        "",
+        "PEM file with the unencrypted private key of tls_certificate_path (BookKeeper's "
+        "tlsKeyStore with tlsKeyStoreType=PEM, the only type here)",
+    )
+    tls_trust_store: str = setting(
+        "",
+        "PEM CA certificates (BookKeeper's tlsTrustStore, PEM): client certificates must chain "
+        "to them under tls_client_authentication, and this bookie's own autorecovery client "
+        "checks other bookies against them (empty: gRPC's public roots)",
+    )
+    tls_client_authentication: bool = setting(
+        False,
+        "require a client certificate chaining to tls_trust_store on every connection "
+        "(BookKeeper's tlsClientAuthentication); this bookie's autorecovery then shows "
+        "tls_certificate_path to other bookies, so it needs the clientAuth key usage too",
+    )
+    # -- TLS to etcd (off by default) --
+    etcd_use_tls: bool = setting(
+        False, "reach the etcd of metadata_url over TLS (etcd's https:// client URLs)"
+    )
+    etcd_tls_trust_certs_file_path: str = setting(
+        "",
+        "PEM CA certificates etcd's certificate must chain to (empty: gRPC's public roots); "
+        "that certificate must name the host given in metadata_url",
+    )
+    etcd_tls_certificate_file_path: str = setting(
+        "", "PEM client certificate shown to etcd (for etcd's --client-cert-auth)"
+    )
+    etcd_tls_key_file_path: str = setting(
+        "", "PEM unencrypted private key of etcd_tls_certificate_file_path"
+    )
+
     def validate(self) -> None:
         for name in ("port", "http_port"):
             value = getattr(self, name)
@@ -134,6 +179,73 @@ class BookieConfig:
             raise ConfigError("rereplication_entry_batch_size must be positive")
         if not 0 <= self.compaction_threshold < 1:
             raise ConfigError("compaction_threshold must be in [0, 1)")
+        self._validate_tls()
+
+    def _validate_tls(self) -> None:
+        if bool(self.tls_certificate_path) != bool(self.tls_key_store):
+            raise ConfigError(
+                "bookie TLS needs both tls_certificate_path and tls_key_store (or neither)"
+            )
+        if self.tls_client_authentication and not (
+            self.tls_certificate_path and self.tls_trust_store
+        ):
+            raise ConfigError(
+                "tls_client_authentication needs TLS on (tls_certificate_path, tls_key_store) "
+                "and tls_trust_store, the CAs client certificates must chain to"
+            )
+        if self.tls_trust_store and not self.tls_certificate_path:
+            raise ConfigError(
+                "tls_trust_store is set but TLS is off: set tls_certificate_path and "
+                "tls_key_store too"
+            )
+        etcd_files = (
+            self.etcd_tls_trust_certs_file_path,
+            self.etcd_tls_certificate_file_path,
+            self.etcd_tls_key_file_path,
+        )
+        if any(etcd_files) and not self.etcd_use_tls:
+            raise ConfigError("etcd_tls_* files are set but etcd_use_tls is off: turn it on")
+        if self.etcd_use_tls and not self.metadata_url.startswith("etcd://"):
+            raise ConfigError(
+                f"etcd_use_tls applies to an etcd:// metadata_url, not {self.metadata_url}"
+            )
+        if bool(self.etcd_tls_certificate_file_path) != bool(self.etcd_tls_key_file_path):
+            raise ConfigError(
+                "an etcd client certificate needs both etcd_tls_certificate_file_path and "
+                "etcd_tls_key_file_path"
+            )
+
+    @property
+    def tls_enabled(self) -> bool:
+        """The bookie protocol is served over TLS."""
+        return bool(self.tls_certificate_path)
+
+    def client_tls(self) -> BookieTls | None:
+        """TLS of this bookie's own ledger client (autorecovery) to other bookies: on with the
+        bookie's TLS, as BookKeeper's autorecovery uses the bookie's tls* settings; the bookie's
+        certificate is shown only under tls_client_authentication."""
+        if not self.tls_enabled:
+            return None
+        from magnetar.common.ledger.bookie_client import BookieTls
+
+        show = self.tls_client_authentication
+        return BookieTls(
+            trust_certs_file=self.tls_trust_store,
+            certificate_file=self.tls_certificate_path if show else "",
+            key_file=self.tls_key_store if show else "",
+        )
+
+    def etcd_tls(self) -> EtcdTls | None:
+        """TLS to etcd, or None when etcd_use_tls is off."""
+        if not self.etcd_use_tls:
+            return None
+        from magnetar.common.metadata.etcd import EtcdTls
+
+        return EtcdTls(
+            trust_certs_file=self.etcd_tls_trust_certs_file_path,
+            certificate_file=self.etcd_tls_certificate_file_path,
+            key_file=self.etcd_tls_key_file_path,
+        )
 
     def resolved_address(self) -> str:
         """The ``host:port`` this bookie registers under."""

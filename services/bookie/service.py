@@ -22,6 +22,7 @@ from magnetar.bookie.ledger_storage import LedgerStorage
 from magnetar.bookie.metrics import BookieMetrics
 from magnetar.bookie.replication import ReplicationSettings, ReplicationWorker
 from magnetar.bookie.server import BookieService, grpc_server_options
+from magnetar.common.config import ConfigError
 from magnetar.common.ledger.bookies import BookieRegistration, registration_key
 from magnetar.common.ledger.client import LedgerClient
 from magnetar.common.ledger.identity import Cookie
@@ -35,18 +36,64 @@ from magnetar.common.proto import bookie_pb2_grpc
 log = logging.getLogger(__name__)
 
 
-def bind_grpc_port(server: grpc.aio.Server, host: str, port: int) -> int:
-    """Bind the bookie protocol's port; the bound port, or AddressInUseError naming it.
+def bind_grpc_port(
+    server: grpc.aio.Server,
+    host: str,
+    port: int,
+    credentials: grpc.ServerCredentials | None = None,
+) -> int:
+    """Bind the bookie protocol's port (TLS with ``credentials``); the bound port, or
+    AddressInUseError naming it.
 
     ``add_insecure_port`` reports a failed bind by returning 0 in some gRPC versions and by
-    raising RuntimeError in others."""
+    raising RuntimeError in others (``add_secure_port`` alike)."""
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        if credentials is None:
+            bound = server.add_insecure_port(f"{host}:{port}")
+        else:
+            bound = server.add_secure_port(f"{host}:{port}", credentials)
     except RuntimeError:
         raise AddressInUseError(listen_error("port", host, port, "bind failed")) from None
     if bound == 0:
         raise AddressInUseError(listen_error("port", host, port, "bind failed"))
     return bound
+
+
+def grpc_server_credentials(config: BookieConfig) -> grpc.ServerCredentials | None:
+    """TLS credentials of the bookie protocol from the bookie's tls_* settings (None: TLS off).
+
+    A client certificate is asked for only under tls_client_authentication, and then required:
+    gRPC verifies a certificate whenever it asks for one, so asking without requiring would
+    refuse a client showing a certificate it was not meant to show."""
+    if not config.tls_enabled:
+        return None
+    chain = _read_setting_file(config.tls_certificate_path, "tls_certificate_path")
+    key = _read_setting_file(config.tls_key_store, "tls_key_store")
+    if b"CERTIFICATE-----" not in chain:
+        raise ConfigError(
+            f"tls_certificate_path: {config.tls_certificate_path} holds no PEM certificate"
+        )
+    if b"PRIVATE KEY-----" not in key or b"ENCRYPTED" in key:
+        raise ConfigError(
+            f"tls_key_store: {config.tls_key_store} holds no unencrypted PEM private key"
+        )
+    if not config.tls_client_authentication:
+        return grpc.ssl_server_credentials([(key, chain)])
+    roots = _read_setting_file(config.tls_trust_store, "tls_trust_store")
+    if b"CERTIFICATE-----" not in roots:
+        raise ConfigError(f"tls_trust_store: {config.tls_trust_store} holds no PEM certificate")
+    return grpc.ssl_server_credentials(
+        [(key, chain)], root_certificates=roots, require_client_auth=True
+    )
+
+
+def _read_setting_file(path: str, setting: str) -> bytes:
+    # A few KB of PEM, read once at start.
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ConfigError(f"{setting}: cannot read {path}: {e.strerror}") from None
 
 
 class Bookie:
@@ -92,13 +139,20 @@ class Bookie:
         bookie_pb2_grpc.add_BookieServicer_to_server(
             BookieService(self.storage, self.info), self._grpc
         )
-        bound = bind_grpc_port(self._grpc, self.config.bind_address, self.config.port)
+        bound = bind_grpc_port(
+            self._grpc,
+            self.config.bind_address,
+            self.config.port,
+            grpc_server_credentials(self.config),
+        )
         if self.config.port == 0:
             self.port = bound
             self.address = f"{self.address.rsplit(':', 1)[0]}:{bound}"
         if self._store is None:
             self._store = await open_store(
-                self.config.metadata_url, session_ttl=self.config.session_ttl_s
+                self.config.metadata_url,
+                session_ttl=self.config.session_ttl_s,
+                tls=self.config.etcd_tls(),
             )
         # The identity first: nothing is opened or created in directories of another bookie,
         # nor served against a metadata store that does not know them.
@@ -141,7 +195,12 @@ class Bookie:
                 asyncio.create_task(self._every(self.config.gc_interval_s, self.gc.run), name="gc")
             )
         await self._start_autorecovery()
-        log.info("bookie %s serving (http %s)", self.address, self.http_address)
+        log.info(
+            "bookie %s serving%s (http %s)",
+            self.address,
+            " over TLS" if self.config.tls_enabled else "",
+            self.http_address,
+        )
 
     async def _refuse_a_store_behind_the_data(self) -> None:
         """Every ledger id was handed out by the store's counter before any bookie held it, so a
@@ -218,7 +277,9 @@ class Bookie:
                         with contextlib.suppress(Exception):
                             await self._store.close()
                         self._store = await open_store(
-                            self.config.metadata_url, session_ttl=self.config.session_ttl_s
+                            self.config.metadata_url,
+                            session_ttl=self.config.session_ttl_s,
+                            tls=self.config.etcd_tls(),
                         )
                         self._store.add_session_listener(self._reregister.set)
                     await self._register()
@@ -247,7 +308,7 @@ class Bookie:
             lost = asyncio.Event()
             store.add_session_listener(lost.set)
             self._recovery_store = store
-            self._recovery_client = client = LedgerClient(store)
+            self._recovery_client = client = LedgerClient(store, tls=self.config.client_tls())
             worker = ReplicationWorker(
                 client,
                 self.address,

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from magnetar.common.auth.settings import SecuritySettings
 from magnetar.common.config import ConfigError, setting
+
+if TYPE_CHECKING:
+    from magnetar.common.ledger.bookie_client import BookieTls
+    from magnetar.common.metadata.etcd import EtcdTls
 
 AUTO_CREATION_TYPES = ("non-partitioned", "partitioned")
 
@@ -191,6 +196,111 @@ class BrokerConfig(TopicSettings):
     load_balancer_namespace_bundle_max_msg_rate: float = setting(
         30000.0, "split a bundle whose messages in + out per second exceed this (0: no limit)"
     )
+    # -- TLS to bookies (Pulsar's bookkeeperTLS* names; off by default) --
+    bookkeeper_tls_enabled: bool = setting(
+        False,
+        "reach bookies over TLS (their tls_certificate_path is set); Magnetar's switch: Pulsar "
+        "has none apart from bookkeeper_tls_client_authentication, which turns TLS on as well",
+    )
+    bookkeeper_tls_client_authentication: bool = setting(
+        False,
+        "reach bookies over TLS and show them bookkeeper_tls_certificate_file_path, for bookies "
+        "with tls_client_authentication (Pulsar's bookkeeperTLSClientAuthentication)",
+    )
+    bookkeeper_tls_trust_certs_file_path: str = setting(
+        "",
+        "PEM CA certificates bookie certificates must chain to (empty: gRPC's public roots); a "
+        "bookie's certificate must name the host of its advertised address, which is always "
+        "checked (Pulsar's bookkeeperTLSTrustCertsFilePath)",
+    )
+    bookkeeper_tls_certificate_file_path: str = setting(
+        "",
+        "PEM client certificate shown to bookies under bookkeeper_tls_client_authentication "
+        "(Pulsar's bookkeeperTLSCertificateFilePath)",
+    )
+    bookkeeper_tls_key_file_path: str = setting(
+        "",
+        "PEM unencrypted private key of bookkeeper_tls_certificate_file_path "
+        "(Pulsar's bookkeeperTLSKeyFilePath, PEM only)",
+    )
+    # -- TLS to etcd (the useTls/tls* keys of Pulsar's etcd metadata store config; off) --
+    etcd_use_tls: bool = setting(
+        False, "reach the etcd of metadata_url over TLS (etcd's https:// client URLs)"
+    )
+    etcd_tls_trust_certs_file_path: str = setting(
+        "",
+        "PEM CA certificates etcd's certificate must chain to (empty: gRPC's public roots); "
+        "that certificate must name the host given in metadata_url",
+    )
+    etcd_tls_certificate_file_path: str = setting(
+        "", "PEM client certificate shown to etcd (for etcd's --client-cert-auth)"
+    )
+    etcd_tls_key_file_path: str = setting(
+        "", "PEM unencrypted private key of etcd_tls_certificate_file_path"
+    )
+
+    def bookkeeper_tls(self) -> BookieTls | None:
+        """TLS of the ledger client to bookies, or None when off."""
+        if not (self.bookkeeper_tls_enabled or self.bookkeeper_tls_client_authentication):
+            return None
+        from magnetar.common.ledger.bookie_client import BookieTls
+
+        show = self.bookkeeper_tls_client_authentication
+        return BookieTls(
+            trust_certs_file=self.bookkeeper_tls_trust_certs_file_path,
+            certificate_file=self.bookkeeper_tls_certificate_file_path if show else "",
+            key_file=self.bookkeeper_tls_key_file_path if show else "",
+        )
+
+    def etcd_tls(self) -> EtcdTls | None:
+        """TLS to etcd, or None when etcd_use_tls is off."""
+        if not self.etcd_use_tls:
+            return None
+        from magnetar.common.metadata.etcd import EtcdTls
+
+        return EtcdTls(
+            trust_certs_file=self.etcd_tls_trust_certs_file_path,
+            certificate_file=self.etcd_tls_certificate_file_path,
+            key_file=self.etcd_tls_key_file_path,
+        )
+
+    def _validate_internal_tls(self) -> None:
+        bookie_tls = self.bookkeeper_tls_enabled or self.bookkeeper_tls_client_authentication
+        if self.bookkeeper_tls_trust_certs_file_path and not bookie_tls:
+            raise ConfigError(
+                "bookkeeper_tls_trust_certs_file_path is set but TLS to bookies is off: set "
+                "bookkeeper_tls_enabled"
+            )
+        client_files = (
+            self.bookkeeper_tls_certificate_file_path,
+            self.bookkeeper_tls_key_file_path,
+        )
+        if self.bookkeeper_tls_client_authentication and not all(client_files):
+            raise ConfigError(
+                "bookkeeper_tls_client_authentication needs bookkeeper_tls_certificate_file_path "
+                "and bookkeeper_tls_key_file_path"
+            )
+        if any(client_files) and not self.bookkeeper_tls_client_authentication:
+            raise ConfigError(
+                "bookkeeper_tls_certificate_file_path/bookkeeper_tls_key_file_path are shown to "
+                "bookies only under bookkeeper_tls_client_authentication: turn it on"
+            )
+        etcd_files = (
+            self.etcd_tls_trust_certs_file_path,
+            self.etcd_tls_certificate_file_path,
+            self.etcd_tls_key_file_path,
+        )
+        if any(etcd_files) and not self.etcd_use_tls:
+            raise ConfigError("etcd_tls_* files are set but etcd_use_tls is off: turn it on")
+        if self.etcd_use_tls and not self.metadata_url.startswith("etcd://"):
+            raise ConfigError(
+                f"etcd_use_tls applies to an etcd:// metadata_url, not {self.metadata_url}"
+            )
+        if bool(self.etcd_tls_certificate_file_path) != bool(self.etcd_tls_key_file_path):
+            raise ConfigError(
+                "an etcd client certificate needs both etcd_tls_certificate_file_path and "
+                "etcd_tls_key_file_path"
+            )
 
     def validate(self) -> None:
         for name in ("port", "http_port"):
@@ -216,4 +326,5 @@ class BrokerConfig(TopicSettings):
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be 0 or more")
+        self._validate_internal_tls()
         self.validate_topic_settings()
