@@ -25,7 +25,6 @@ from magnetar.broker.cluster.ownership import OwnershipStore
 from magnetar.broker.cluster.registry import BrokerRegistry
 from magnetar.broker.config import BrokerConfig
 from magnetar.broker.metrics import BrokerMetrics
-from magnetar.broker.model.broker_info import BrokerInfo
 from magnetar.broker.model.topic_name import TopicName
 from magnetar.broker.namespace.authorization import AuthorizationService
 from magnetar.broker.namespace.policies import Policies
@@ -36,6 +35,7 @@ from magnetar.broker.topics.service import Topic, TopicService
 from magnetar.common.auth.client import ClientCredentials
 from magnetar.common.auth.service import AuthenticationService
 from magnetar.common.auth.settings import names
+from magnetar.common.cluster.broker_info import BrokerInfo
 from magnetar.common.ledger.client import LedgerClient
 from magnetar.common.metadata import MetadataStore, open_store
 from magnetar.common.net import AddressInUseError, listen_error

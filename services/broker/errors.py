@@ -4,7 +4,7 @@ leaf values."""
 
 from __future__ import annotations
 
-from magnetar.broker.model.broker_info import BrokerInfo
+from magnetar.common.cluster.broker_info import BrokerInfo
 
 
 class NamespaceNotFoundError(Exception):

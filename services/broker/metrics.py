@@ -30,8 +30,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from magnetar.broker.cluster.bundles import BundleRange, topic_hash
-from magnetar.broker.model.broker_info import BrokerInfo
 from magnetar.broker.model.topic_name import TopicName
+from magnetar.common.cluster.broker_info import BrokerInfo
 
 #: Rates are recomputed at most this often, so scrapes close together (two Prometheus servers,
 #: a person with curl) do not make them noisy: a scrape sooner gets the previous rates.

@@ -30,7 +30,7 @@ from magnetar.broker.cluster.load_manager import LoadManager
 from magnetar.broker.cluster.ownership import OwnershipStore, ownership_key
 from magnetar.broker.cluster.registry import BrokerRegistry, BundleStats, LoadReport
 from magnetar.broker.config import BrokerConfig
-from magnetar.broker.model.broker_info import BrokerInfo
+from magnetar.common.cluster.broker_info import BrokerInfo
 from magnetar.common.metadata import BadVersionError, MetadataError, MetadataStore, open_store
 from tests.support.polling import wait_until_async
 

@@ -35,8 +35,7 @@ import pulsar
 
 from magnetar.broker.cluster.bundles import BundleRange, topic_hash
 from magnetar.broker.cluster.ownership import OWNERSHIP_ROOT
-from magnetar.broker.cluster.registry import BROKERS_ROOT
-from magnetar.broker.model.broker_info import BrokerInfo
+from magnetar.common.cluster.broker_info import BROKERS_ROOT, BrokerInfo
 from magnetar.common.metadata import open_store
 from magnetar.common.metadata.election import leader_key
 from tests.support.etcd import REPO_ROOT, free_port

@@ -23,7 +23,7 @@ from magnetar.broker.cluster.registry import (
     decode_entry,
     encode_entry,
 )
-from magnetar.broker.model.broker_info import BrokerInfo
+from magnetar.common.cluster.broker_info import BrokerInfo
 
 RANGES = default_ranges(64)
 

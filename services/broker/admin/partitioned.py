@@ -47,7 +47,7 @@ from magnetar.common.metadata import NOT_EXISTS, BadVersionError
 
 if TYPE_CHECKING:
     from magnetar.broker.admin.service import AdminBroker
-    from magnetar.broker.model.broker_info import BrokerInfo
+    from magnetar.common.cluster.broker_info import BrokerInfo
 
 log = logging.getLogger(__name__)
 

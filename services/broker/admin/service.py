@@ -15,13 +15,13 @@ if TYPE_CHECKING:
 
     from magnetar.broker.cluster.bundles import BundleRange
     from magnetar.broker.config import BrokerConfig
-    from magnetar.broker.model.broker_info import BrokerInfo
     from magnetar.broker.model.topic_name import TopicName
     from magnetar.broker.namespace.authorization import AuthorizationService
     from magnetar.broker.namespace.policies import Policies
     from magnetar.broker.topics.service import Topic
     from magnetar.common.auth.client import ClientCredentials
     from magnetar.common.auth.service import AuthenticationService
+    from magnetar.common.cluster.broker_info import BrokerInfo
 
 
 class Gauge(Protocol):

@@ -29,9 +29,9 @@ from magnetar.broker.cluster.lookup import LookupContext, LookupKind, lookup
 from magnetar.broker.cluster.ownership import OwnershipStore
 from magnetar.broker.config import BrokerConfig
 from magnetar.broker.errors import TopicNotOwnedError
-from magnetar.broker.model.broker_info import BrokerInfo
 from magnetar.broker.model.topic_name import TopicName
 from magnetar.common.auth.client import ClientCredentials
+from magnetar.common.cluster.broker_info import BrokerInfo
 from magnetar.common.metadata import MetadataStore
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ from magnetar.broker.cluster.bundles import BundleRange
 from magnetar.broker.cluster.ownership import OwnershipStore, ownership_key, read_unload_note
 from magnetar.broker.cluster.registry import BrokerRegistry, BundleStats, LoadReport
 from magnetar.broker.config import BrokerConfig
-from magnetar.broker.model.broker_info import BrokerInfo
+from magnetar.common.cluster.broker_info import BrokerInfo
 from magnetar.common.metadata import (
     NOT_EXISTS,
     BadVersionError,

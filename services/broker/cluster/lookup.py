@@ -31,8 +31,8 @@ from magnetar.broker.cluster.bundles import BundleRange
 from magnetar.broker.cluster.load_manager import LoadManager
 from magnetar.broker.cluster.ownership import OwnershipStore, read_unload_note
 from magnetar.broker.cluster.registry import BrokerRegistry
-from magnetar.broker.model.broker_info import BrokerInfo
 from magnetar.broker.model.topic_name import TopicName
+from magnetar.common.cluster.broker_info import BrokerInfo
 from magnetar.common.metadata import MetadataStore
 
 

@@ -26,7 +26,7 @@ from magnetar.broker.cluster.load_manager import LoadManager
 from magnetar.broker.cluster.ownership import SESSION_SAFETY_MARGIN_S, OwnershipStore
 from magnetar.broker.cluster.registry import BrokerRegistry, BundleStats, LoadReport, cpu_and_memory
 from magnetar.broker.config import BrokerConfig
-from magnetar.broker.model.broker_info import BrokerInfo
+from magnetar.common.cluster.broker_info import BrokerInfo
 from magnetar.common.metadata import MetadataStore
 from magnetar.common.tasks import spawn_logged
 

@@ -16,13 +16,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
 from magnetar.broker.cluster.bundles import BundleRange
-from magnetar.broker.cluster.ownership import PrefixCache
-from magnetar.broker.model.broker_info import BrokerInfo
+from magnetar.common.cluster.broker_info import (
+    BROKERS_ROOT,
+    BrokerInfo,
+    registered_broker,
+    registration_document,
+)
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError, MetadataError, MetadataStore
+from magnetar.common.metadata.prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
-
-BROKERS_ROOT = "/magnetar/brokers"
 
 
 class BundleStats(NamedTuple):
@@ -121,9 +124,9 @@ def encode_entry(info: BrokerInfo, report: LoadReport) -> bytes:
 
 def decode_entry(value: bytes) -> tuple[BrokerInfo, LoadReport]:
     try:
-        document = json.loads(value)
-        return BrokerInfo.from_dict(document["info"]), LoadReport.from_dict(document["report"])
-    except (ValueError, KeyError, TypeError) as e:
+        report = LoadReport.from_dict(registration_document(value)["report"])
+        return registered_broker(value), report
+    except (KeyError, TypeError) as e:
         raise ValueError(f"not a broker registration: {value!r} ({e})") from e
 
 

@@ -20,7 +20,6 @@ from magnetar.broker.config import BrokerConfig
 from magnetar.broker.errors import TopicNotFoundError
 from magnetar.broker.ledger.ledger_info import ManagedLedgerConfig
 from magnetar.broker.ledger.managed_ledger import ManagedLedger
-from magnetar.broker.model.broker_info import BrokerInfo
 from magnetar.broker.model.keys import MANAGED_LEDGERS_PATH, decode_name, managed_ledger_key
 from magnetar.broker.model.topic_name import TopicName
 from magnetar.broker.namespace.policies import (
@@ -41,6 +40,7 @@ from magnetar.broker.topics.dispatch_limits import DispatchLimits
 from magnetar.broker.topics.instruments import TopicInstruments
 from magnetar.broker.topics.nonpersistent import NonPersistentTopic
 from magnetar.broker.topics.persistent import PersistentTopic
+from magnetar.common.cluster.broker_info import BrokerInfo
 from magnetar.common.ledger.client import LedgerClient
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError, MetadataStore
 from magnetar.common.tasks import spawn_logged

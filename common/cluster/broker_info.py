@@ -1,10 +1,14 @@
-"""How to reach a broker: a leaf value, as lookups, the registry and redirects tell it."""
+"""How to reach a broker, as lookups, the registry and redirects tell it, and where brokers
+register (``BROKERS_ROOT``/<broker id>: ``{"info": <BrokerInfo>, "report": <load report>}``,
+written by the brokers' registry, read by it and by proxies)."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from typing import Any
+
+BROKERS_ROOT = "/magnetar/brokers"
 
 
 @dataclass(slots=True, frozen=True)
@@ -52,3 +56,19 @@ class BrokerInfo:
         except ValueError as e:
             raise ValueError(f"not a broker info document: {data!r}") from e
         return cls.from_dict(document)
+
+
+def registration_document(value: bytes) -> dict[str, Any]:
+    """A broker's registration record as JSON (``ValueError`` if it is not one)."""
+    try:
+        document = json.loads(value)
+    except ValueError as e:
+        raise ValueError(f"not a broker registration: {value!r} ({e})") from e
+    if not isinstance(document, dict) or "info" not in document:
+        raise ValueError(f"not a broker registration: {value!r}")
+    return document
+
+
+def registered_broker(value: bytes) -> BrokerInfo:
+    """How to reach the broker a registration record names."""
+    return BrokerInfo.from_dict(registration_document(value)["info"])
