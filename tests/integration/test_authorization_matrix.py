@@ -108,6 +108,8 @@ class Deployment:
     secret: bytes
     entry: StandaloneProcess | BrokerProcess
     owner: StandaloneProcess | BrokerProcess
+    #: The cluster (None: the standalone); its entry is neither the owner nor the leader.
+    cluster: MagnetarCluster | None = None
 
     @property
     def redirected(self) -> bool:
@@ -255,7 +257,10 @@ def _cluster(base: Path) -> Iterator[Deployment]:
             lambda: cluster.owner_of_topic(probe), what=f"an owner for {NAMESPACE}"
         )
         deployment.owner = cluster.broker(owner_id)
-        deployment.entry = next(b for b in cluster.brokers if b.broker_id != owner_id)
+        # Neither the owner nor the leader: unowned bundles are redirected to the leader.
+        leader = cluster.leader()
+        deployment.entry = next(b for b in cluster.brokers if b.broker_id not in (owner_id, leader))
+        deployment.cluster = cluster
         _prepare(deployment, namespace_made=True)
         yield deployment
         # Nothing moved while the matrix ran: every redirect went to the same owner.
@@ -267,6 +272,15 @@ def _cluster(base: Path) -> Iterator[Deployment]:
         assert_no_traceback(broker)
         errors = broker.log_lines(" ERROR ", " CRITICAL ")
         assert not errors, f"broker {broker.broker_id} logged errors:\n" + "\n".join(errors[:40])
+
+
+#: How a first lookup is made: a LOOKUP command, or the HTTP lookup.
+CHANNELS = ("binary", "http")
+
+
+def fresh(role: str, channel: str) -> str:
+    """A namespace nobody looked up before ``role``'s first lookup over ``channel``."""
+    return f"{TENANT}/fresh-{channel}-{role}"
 
 
 def _create_namespace(deployment: Deployment) -> None:
@@ -283,9 +297,14 @@ def _prepare(deployment: Deployment, *, namespace_made: bool = False) -> None:
     and a grant to revoke; then the backlog the consumers and readers drain."""
     if not namespace_made:
         _create_namespace(deployment)
+    for namespace in [NAMESPACE, *(fresh(role, c) for role in ROLES for c in CHANNELS)]:
+        if namespace != NAMESPACE:
+            body = {"bundles": {"numBundles": 1}}
+            deployment.admin("PUT", f"/admin/v2/namespaces/{namespace}", body)
+        grants = f"/admin/v2/namespaces/{namespace}/permissions"
+        deployment.admin("POST", f"{grants}/{ROLES['produce-only']}", ["produce"])
+        deployment.admin("POST", f"{grants}/{ROLES['consume-only']}", ["consume"])
     grants = f"/admin/v2/namespaces/{NAMESPACE}/permissions"
-    deployment.admin("POST", f"{grants}/{ROLES['produce-only']}", ["produce"])
-    deployment.admin("POST", f"{grants}/{ROLES['consume-only']}", ["consume"])
     for role in ROLES:
         deployment.admin("PUT", f"/admin/v2/persistent/{NAMESPACE}/doomed-{role}")
         deployment.admin(
@@ -415,6 +434,73 @@ def test_lookup(deployment: Deployment, role: str) -> None:
     assert port_of(answer.body["brokerUrl"]) == deployment.owner.port, answer
     assert port_of(answer.body["httpUrl"]) == deployment.owner.http_port, answer
     assert answer.hops == (), answer  # an owned bundle is answered with its owner's URLs
+
+
+def _port_owner(deployment: Deployment, port: int) -> StandaloneProcess | BrokerProcess:
+    if deployment.cluster is None:
+        assert port == deployment.entry.port
+        return deployment.entry
+    return next(b for b in deployment.cluster.brokers if b.port == port)
+
+
+def _bundle_owner(deployment: Deployment, name: str) -> int | None:
+    """Pulsar port of the broker owning ``name``'s bundle, as the metadata store says (on the
+    standalone: the node, once it answered a lookup)."""
+    if deployment.cluster is None:
+        return deployment.entry.port
+    owner = deployment.cluster.owner_of_topic(name)
+    return None if owner is None else deployment.cluster.broker(owner).port
+
+
+@each_role
+@pytest.mark.parametrize("channel", CHANNELS)
+def test_first_lookup(deployment: Deployment, role: str, channel: str) -> None:
+    """The lookup of a bundle nobody owns yet: on the cluster the entry (not the leader)
+    redirects to the leader, which places the bundle; the caller's token is accepted at every
+    hop. A refused lookup places nothing."""
+    name = f"persistent://{fresh(role, channel)}/first"
+    reply = pb.CommandLookupTopicResponse
+    if channel == "http":
+        answer = deployment.http(role, "GET", _lookup_path(name))
+        if not allowed(role, "lookup"):
+            _assert_refused(answer, NOT_LOOKUP)
+        else:
+            assert answer.status == 200, answer
+            owner = _bundle_owner(deployment, name)
+            assert port_of(answer.body["brokerUrl"]) == owner, answer
+            if deployment.cluster is not None:
+                leader = deployment.cluster.broker(deployment.cluster.leader() or "")
+                assert answer.hops, answer
+                assert port_of(answer.hops[0]) == leader.http_port, answer
+            else:
+                assert answer.hops == (), answer
+    else:
+        node = deployment.entry
+        hops: list[pb.CommandLookupTopicResponse] = []
+        authoritative = False
+        while True:
+            found = _raw_lookup(deployment, node, ROLES[role], name, authoritative)
+            hops.append(found)
+            if found.response != reply.Redirect or len(hops) > 3:
+                break
+            node = _port_owner(deployment, port_of(found.brokerServiceUrl) or 0)
+            authoritative = found.authoritative
+        if not allowed(role, "lookup"):
+            assert len(hops) == 1, hops
+            assert (hops[0].response, hops[0].error, hops[0].message) == (
+                reply.Failed,
+                pb.AuthorizationError,
+                NOT_LOOKUP,
+            ), hops
+        else:
+            assert hops[-1].response == reply.Connect, hops
+            assert port_of(hops[-1].brokerServiceUrl) == _bundle_owner(deployment, name), hops
+            if deployment.cluster is not None:
+                leader = deployment.cluster.broker(deployment.cluster.leader() or "")
+                assert hops[0].response == reply.Redirect, hops
+                assert port_of(hops[0].brokerServiceUrl) == leader.port, hops
+    if not allowed(role, "lookup") and deployment.cluster is not None:
+        assert deployment.cluster.owner_of_topic(name) is None
 
 
 # -- produce, consume, read ------------------------------------------------------------------
