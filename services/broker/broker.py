@@ -101,8 +101,10 @@ class Broker:
 
     async def start(self) -> None:
         if self.store is None:
-            self.store = await open_store(self.config.metadata_url, **self._store_options())
-        self.ledger_client = LedgerClient(self.store)
+            self.store = await open_store(
+                self.config.metadata_url, **self._store_options(), tls=self.config.etcd_tls()
+            )
+        self.ledger_client = LedgerClient(self.store, tls=self.config.bookkeeper_tls())
         for address, client in self.local_bookies.items():
             self.ledger_client.add_local_bookie(address, client)
         await ensure_default_namespace(self.store)
@@ -234,12 +236,14 @@ class Broker:
             log.warning("closing the lost metadata session: %s", e)
 
     async def open_session(self) -> None:
-        self.store = await open_store(self.config.metadata_url, **self._store_options())
+        self.store = await open_store(
+            self.config.metadata_url, **self._store_options(), tls=self.config.etcd_tls()
+        )
         if self._authorization is not None:
             self._authorization.store = self.store
         if self.ledger_client is not None:
             await self.ledger_client.close()
-        self.ledger_client = LedgerClient(self.store)
+        self.ledger_client = LedgerClient(self.store, tls=self.config.bookkeeper_tls())
 
     # -- the names the protocol and admin rooms call ----------------------------------------------
 
