@@ -15,6 +15,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import pulsar
 import pytest
 
 from magnetar.bookie.config import BookieConfig
@@ -32,12 +33,14 @@ from magnetar.common.metadata import MetadataError, MetadataStore, open_store
 from magnetar.common.metadata.etcd import EtcdTls, EtcdTlsConfigError
 from tests.support.bookie import BookieFactory, BookieProcess
 from tests.support.certs import Pki, make_pki
+from tests.support.cluster import BrokerProcess
 from tests.support.etcd import REPO_ROOT
 from tests.support.etcd_tls import TlsEtcdServer
 
 #: Longest any refusal may take: the request timeout given below plus slack.
 REFUSAL_BOUND_S = 20.0
 REQUEST_TIMEOUT_S = 5.0
+QUIET = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
 
 
 @pytest.fixture(scope="module")
@@ -267,6 +270,49 @@ def test_bk_tools_reach_tls_etcd_and_bookies(
     refused = bk("listbookies", environ=plain)
     assert refused.returncode == 2
     assert "cannot reach any etcd endpoint" in refused.stderr
+
+
+def test_broker_stores_messages_over_tls(
+    tmp_path: Path, tls_bookie: BookieProcess, tls_etcd: TlsEtcdServer, pki: Pki
+) -> None:
+    """A broker process with the TLS settings: its session in the TLS etcd, its ledgers on the
+    TLS bookie; the official client produces and consumes through it."""
+    broker = BrokerProcess(
+        tmp_path / "broker",
+        tls_etcd.url,
+        settings={
+            "ensemble_size": 1,
+            "write_quorum": 1,
+            "ack_quorum": 1,
+            # Pulsar's switch: TLS with a client certificate (welcome at any bookie).
+            "bookkeeper_tls_client_authentication": True,
+            "bookkeeper_tls_trust_certs_file_path": pki.ca.certificate,
+            "bookkeeper_tls_certificate_file_path": pki.client.certificate,
+            "bookkeeper_tls_key_file_path": pki.client.key,
+            **etcd_settings(pki),
+        },
+    )
+    try:
+        broker.start()
+        client = pulsar.Client(broker.url, operation_timeout_seconds=15, logger=QUIET)
+        try:
+            topic = "persistent://public/default/internal-tls"
+            consumer = client.subscribe(topic, "tls-sub")
+            producer = client.create_producer(topic)
+            sent = [f"over TLS {i}".encode() for i in range(10)]
+            for body in sent:
+                producer.send(body)
+            received = []
+            for _ in sent:
+                message = consumer.receive(timeout_millis=15_000)
+                received.append(message.data())
+                consumer.acknowledge(message)
+            assert received == sent
+        finally:
+            client.close()
+        assert "Traceback" not in broker.log_text()
+    finally:
+        broker.stop()
 
 
 # -- settings --------------------------------------------------------------------------------
