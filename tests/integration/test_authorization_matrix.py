@@ -1,19 +1,27 @@
 """Issue 18's authorization matrix, with real processes and the official client: six callers
 (a superuser, a tenant's admin, a role granted only ``produce`` on the namespace, one granted
 only ``consume``, a role with no grant, and an anonymous caller mapped to the ungranted
-``anonymous`` role) times eleven operations, every cell asserted allowed or refused, on a
+``anonymous`` role) times the operations of ``OPERATIONS`` (issue 18's eleven, with the
+partitioned variants of topic create and delete), every cell asserted allowed or refused, on a
 standalone and on a three-broker cluster.
 
-On the cluster every client and every admin call is given a broker that does not own the
-namespace's one bundle, so lookups answer Redirect and topic admin calls 307 to the owner, and
-the caller's token has to be accepted there too (the brokers call each other as the superuser
-``broker``).
+On the cluster every client and every admin call is given a broker that neither owns the
+namespace's bundle nor leads, so the caller's token has to be accepted wherever it is sent:
+
+- a lookup of the owned bundle is answered, as Pulsar does, Connect (binary) or 200 (HTTP)
+  with the owner's URLs, and the client goes there;
+- a first lookup of an unowned bundle is redirected to the leader, which places it
+  (``test_first_lookup``, binary and HTTP);
+- topic admin calls are answered 307 to the owner; a partitioned topic's delete is carried to
+  the owner by the entry with the brokers' own token (the superuser ``broker``).
 
 The spec (Pulsar's default authorization provider): superusers may do everything; a tenant's
 admins everything under their tenant but tenants themselves; ``produce`` grants lookup and
 produce; ``consume`` grants lookup, consume and readers; anything else is refused. Binary
-refusals are ``AuthorizationError`` (the official client raises ``pulsar.AuthorizationError``),
-HTTP refusals 403 with Pulsar's ``{"reason": ...}``.
+refusals are ``AuthorizationError`` (the official client raises ``pulsar.AuthorizationError``;
+given an HTTP service URL it raises ``ConnectError`` for the 403), HTTP refusals 403 with
+Pulsar's ``{"reason": ...}``. Allowed produce, consume and read cells count exactly ``COUNT``
+messages; the logs hold no ERROR and no traceback when the module is done.
 """
 
 from __future__ import annotations
