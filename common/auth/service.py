@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 
 from magnetar.common.auth.basic import BasicAuthenticator, from_http_header
 from magnetar.common.auth.provider import (
@@ -84,24 +85,45 @@ class FailureLog:
             self._suppressed += 1
 
 
+#: Pulsar's provider names, as its metrics label them.
+PROVIDER_LABELS = {
+    "token": "AuthenticationProviderToken",
+    "tls": "AuthenticationProviderTls",
+    "basic": "AuthenticationProviderBasic",
+}
+
+
 class AuthenticationService:
     def __init__(self, settings: SecuritySettings) -> None:
         self.enabled = settings.authentication_enabled
         self.anonymous_role = settings.anonymous_user_role or None
         self.providers = build_providers(settings) if self.enabled else {}
         self.failures = FailureLog()
+        #: Attempts per (provider, method): Pulsar's pulsar_authentication_success_total and
+        #: pulsar_authentication_failures_total, read by the metrics when scraped.
+        self.successes: Counter[tuple[str, str]] = Counter()
+        self.refusals: Counter[tuple[str, str]] = Counter()
 
     def authenticate(self, method: str, credentials: Credentials) -> Authenticated:
         """The identity ``credentials`` prove by ``method`` (``AuthenticationError`` if none).
         With authentication off, everyone is anonymous (role None is the caller's to give)."""
         provider = self.providers.get(method)
-        if provider is None:
-            if self.anonymous_role is not None:
-                return Authenticated(self.anonymous_role)
-            if not method or method == "none":
-                raise AuthenticationError("Authentication required")
-            raise AuthenticationError(f"No authentication provider for method {method!r}")
-        return provider.authenticate(credentials)
+        label = (PROVIDER_LABELS.get(method, "anonymous"), method or "none")
+        try:
+            if provider is None:
+                if self.anonymous_role is not None:
+                    found = Authenticated(self.anonymous_role)
+                elif not method or method == "none":
+                    raise AuthenticationError("Authentication required")
+                else:
+                    raise AuthenticationError(f"No authentication provider for method {method!r}")
+            else:
+                found = provider.authenticate(credentials)
+        except AuthenticationError:
+            self.refusals[label] += 1
+            raise
+        self.successes[label] += 1
+        return found
 
     def authenticate_http(
         self, authorization: str | None, peer_certificate: bytes | None

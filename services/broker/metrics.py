@@ -216,6 +216,13 @@ class Balancing(Protocol):
     def bundles_split(self) -> int: ...
 
 
+class Authenticating(Protocol):
+    """What the authentication service counts (``common/auth/service.py``)."""
+
+    successes: Mapping[tuple[str, str], int]
+    refusals: Mapping[tuple[str, str], int]
+
+
 class Named(Protocol):
     """The broker's configuration as metrics read it."""
 
@@ -240,6 +247,8 @@ class MetricsSource(Protocol):
 
     @property
     def load_manager(self) -> Balancing | None: ...
+    @property
+    def authentication(self) -> Authenticating: ...
 
 
 # -- the collector ----------------------------------------------------------------------------
@@ -326,6 +335,7 @@ class PulsarCollector(Collector):
             yield from self._subscription_families(cluster, topics)
         yield from self._bundle_families(cluster, topics, values)
         yield from self._load_manager_families(cluster)
+        yield from self._authentication_families(cluster)
         self._rates.forget_unseen()
 
     # -- topics --------------------------------------------------------------------------------
@@ -463,6 +473,29 @@ class PulsarCollector(Collector):
             for family, x in zip(families, sums, strict=True):
                 family.add_metric([cluster, me, f"{namespace}/{bundle}"], x)
         yield from families
+
+    def _authentication_families(self, cluster: str) -> Iterator[Metric]:
+        """Pulsar's authentication counters: accepted and refused credentials per provider
+        and method (never anything of the credentials themselves)."""
+        service = self._broker.authentication
+        for name, documentation, counts in (
+            (
+                "pulsar_authentication_success",
+                "Credentials accepted, per provider and method",
+                service.successes,
+            ),
+            (
+                "pulsar_authentication_failures",
+                "Credentials refused, per provider and method",
+                service.refusals,
+            ),
+        ):
+            family = CounterMetricFamily(
+                name, documentation, labels=["cluster", "provider_name", "auth_method"]
+            )
+            for (provider, method), count in sorted(counts.items()):
+                family.add_metric([cluster, provider, method], count)
+            yield family
 
     def _load_manager_families(self, cluster: str) -> Iterator[Metric]:
         broker = self._broker

@@ -30,6 +30,7 @@ from pathlib import Path
 import jwt
 import pulsar
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
@@ -597,3 +598,26 @@ def test_the_official_clients_token_test_over_http_lookup(open_node: Secured) ->
 
 
 assert os.sep == "/"  # the file:// URLs above are POSIX paths
+
+
+def test_authentication_counts_are_in_the_metrics(strict_node: Secured) -> None:
+    _assert_refused_on_the_wire(strict_node.node, "token", b"not-a-token")
+    c = _client(
+        strict_node.node.url, authentication=pulsar.AuthenticationToken(strict_node.token("ivy"))
+    )
+    try:
+        c.create_producer("counted").close()
+    finally:
+        c.close()
+    url = f"http://127.0.0.1:{strict_node.node.http_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    counts = {
+        (s.name, s.labels.get("auth_method")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith("pulsar_authentication_")
+    }
+    assert counts[("pulsar_authentication_success_total", "token")] >= 1
+    assert counts[("pulsar_authentication_failures_total", "token")] >= 1
+    assert "not-a-token" not in text

@@ -72,6 +72,9 @@ def _broker(*topics: FakeTopic) -> Any:
         info=SimpleNamespace(broker_id="b1:8080"),
         ownership=None,
         load_manager=None,
+        authentication=SimpleNamespace(
+            successes={("AuthenticationProviderToken", "token"): 2}, refusals={}
+        ),
     )
 
 
