@@ -129,7 +129,10 @@ class Deployment:
     def client(self, matrix_role: str, *, over_http: bool = False) -> pulsar.Client:
         """An official client given the entry's Pulsar URL (or its HTTP URL: lookups and
         partition counts over the REST API)."""
-        token = self.token(ROLES[matrix_role])
+        return self.client_as(ROLES[matrix_role], over_http=over_http)
+
+    def client_as(self, role: str | None, *, over_http: bool = False) -> pulsar.Client:
+        token = self.token(role)
         return pulsar.Client(
             http_url(self.entry) if over_http else self.entry.url,
             authentication=None if token is None else pulsar.AuthenticationToken(token),
@@ -679,6 +682,35 @@ def _permissions(deployment: Deployment) -> dict[str, list[str]]:
     )
 
 
+def _may(deployment: Deployment, role: str, action: str) -> bool:
+    """Whether ``role`` may now ``produce`` or ``consume`` (a new producer or consumer of a
+    topic of the namespace is accepted, or refused with AuthorizationError)."""
+    c = deployment.client_as(role)
+    try:
+        if action == "produce":
+            c.create_producer(topic(f"effect-{role}")).close()
+        else:
+            c.subscribe(topic(f"effect-{role}"), "effect").close()
+        return True
+    except pulsar.AuthorizationError:
+        return False
+    finally:
+        c.close()
+
+
+def _takes_effect(deployment: Deployment, role: str, action: str, expected: bool) -> None:
+    """A grant or revoke made at the entry is seen there at once (the standalone), and by the
+    topic's owner within its 2 s cache of the namespace's grants (the cluster)."""
+    if deployment.cluster is None:
+        assert _may(deployment, role, action) is expected
+    else:
+        wait_until(
+            lambda: _may(deployment, role, action) is expected,
+            f"{role} {'may' if expected else 'may not'} {action} at the owner",
+            timeout=10,
+        )
+
+
 @each_role
 def test_grant(deployment: Deployment, role: str) -> None:
     grantee = f"granted-by-{role}"
@@ -689,9 +721,11 @@ def test_grant(deployment: Deployment, role: str) -> None:
     if allowed(role, "grant"):
         assert answer.status == 204, answer
         assert permissions.get(grantee) == ["consume"], permissions
+        _takes_effect(deployment, grantee, "consume", True)
     else:
         _assert_refused(answer, NOT_ADMIN)
         assert grantee not in permissions, permissions
+        assert not _may(deployment, grantee, "consume")
     # The matrix's own grants are untouched.
     assert permissions[ROLES["produce-only"] or ""] == ["produce"], permissions
     assert permissions[ROLES["consume-only"] or ""] == ["consume"], permissions
@@ -707,9 +741,11 @@ def test_revoke(deployment: Deployment, role: str) -> None:
     if allowed(role, "revoke"):
         assert answer.status == 204, answer
         assert grantee not in permissions, permissions
+        _takes_effect(deployment, grantee, "produce", False)
     else:
         _assert_refused(answer, NOT_ADMIN)
         assert permissions.get(grantee) == ["produce"], permissions
+        assert _may(deployment, grantee, "produce")
 
 
 # -- tenants ---------------------------------------------------------------------------------
