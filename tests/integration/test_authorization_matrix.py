@@ -373,18 +373,15 @@ def _lookup_path(name: str) -> str:
     return "/lookup/v2/topic/" + name.replace("://", "/", 1)
 
 
-def _raw_lookup(
-    deployment: Deployment,
-    node: StandaloneProcess | BrokerProcess,
-    role: str | None,
-    name: str,
-    authoritative: bool = False,
-) -> pb.CommandLookupTopicResponse:
-    """CONNECT (with the role's token) and LOOKUP on a raw connection: the broker's answer."""
+def _raw_connected(
+    deployment: Deployment, node: StandaloneProcess | BrokerProcess, role: str | None
+) -> RawConnection:
+    """A raw connection to ``node`` that sent CONNECT with ``role``'s token (none for None)."""
     token = deployment.token(role)
     # RawConnection needs only the node's ``port``; a broker process has one too.
-    with RawConnection(cast(StandaloneProcess, node)) as raw:
-        credentials = {"auth_method_name": "token", "auth_data": token.encode()} if token else {}
+    raw = RawConnection(cast(StandaloneProcess, node))
+    credentials = {"auth_method_name": "token", "auth_data": token.encode()} if token else {}
+    try:
         raw.command(
             pb.CommandConnect(
                 client_version="authz-matrix",
@@ -393,6 +390,21 @@ def _raw_lookup(
             )
         )
         raw.expect(pb.BaseCommand.CONNECTED)
+    except BaseException:
+        raw.close()
+        raise
+    return raw
+
+
+def _raw_lookup(
+    deployment: Deployment,
+    node: StandaloneProcess | BrokerProcess,
+    role: str | None,
+    name: str,
+    authoritative: bool = False,
+) -> pb.CommandLookupTopicResponse:
+    """CONNECT (with the role's token) and LOOKUP on a raw connection: the broker's answer."""
+    with _raw_connected(deployment, node, role) as raw:
         raw.command(pb.CommandLookupTopic(topic=name, request_id=1, authoritative=authoritative))
         answer = raw.expect(pb.BaseCommand.LOOKUP_RESPONSE).body
         return cast(pb.CommandLookupTopicResponse, answer)
@@ -515,6 +527,46 @@ def test_first_lookup(deployment: Deployment, role: str, channel: str) -> None:
 
 
 # -- produce, consume, read ------------------------------------------------------------------
+
+
+@each_role
+def test_producer_and_subscribe_without_a_lookup(deployment: Deployment, role: str) -> None:
+    """PRODUCER and SUBSCRIBE sent straight to the owner, as a client that skips the lookup
+    would: checked there for themselves (the official client is refused at the lookup)."""
+    name = topic(f"direct-{role}")
+    with _raw_connected(deployment, deployment.owner, ROLES[role]) as raw:
+        raw.command(pb.CommandProducer(topic=name, producer_id=1, request_id=1))
+        answer = raw.next_frame()
+        if allowed(role, "produce"):
+            assert answer.type == pb.BaseCommand.PRODUCER_SUCCESS, answer.name
+        else:
+            assert answer.type == pb.BaseCommand.ERROR, answer.name
+            error = answer.body
+            assert (error.request_id, error.error, error.message) == (  # type: ignore[attr-defined]
+                1,
+                pb.AuthorizationError,
+                "Client is not authorized to Produce",
+            ), error
+        raw.command(
+            pb.CommandSubscribe(
+                topic=name,
+                subscription="direct",
+                subType=pb.CommandSubscribe.Exclusive,
+                consumer_id=2,
+                request_id=2,
+            )
+        )
+        answer = raw.next_frame()
+        if allowed(role, "consume"):
+            assert answer.type == pb.BaseCommand.SUCCESS, answer.name
+        else:
+            assert answer.type == pb.BaseCommand.ERROR, answer.name
+            error = answer.body
+            assert (error.request_id, error.error, error.message) == (  # type: ignore[attr-defined]
+                2,
+                pb.AuthorizationError,
+                "Client is not authorized to subscribe",
+            ), error
 
 
 @each_role
