@@ -841,3 +841,31 @@ def test_the_matrix_is_whole() -> None:
     }
     assert set(OPERATIONS) <= tested, set(OPERATIONS) - tested
     assert set(ALLOWED) == set(ROLES)
+
+
+def test_bad_credentials_with_an_anonymous_role(deployment: Deployment) -> None:
+    """A token the broker cannot verify, where an anonymous role is set. Binary: CONNECT is
+    refused (AuthenticationError), as Pulsar's ServerCnx does for a method it has a provider
+    for. HTTP: Pulsar's AuthenticationService.authenticateHttpRequest tries every provider
+    and, when none accepts the request and ``anonymousUserRole`` is set, gives it that role;
+    so the caller is the ungranted anonymous role, refused 403 like the anonymous cells (the
+    spec: 401 only for missing or bad credentials when there is no anonymous role)."""
+    forged = jwt.encode({"sub": ROLES["superuser"]}, secrets.token_bytes(32), "HS256")
+    with RawConnection(cast(StandaloneProcess, deployment.entry)) as raw:
+        raw.command(
+            pb.CommandConnect(
+                client_version="authz-matrix",
+                protocol_version=codec.SERVER_PROTOCOL_VERSION,
+                auth_method_name="token",
+                auth_data=forged.encode(),
+            )
+        )
+        refused = raw.next_frame()
+        assert refused.type == pb.BaseCommand.ERROR, refused.name
+        assert refused.body.error == pb.AuthenticationError  # type: ignore[attr-defined]
+    base = http_url(deployment.entry)
+    tenants = http_call(base, "GET", "/admin/v2/tenants", forged, None)
+    lookup = http_call(base, "GET", _lookup_path(topic("forged")), forged, None)
+    assert (tenants.status, lookup.status) == (403, 403), (tenants, lookup)
+    assert tenants.body == {"reason": NOT_SUPERUSER}, tenants
+    assert lookup.body == {"reason": NOT_LOOKUP}, lookup
