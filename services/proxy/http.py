@@ -104,6 +104,8 @@ class ProxyHttpConfig(Protocol):
     @property
     def tls_enabled_with_broker(self) -> bool: ...
     @property
+    def tls_hostname_verification_enabled(self) -> bool: ...
+    @property
     def broker_client_trust_certs_file_path(self) -> str: ...
     @property
     def broker_proxy_read_timeout_ms(self) -> int: ...
@@ -186,7 +188,12 @@ def _new_session(proxy: ProxyHttpHost) -> aiohttp.ClientSession:
     context: ssl.SSLContext | bool = True
     if config.tls_enabled_with_broker:
         cert_file, key_file = client_certificate(proxy.client_credentials)
-        context = client_context(config.broker_client_trust_certs_file_path, cert_file, key_file)
+        context = client_context(
+            config.broker_client_trust_certs_file_path,
+            cert_file,
+            key_file,
+            verify_hostname=config.tls_hostname_verification_enabled,
+        )
     timeout_ms = config.broker_proxy_read_timeout_ms
     seconds = timeout_ms / 1000 if timeout_ms > 0 else None
     return aiohttp.ClientSession(
@@ -297,16 +304,16 @@ class Forwarder:
             raise ForwardError(503, "No broker is registered (is the cluster up?)") from None
         return [first, *(b for b in directory.brokers() if b.broker_id != first.broker_id)]
 
-    def _registered(self, location: str, current: str) -> tuple[BrokerInfo, str]:
+    def registered_target(self, location: str, current: str) -> tuple[BrokerInfo, str]:
         """The registered broker a redirect names, and the path and query to ask it."""
-        target = URL(location)
+        target = URL(location, encoded=True)
         if not target.is_absolute():
-            target = URL(current).join(target)
-        origin = _origin(str(target))
+            target = URL(current, encoded=True).join(target)
+        where = origin(str(target))
         for broker in self.proxy.directory.brokers():
-            if origin in (_origin(broker.http_url), _origin(broker.https_url)):
+            if where in (origin(broker.http_url), origin(broker.https_url)):
                 return broker, target.raw_path_qs
-        raise ForwardError(502, f"Broker redirected to {origin}, which is not a registered broker")
+        raise ForwardError(502, f"Broker redirected to {where}, which is not a registered broker")
 
     async def _call(
         self, method: str, path_qs: str, headers: CIMultiDict[str], body: bytes
@@ -333,7 +340,7 @@ class Forwarder:
             location = answer.headers["Location"]
             current = str(answer.url)
             answer.release()
-            broker, path_qs = self._registered(location, current)
+            broker, path_qs = self.registered_target(location, current)
         raise ForwardError(502, f"More than {MAX_REDIRECTS} redirects between brokers")
 
     async def _send(
@@ -353,11 +360,11 @@ class Forwarder:
         except TimeoutError:
             raise ForwardError(
                 504,
-                f"Broker at {_origin(url)} did not answer within "
+                f"Broker at {origin(url)} did not answer within "
                 f"{self.proxy.config.broker_proxy_read_timeout_ms} ms",
             ) from None
         except aiohttp.ClientError as e:
-            raise ForwardError(503, f"Broker at {_origin(url)} failed: {e}") from None
+            raise ForwardError(503, f"Broker at {origin(url)} failed: {e}") from None
 
     async def _relay(
         self, request: web.Request, answer: aiohttp.ClientResponse
@@ -383,7 +390,7 @@ def _returned(headers: Iterable[tuple[str, str]]) -> Iterable[tuple[str, str]]:
     return ((k, v) for k, v in headers if k.lower() not in NOT_RETURNED)
 
 
-def _origin(url: str) -> str:
+def origin(url: str) -> str:
     """``scheme://host:port`` of ``url``, the port made explicit, for comparing brokers."""
     if not url:
         return ""

@@ -61,6 +61,7 @@ class HttpSettings:
     authentication_enabled: bool = False
     forward_authorization_credentials: bool = False
     tls_enabled_with_broker: bool = False
+    tls_hostname_verification_enabled: bool = True
     broker_client_trust_certs_file_path: str = ""
     broker_proxy_read_timeout_ms: int = 15_000
 
