@@ -53,6 +53,7 @@ from magnetar.common.auth.client import ClientCredentials
 from magnetar.common.auth.provider import AuthenticationError
 from magnetar.common.auth.service import AuthenticationService
 from magnetar.common.cluster.broker_info import BrokerInfo
+from magnetar.common.config import ConfigError
 from magnetar.common.tls import client_context, peer_certificate_der
 from magnetar.proxy.metrics import ProxyMetrics
 
@@ -66,8 +67,8 @@ MAX_REQUEST_BODY_BYTES = 5 * 1024 * 1024
 REDIRECTS = frozenset({307, 308})
 
 ORIGINAL_PRINCIPAL_HEADER = "X-Original-Principal"
-#: Headers of one connection, not of the request (RFC 9110 section 7.6.1), and those the proxy
-#: sets itself; neither is copied from the client to the broker or back.
+#: Headers of one connection, not of the request (RFC 9110 section 7.6.1): never copied from the
+#: client to the broker or back.
 HOP_BY_HOP = frozenset(
     h.lower()
     for h in (
@@ -82,9 +83,11 @@ HOP_BY_HOP = frozenset(
         "Upgrade",
     )
 )
+#: Client headers not sent on: the connection's, and those the proxy sets itself.
 NOT_FORWARDED = HOP_BY_HOP | {
     "host",
     "content-length",
+    "expect",
     "authorization",
     ORIGINAL_PRINCIPAL_HEADER.lower(),
     # aiohttp asks for and decodes compression on its own; the client's wish is not passed on
@@ -212,8 +215,14 @@ def client_certificate(credentials: ClientCredentials) -> tuple[str, str]:
     text = credentials.parameters
     found: dict[str, str] = {}
     if text.startswith("{"):
-        document = json.loads(text)
-        found = {str(k): str(v) for k, v in document.items()}
+        try:
+            document = json.loads(text)
+            found = {str(k): str(v) for k, v in document.items()}
+        except (ValueError, AttributeError):
+            raise ConfigError(
+                "broker_client_authentication_parameters: tls needs "
+                "tlsCertFile:<path>,tlsKeyFile:<path> or its JSON form"
+            ) from None
     else:
         for part in text.split(","):
             key, _, value = part.partition(":")
