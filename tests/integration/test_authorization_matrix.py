@@ -844,12 +844,13 @@ def test_the_matrix_is_whole() -> None:
 
 
 def test_bad_credentials_with_an_anonymous_role(deployment: Deployment) -> None:
-    """A token the broker cannot verify, where an anonymous role is set. Binary: CONNECT is
-    refused (AuthenticationError), as Pulsar's ServerCnx does for a method it has a provider
-    for. HTTP: Pulsar's AuthenticationService.authenticateHttpRequest tries every provider
-    and, when none accepts the request and ``anonymousUserRole`` is set, gives it that role;
-    so the caller is the ungranted anonymous role, refused 403 like the anonymous cells (the
-    spec: 401 only for missing or bad credentials when there is no anonymous role)."""
+    """A token the broker cannot verify, where an anonymous role is set: refused on both
+    sides, never taken for the anonymous role. Binary: CONNECT is refused (AuthenticationError),
+    as Pulsar's ServerCnx does for a method it has a provider for. HTTP: 401 (Pulsar's HTTP
+    side falls back to the anonymous role here; we refuse, as the binary side does, and say
+    so in docs/decisions.md: credentials that were sent and are wrong are an error to report,
+    not a request to treat as anonymous).
+    """
     forged = jwt.encode({"sub": ROLES["superuser"]}, secrets.token_bytes(32), "HS256")
     with RawConnection(cast(StandaloneProcess, deployment.entry)) as raw:
         raw.command(
@@ -866,6 +867,6 @@ def test_bad_credentials_with_an_anonymous_role(deployment: Deployment) -> None:
     base = http_url(deployment.entry)
     tenants = http_call(base, "GET", "/admin/v2/tenants", forged, None)
     lookup = http_call(base, "GET", _lookup_path(topic("forged")), forged, None)
-    assert (tenants.status, lookup.status) == (403, 403), (tenants, lookup)
-    assert tenants.body == {"reason": NOT_SUPERUSER}, tenants
-    assert lookup.body == {"reason": NOT_LOOKUP}, lookup
+    assert (tenants.status, lookup.status) == (401, 401), (tenants, lookup)
+    for answer in (tenants, lookup):
+        assert "token not valid" in answer.body["reason"], answer
