@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from magnetar.common.grpc_tls import GrpcClientTls
 from magnetar.common.proto import bookie_pb2 as pb
 from magnetar.common.proto import bookie_pb2_grpc
 
@@ -55,7 +56,7 @@ class BookieTlsConfigError(ValueError):
 
 
 @dataclass(slots=True, frozen=True)
-class BookieTls:
+class BookieTls(GrpcClientTls):
     """TLS of the gRPC channels to bookies (Pulsar's ``bookkeeperTLS*`` client settings).
 
     - ``trust_certs_file``: PEM CA certificates the bookies' certificates must chain to (empty:
@@ -69,42 +70,8 @@ class BookieTls:
     has no equivalent here.
     """
 
-    trust_certs_file: str = ""
-    certificate_file: str = ""
-    key_file: str = ""
-
-    def channel_credentials(self) -> grpc.ChannelCredentials:
-        """The files read into gRPC credentials (read once: new files need a new client)."""
-        if bool(self.certificate_file) != bool(self.key_file):
-            raise BookieTlsConfigError(
-                "bookie TLS: a client certificate needs both its certificate file and its key "
-                f"file (got certificate {self.certificate_file!r}, key {self.key_file!r})"
-            )
-        root = _read_pem(self.trust_certs_file, "CA certificates", b"CERTIFICATE-----")
-        chain = _read_pem(self.certificate_file, "client certificate", b"CERTIFICATE-----")
-        key = _read_pem(self.key_file, "client key", b"PRIVATE KEY-----")
-        if key is not None and b"ENCRYPTED" in key:
-            raise BookieTlsConfigError(
-                f"bookie TLS: the key in {self.key_file} is encrypted; give an unencrypted PEM key"
-            )
-        return grpc.ssl_channel_credentials(
-            root_certificates=root, private_key=key, certificate_chain=chain
-        )
-
-
-def _read_pem(path: str, what: str, marker: bytes) -> bytes | None:
-    if not path:
-        return None
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise BookieTlsConfigError(
-            f"bookie TLS: cannot read the {what} file {path}: {e.strerror}"
-        ) from None
-    if marker not in data:
-        raise BookieTlsConfigError(f"bookie TLS: {path} holds no PEM {what}")
-    return data
+    PEER = "bookie"
+    ERROR = BookieTlsConfigError
 
 
 @dataclass(slots=True, frozen=True)

@@ -43,6 +43,7 @@ import aetcd.utils
 import aetcd.watcher
 import grpc
 
+from magnetar.common.grpc_tls import GrpcClientTls
 from magnetar.common.metadata.election import StoreLeaderElection, cancel_and_wait
 from magnetar.common.metadata.store import (
     NOT_EXISTS,
@@ -101,7 +102,7 @@ class EtcdTlsConfigError(ValueError):
 
 
 @dataclass(slots=True, frozen=True)
-class EtcdTls:
+class EtcdTls(GrpcClientTls):
     """TLS to etcd (etcd's client ``--cacert``, ``--cert``, ``--key``).
 
     - ``trust_certs_file``: PEM CA certificates the members' certificates must chain to (empty:
@@ -113,42 +114,8 @@ class EtcdTls:
     metadata URL gives for it (DNS name or IP address in its subjectAltName).
     """
 
-    trust_certs_file: str = ""
-    certificate_file: str = ""
-    key_file: str = ""
-
-    def channel_credentials(self) -> grpc.ChannelCredentials:
-        """The files read into gRPC credentials (read once, when the store is opened)."""
-        if bool(self.certificate_file) != bool(self.key_file):
-            raise EtcdTlsConfigError(
-                "etcd TLS: a client certificate needs both its certificate file and its key "
-                f"file (got certificate {self.certificate_file!r}, key {self.key_file!r})"
-            )
-        root = _read_pem(self.trust_certs_file, "CA certificates", b"CERTIFICATE-----")
-        chain = _read_pem(self.certificate_file, "client certificate", b"CERTIFICATE-----")
-        key = _read_pem(self.key_file, "client key", b"PRIVATE KEY-----")
-        if key is not None and b"ENCRYPTED" in key:
-            raise EtcdTlsConfigError(
-                f"etcd TLS: the key in {self.key_file} is encrypted; give an unencrypted PEM key"
-            )
-        return grpc.ssl_channel_credentials(
-            root_certificates=root, private_key=key, certificate_chain=chain
-        )
-
-
-def _read_pem(path: str, what: str, marker: bytes) -> bytes | None:
-    if not path:
-        return None
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise EtcdTlsConfigError(
-            f"etcd TLS: cannot read the {what} file {path}: {e.strerror}"
-        ) from None
-    if marker not in data:
-        raise EtcdTlsConfigError(f"etcd TLS: {path} holds no PEM {what}")
-    return data
+    PEER = "etcd"
+    ERROR = EtcdTlsConfigError
 
 
 class _TlsClient(aetcd.Client):
