@@ -25,7 +25,8 @@ caller, the ``anonymous_user_role`` if one is set (:func:`caller`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
@@ -43,6 +44,8 @@ from magnetar.broker.namespace.policies import PolicyError
 
 if TYPE_CHECKING:
     from magnetar.broker.admin.service import AdminBroker
+
+T = TypeVar("T")
 
 NOT_ENABLED = "Authorization is not enabled"
 NEED_AUTHENTICATION = "Need to authenticate to perform the request"
@@ -162,6 +165,14 @@ def _require_valid_pair(
     raise AdminError(401, "Original principal cannot be a proxy role")
 
 
+async def _stored(call: Awaitable[T], missing: str = NAMESPACE_MISSING) -> T:
+    """``call``'s answer; a namespace that is not there is 404 ``missing``."""
+    try:
+        return await call
+    except NamespaceMissingError:
+        raise AdminError(404, missing) from None
+
+
 def _require_enabled(broker: AdminBroker) -> None:
     if not broker.config.authorization_enabled:
         raise AdminError(501, NOT_ENABLED)
@@ -186,20 +197,14 @@ def add_permission_routes(routes: web.RouteTableDef, broker: AdminBroker) -> Non
     async def namespace_permissions(request: web.Request) -> web.Response:
         namespace = requests.namespace(request)
         await require_namespace_operation(request, broker, namespace, "GET_PERMISSION")
-        try:
-            found = await _authorization(broker).namespace_permissions(namespace)
-        except NamespaceMissingError:
-            raise AdminError(404, NAMESPACE_MISSING) from None
+        found = await _stored(_authorization(broker).namespace_permissions(namespace))
         return web.json_response(found)
 
     @routes.get(ns_base + "/subscription")
     async def subscription_permissions(request: web.Request) -> web.Response:
         namespace = requests.namespace(request)
         await require_namespace_operation(request, broker, namespace, "GET_PERMISSION")
-        try:
-            found = await _authorization(broker).subscription_permissions(namespace)
-        except NamespaceMissingError:
-            raise AdminError(404, NAMESPACE_MISSING) from None
+        found = await _stored(_authorization(broker).subscription_permissions(namespace))
         return web.json_response(found)
 
     @routes.post(ns_base + "/subscription/{subscription}")
@@ -208,12 +213,11 @@ def add_permission_routes(routes: web.RouteTableDef, broker: AdminBroker) -> Non
         _require_enabled(broker)
         await require_namespace_operation(request, broker, namespace, "GRANT_PERMISSION")
         roles = await _body(request, check_roles)
-        try:
-            await _authorization(broker).grant_subscription(
+        await _stored(
+            _authorization(broker).grant_subscription(
                 namespace, request.match_info["subscription"], roles
             )
-        except NamespaceMissingError:
-            raise AdminError(404, NAMESPACE_MISSING) from None
+        )
         return web.Response(status=204)
 
     @routes.delete(ns_base + "/{subscription}/{role}")
@@ -237,12 +241,10 @@ def add_permission_routes(routes: web.RouteTableDef, broker: AdminBroker) -> Non
         _require_enabled(broker)
         await require_namespace_operation(request, broker, namespace, "GRANT_PERMISSION")
         actions = await _body(request, check_actions)
-        try:
-            await _authorization(broker).grant_namespace(
-                namespace, request.match_info["role"], actions
-            )
-        except NamespaceMissingError:
-            raise AdminError(404, GRANT_NAMESPACE_MISSING) from None
+        await _stored(
+            _authorization(broker).grant_namespace(namespace, request.match_info["role"], actions),
+            GRANT_NAMESPACE_MISSING,
+        )
         return web.Response(status=204)
 
     @routes.delete(ns_base + "/{role}")
@@ -250,20 +252,16 @@ def add_permission_routes(routes: web.RouteTableDef, broker: AdminBroker) -> Non
         namespace = requests.namespace(request)
         _require_enabled(broker)
         await require_namespace_operation(request, broker, namespace, "REVOKE_PERMISSION")
-        try:
-            await _authorization(broker).revoke_namespace(namespace, request.match_info["role"])
-        except NamespaceMissingError:
-            raise AdminError(404, NAMESPACE_MISSING) from None
+        await _stored(
+            _authorization(broker).revoke_namespace(namespace, request.match_info["role"])
+        )
         return web.Response(status=204)
 
     @routes.get(topic_base)
     async def topic_permissions(request: web.Request) -> web.Response:
         topic = requests.topic(request)
         await require_tenant_admin(request, broker, topic.tenant)
-        try:
-            found = await _authorization(broker).topic_permissions(topic)
-        except NamespaceMissingError:
-            raise AdminError(404, NAMESPACE_MISSING) from None
+        found = await _stored(_authorization(broker).topic_permissions(topic))
         return web.json_response(found)
 
     @routes.post(topic_base + "/{role}")
@@ -272,10 +270,10 @@ def add_permission_routes(routes: web.RouteTableDef, broker: AdminBroker) -> Non
         await require_tenant_admin(request, broker, topic.tenant)
         _require_enabled(broker)
         actions = await _body(request, check_actions)
-        try:
-            await _authorization(broker).grant_topic(topic, request.match_info["role"], actions)
-        except NamespaceMissingError:
-            raise AdminError(404, GRANT_NAMESPACE_MISSING) from None
+        await _stored(
+            _authorization(broker).grant_topic(topic, request.match_info["role"], actions),
+            GRANT_NAMESPACE_MISSING,
+        )
         return web.Response(status=204)
 
     @routes.delete(topic_base + "/{role}")
