@@ -67,6 +67,15 @@ def _cmd_standalone(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_proxy(args: argparse.Namespace) -> int:
+    from magnetar.proxy.config import ProxyConfig
+    from magnetar.proxy.proxy import Proxy
+
+    proxy = Proxy(load_config(ProxyConfig, args))
+    uvloop.run(_run_until_signalled(proxy.start, proxy.stop))
+    return 0
+
+
 def _cmd_bk(args: argparse.Namespace) -> int:
     from magnetar import bkshell
 
@@ -77,6 +86,7 @@ _COMMANDS = {
     "bookie": "run a storage node",
     "broker": "run a broker (Pulsar protocol)",
     "standalone": "run metadata, one bookie and one broker in one process",
+    "proxy": "run a proxy: one address for clients, lookups answered, bytes relayed to brokers",
     "perf": "load generators (produce, consume) on the official client",
     "bk": "BookKeeper-style tools (bookiesanity, listledgers, recover, ...)",
     "tokens": "keys and JWTs for the token provider (create-secret-key, create, validate, ...)",
@@ -103,6 +113,11 @@ def _add_command(sub: argparse._SubParsersAction, name: str) -> None:  # type: i
 
         add_arguments(p, StandaloneConfig)
         p.set_defaults(func=_cmd_standalone)
+    elif name == "proxy":
+        from magnetar.proxy.config import ProxyConfig
+
+        add_arguments(p, ProxyConfig)
+        p.set_defaults(func=_cmd_proxy)
     elif name == "perf":
         from magnetar import perf
 
