@@ -34,7 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
-from tests.support.certs import Pki, make_pki, reissue_server
+from tests.support.certs import Pki, make_pki, reissue_server, tls_flags
 from tests.support.etcd import free_port
 from tests.support.polling import wait_until
 from tests.support.raw_client import RawConnection, assert_log_clean
@@ -90,11 +90,7 @@ def _start(base: Path, name: str, extra: list[str]) -> Secured:
     node = StandaloneProcess(
         base / name,
         extra=[
-            "--broker-service-port-tls", str(tls_port),
-            "--web-service-port-tls", str(https_port),
-            "--tls-certificate-file-path", str(pki.server.certificate),
-            "--tls-key-file-path", str(pki.server.key),
-            "--tls-trust-certs-file-path", str(pki.ca.certificate),
+            *tls_flags(pki, tls_port, https_port),
             "--tls-cert-refresh-check-duration-sec", "0",
             "--authentication-enabled",
             "--token-secret-key", f"file://{key_file}",

@@ -34,7 +34,7 @@ from pathlib import Path
 import pulsar
 import pytest
 
-from tests.support.certs import Pki, make_pki
+from tests.support.certs import Pki, make_pki, tls_flags
 from tests.support.etcd import free_port
 from tests.support.raw_client import assert_log_clean
 from tests.support.standalone import QUIET, StandaloneProcess
@@ -138,11 +138,7 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SslStandalone]:
     node = StandaloneProcess(
         base / "standalone",
         extra=[
-            "--broker-service-port-tls", str(tls_port),
-            "--web-service-port-tls", str(https_port),
-            "--tls-certificate-file-path", str(pki.server.certificate),
-            "--tls-key-file-path", str(pki.server.key),
-            "--tls-trust-certs-file-path", str(pki.ca.certificate),
+            *tls_flags(pki, tls_port, https_port),
             "--anonymous-user-role", "anonymous",
             "--authentication-enabled",
             "--authentication-providers", PROVIDERS,

@@ -235,3 +235,15 @@ def reissue_server(pki: Pki) -> int:
     certificate, key = _issue(_load(pki.ca), _named("localhost"), server=True)
     _write_pair(pki.directory, "server", certificate, key)
     return certificate.serial_number
+
+
+def tls_flags(pki: Pki, tls_port: int, https_port: int) -> list[str]:
+    """``magnetar standalone``/``broker`` flags serving TLS on ``tls_port`` (pulsar+ssl://) and
+    HTTPS on ``https_port`` with ``pki``'s server certificate, trusting its CA."""
+    return [
+        "--broker-service-port-tls", str(tls_port),
+        "--web-service-port-tls", str(https_port),
+        "--tls-certificate-file-path", str(pki.server.certificate),
+        "--tls-key-file-path", str(pki.server.key),
+        "--tls-trust-certs-file-path", str(pki.ca.certificate),
+    ]  # fmt: skip
