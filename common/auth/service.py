@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 
 from magnetar.common.auth.basic import BasicAuthenticator, from_http_header
 from magnetar.common.auth.provider import (
@@ -60,8 +61,13 @@ class FailureLog:
     """Logs refused attempts, a few per interval; the others are counted and reported once the
     interval is over, so a client hammering bad credentials cannot flood the log."""
 
-    def __init__(self, per_interval: int = FAILURES_LOGGED_PER_INTERVAL) -> None:
+    def __init__(
+        self,
+        per_interval: int = FAILURES_LOGGED_PER_INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.per_interval = per_interval
+        self._clock = clock
         self._window_start = 0.0
         self._logged = 0
         self._suppressed = 0
@@ -69,7 +75,7 @@ class FailureLog:
 
     def refused(self, what: str, address: str, reason: str) -> None:
         self.total += 1
-        now = time.monotonic()
+        now = self._clock()
         if now - self._window_start >= FAILURE_LOG_INTERVAL_S:
             if self._suppressed:
                 log.warning(

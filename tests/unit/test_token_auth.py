@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hmac
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from magnetar.common.auth.keys import KeyConfigError, read_key
+from magnetar.common.auth.service import FailureLog
 from magnetar.common.auth.token import (
     MAX_TOKEN_BYTES,
     AuthenticationError,
@@ -141,3 +143,18 @@ def test_unusable_settings_are_start_up_errors() -> None:
         TokenAuthenticator(TokenSettings(public_key=SECRET_DATA_URL, public_alg="HS256"))
     with pytest.raises(KeyConfigError, match="not a DER or PEM"):
         TokenAuthenticator(TokenSettings(public_key=SECRET_DATA_URL))
+
+
+def test_refusals_are_logged_a_few_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+    now = [1000.0]
+    failures = FailureLog(per_interval=5, clock=lambda: now[0])
+    caplog.set_level(logging.WARNING, logger="magnetar.common.auth.service")
+    for _ in range(30):
+        failures.refused("CONNECT", "10.0.0.1:5000", "token expired")
+    assert len(caplog.records) == 5
+    now[0] += 10.5
+    failures.refused("CONNECT", "10.0.0.1:5000", "token expired")
+    lines = [r.getMessage() for r in caplog.records]
+    assert "25 more authentication failures in the last 10 s were not logged" in lines
+    assert lines[-1] == "CONNECT from 10.0.0.1:5000 refused: token expired"
+    assert failures.total == 31
