@@ -1,0 +1,531 @@
+"""The proxy with real processes: three brokers (authentication and authorization on) behind two
+``magnetar proxy`` processes, the official client knowing only the proxies' URLs.
+
+One cluster for the module. Producers go through one proxy and consumers through the other, so
+every message crosses both. Covered: the four subscription modes draining a backlog with exact
+counts, a partitioned topic, a reader loop and seek, a JSON schema, a bundle unload under
+production (no application-visible error, nothing receipted lost), relay targets that are not
+allowed registered brokers (refused, and the address named is never dialled), a client granted
+one namespace refused elsewhere through the proxy, a proxy role without an original principal
+refused by the brokers, and the relays to a frozen broker (SIGSTOP) closed once its
+registration expires, so clients move to the next owner within the session TTL.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import secrets
+import select
+import socket
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jwt
+import pulsar
+import pytest
+from pulsar.schema import Integer, JsonSchema, Record, String
+
+from magnetar.common.cluster.broker_info import BROKERS_ROOT
+from magnetar.common.proto import pulsar_api_pb2 as pb
+from magnetar.common.protocol import codec
+from tests.support.cluster import (
+    MagnetarCluster,
+    PacedProducer,
+    _run,
+    assert_no_traceback,
+)
+from tests.support.etcd import free_port
+from tests.support.proxy import ProxyProcess
+from tests.support.raw_client import RawConnection
+
+Type = pb.BaseCommand.Type
+
+TENANT = "px"
+NAMESPACE = f"{TENANT}/ns"
+OTHER_NAMESPACE = f"{TENANT}/other"
+SUPERUSER = "admin"
+BROKER_ROLE = "broker"
+PROXY_ROLE = "proxy"
+ALICE = "alice"  # granted produce and consume on NAMESPACE only
+SESSION_TTL = 10
+
+
+@dataclass
+class Deployment:
+    cluster: MagnetarCluster
+    proxies: list[ProxyProcess]
+    secret: bytes
+    #: Listening sockets at addresses a client may name but the proxy must never dial.
+    decoy: socket.socket
+    #: Brokers paused long enough to lose their metadata session.
+    frozen: set[str]
+
+    def token(self, role: str) -> str:
+        return jwt.encode({"sub": role}, self.secret, "HS256")
+
+    def client(self, proxy: int = 0, role: str = SUPERUSER) -> pulsar.Client:
+        return pulsar.Client(
+            self.proxies[proxy].url,
+            authentication=pulsar.AuthenticationToken(self.token(role)),
+            operation_timeout_seconds=30,
+        )
+
+    def admin(self, method: str, path: str, body: Any = None) -> Any:
+        """A superuser's admin call to a running broker (redirects followed); must succeed."""
+        broker = self.cluster.running_brokers()[0]
+        url = broker.http_url + path
+        data = json.dumps(body).encode() if body is not None else None
+        for _ in range(5):
+            request = urllib.request.Request(url, method=method, data=data)
+            request.add_header("Authorization", f"Bearer {self.token(SUPERUSER)}")
+            if data is not None:
+                request.add_header("Content-Type", "application/json")
+            try:
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    raw = response.read()
+                    return json.loads(raw) if raw else None
+            except urllib.error.HTTPError as e:
+                location = e.headers.get("Location")
+                if e.code in (307, 308) and location:
+                    url = urllib.parse.urljoin(url, location)
+                    continue
+                raise AssertionError(f"{method} {path}: {e.code} {e.read()!r}") from None
+        raise AssertionError(f"{method} {path}: too many redirects")
+
+
+def _security(key_file: Path) -> dict[str, object]:
+    return {
+        "authentication_enabled": True,
+        "authentication_providers": "token",
+        "token_secret_key": f"file://{key_file}",
+    }
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    base = tmp_path_factory.mktemp("proxy")
+    secret = secrets.token_bytes(32)
+    key_file = base / "secret.key"
+    key_file.write_bytes(secret)
+    broker_settings = {
+        **_security(key_file),
+        "authorization_enabled": True,
+        "superuser_roles": f"{SUPERUSER},{BROKER_ROLE}",
+        "proxy_roles": PROXY_ROLE,
+        "broker_client_authentication_plugin": "token",
+        "broker_client_authentication_parameters": "token:"
+        + jwt.encode({"sub": BROKER_ROLE}, secret, "HS256"),
+        "broker_session_ttl_seconds": SESSION_TTL,
+    }
+    decoy = socket.socket()
+    decoy.bind(("127.0.0.1", 0))
+    decoy.listen(8)
+    decoy.setblocking(False)
+    cluster = MagnetarCluster(base / "cluster", brokers=3, broker_settings=broker_settings)
+    proxies: list[ProxyProcess] = []
+    frozen: set[str] = set()
+    try:
+        cluster.start()
+        ports = [b.port for b in cluster.brokers] + [decoy.getsockname()[1]]
+        for n in range(2):
+            proxies.append(
+                ProxyProcess(
+                    base / f"proxy-{n}",
+                    cluster.url,
+                    settings={
+                        **_security(key_file),
+                        "broker_client_authentication_plugin": "token",
+                        "broker_client_authentication_parameters": "token:"
+                        + jwt.encode({"sub": PROXY_ROLE}, secret, "HS256"),
+                        "broker_proxy_allowed_target_ports": ",".join(map(str, ports)),
+                    },
+                )
+            )
+        for proxy in proxies:
+            proxy.spawn()
+        for proxy in proxies:
+            proxy.wait_serving()
+        deployment = Deployment(cluster, proxies, secret, decoy, frozen)
+        deployment.admin("PUT", f"/admin/v2/tenants/{TENANT}", {"allowedClusters": ["standalone"]})
+        for namespace in (NAMESPACE, OTHER_NAMESPACE):
+            deployment.admin(
+                "PUT", f"/admin/v2/namespaces/{namespace}", {"bundles": {"numBundles": 4}}
+            )
+        # Brokers authorize both the proxy's role and the client's (Pulsar's rule): the proxy
+        # may act on both namespaces, alice only on one.
+        grants = [(NAMESPACE, ALICE), (NAMESPACE, PROXY_ROLE), (OTHER_NAMESPACE, PROXY_ROLE)]
+        for namespace, role in grants:
+            deployment.admin(
+                "POST",
+                f"/admin/v2/namespaces/{namespace}/permissions/{role}",
+                ["produce", "consume"],
+            )
+        yield deployment
+    finally:
+        for proxy in proxies:
+            proxy.stop()
+        cluster.close()
+        decoy.close()
+        for proxy in proxies:
+            print(f"===== {proxy.describe()} =====\n{proxy.log_tail(3000)}")
+        print(cluster.logs())
+    for broker in cluster.brokers:
+        assert_no_traceback(broker)
+        if broker.broker_id in frozen:
+            continue  # it lost its session while stopped, and says so at ERROR
+        errors = broker.log_lines(" ERROR ", " CRITICAL ")
+        assert not errors, f"broker {broker.broker_id} logged errors:\n" + "\n".join(errors[:40])
+    for proxy in proxies:
+        bad = proxy.log_lines("Traceback", " ERROR ", " CRITICAL ")
+        assert not bad, f"{proxy.describe()} logged errors:\n" + "\n".join(bad[:40])
+
+
+def topic(name: str, namespace: str = NAMESPACE) -> str:
+    return f"persistent://{namespace}/{name}"
+
+
+def drain(consumers: list[pulsar.Consumer], expected: int, timeout: float = 30.0) -> list[str]:
+    """Receive and acknowledge until ``expected`` messages came: each consumer is read until it
+    has nothing for a moment, then the next (one may hold the whole backlog)."""
+    got: list[str] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < expected and time.monotonic() < deadline:
+        for consumer in consumers:
+            while len(got) < expected:
+                try:
+                    message = consumer.receive(100)
+                except pulsar.Timeout:
+                    break
+                got.append(message.data().decode())
+                consumer.acknowledge(message)
+    return got
+
+
+# -- what clients do through the proxies ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mode", "consumers"),
+    [
+        (pulsar.ConsumerType.Exclusive, 1),
+        (pulsar.ConsumerType.Failover, 2),
+        (pulsar.ConsumerType.Shared, 2),
+        (pulsar.ConsumerType.KeyShared, 2),
+    ],
+    ids=["exclusive", "failover", "shared", "key_shared"],
+)
+def test_subscription_modes_drain_a_backlog(
+    deployment: Deployment, mode: pulsar.ConsumerType, consumers: int
+) -> None:
+    name = topic(f"modes-{mode}")
+    count = 300
+    producing, consuming = deployment.client(0), deployment.client(1)
+    try:
+        subscribed = [
+            consuming.subscribe(name, "sub", consumer_type=mode, consumer_name=f"c{n}")
+            for n in range(consumers)
+        ]
+        producer = producing.create_producer(name, batching_enabled=True)
+        sent = [f"m-{n}" for n in range(count)]
+        for n, body in enumerate(sent):
+            producer.send_async(body.encode(), None, partition_key=f"k{n % 7}")
+        producer.flush()
+        got = drain(subscribed, count)
+        assert sorted(got) == sorted(sent)
+        assert drain(subscribed, 1, timeout=1.0) == []
+    finally:
+        producing.close()
+        consuming.close()
+
+
+def test_partitioned_topic(deployment: Deployment) -> None:
+    name = topic("parted")
+    deployment.admin("PUT", f"/admin/v2/persistent/{NAMESPACE}/parted/partitions", 3)
+    producing, consuming = deployment.client(0), deployment.client(1)
+    try:
+        consumer = consuming.subscribe(name, "sub", consumer_type=pulsar.ConsumerType.Shared)
+        producer = producing.create_producer(name, batching_enabled=False)
+        sent = [f"p-{n}" for n in range(150)]
+        for n, body in enumerate(sent):
+            producer.send(body.encode(), partition_key=f"key-{n}")
+        got = drain([consumer], len(sent))
+        assert sorted(got) == sorted(sent)
+        partitions = {m for m in consuming.get_topic_partitions(name)}
+        assert partitions == {f"{name}-partition-{n}" for n in range(3)}
+    finally:
+        producing.close()
+        consuming.close()
+
+
+def test_reader_and_seek(deployment: Deployment) -> None:
+    name = topic("reading")
+    producing, reading = deployment.client(0), deployment.client(1)
+    try:
+        producer = producing.create_producer(name, batching_enabled=False)
+        ids = [producer.send(f"r-{n}".encode()) for n in range(60)]
+        reader = reading.create_reader(name, pulsar.MessageId.earliest)
+        read = []
+        while reader.has_message_available():
+            read.append(reader.read_next(5000).data().decode())
+        assert read == [f"r-{n}" for n in range(60)]
+        reader.seek(ids[40])
+        again = [reader.read_next(5000).data().decode() for _ in range(5)]
+        assert again[0] in ("r-40", "r-41") and again[-1] in ("r-44", "r-45")
+        consumer = reading.subscribe(name, "seeker")
+        consumer.seek(ids[10])
+        first = consumer.receive(10_000)
+        assert first.data().decode() in ("r-10", "r-11")
+    finally:
+        producing.close()
+        reading.close()
+
+
+class Reading(Record):
+    sensor = String()
+    value = Integer()
+
+
+def test_json_schema(deployment: Deployment) -> None:
+    name = topic("schema")
+    producing, consuming = deployment.client(0), deployment.client(1)
+    try:
+        schema = JsonSchema(Reading)
+        consumer = consuming.subscribe(name, "sub", schema=schema)
+        producer = producing.create_producer(name, schema=schema)
+        for n in range(20):
+            producer.send(Reading(sensor=f"s{n % 3}", value=n))
+        values = []
+        for _ in range(20):
+            message = consumer.receive(10_000)
+            values.append(message.value().value)
+            consumer.acknowledge(message)
+        assert values == list(range(20))
+        versions = deployment.admin("GET", f"/admin/v2/schemas/{NAMESPACE}/schema/schema")
+        assert "sensor" in json.dumps(versions)
+    finally:
+        producing.close()
+        consuming.close()
+
+
+def test_unload_under_production_loses_nothing(deployment: Deployment) -> None:
+    name = topic("unloaded")
+    producing, consuming = deployment.client(0), deployment.client(1)
+    try:
+        consumer = consuming.subscribe(name, "sub")
+        paced = PacedProducer(producing, name, interval=0.002).start()
+        try:
+            paced.wait_for(100)
+            owner_before = deployment.cluster.owner_of_topic(name)
+            bundles = deployment.admin("GET", f"/admin/v2/namespaces/{NAMESPACE}/bundles")
+            boundaries = bundles["boundaries"]
+            for low, high in itertools.pairwise(boundaries):
+                deployment.admin("PUT", f"/admin/v2/namespaces/{NAMESPACE}/{low}_{high}/unload")
+            paced.wait_for(200, timeout=60)
+        finally:
+            paced.stop()
+            paced.close()
+        assert paced.errors == [] and paced.raised == []
+        got = set(drain([consumer], len(paced.receipted), timeout=60))
+        assert set(paced.receipted) <= got, sorted(set(paced.receipted) - got)[:10]
+        assert owner_before is not None
+    finally:
+        producing.close()
+        consuming.close()
+
+
+# -- relay targets -----------------------------------------------------------------------------
+
+
+def _raw_connect(deployment: Deployment, proxy: ProxyProcess, target: str) -> RawConnection:
+    raw = RawConnection(proxy)  # type: ignore[arg-type]
+    raw.command(
+        pb.CommandConnect(
+            client_version="proxy-test",
+            protocol_version=codec.SERVER_PROTOCOL_VERSION,
+            auth_method_name="token",
+            auth_data=deployment.token(SUPERUSER).encode(),
+            proxy_to_broker_url=target,
+        )
+    )
+    return raw
+
+
+def _assert_refused_target(raw: RawConnection) -> None:
+    with raw:
+        frame = raw.expect(Type.ERROR)
+        assert frame.body.error == pb.ServiceNotReady  # type: ignore[attr-defined]
+        assert frame.body.message == "Target broker cannot be validated."  # type: ignore[attr-defined]
+        assert raw.closed_by_peer()
+
+
+def _dialled(listener: socket.socket) -> bool:
+    readable, _, _ = select.select([listener], [], [], 0.5)
+    if readable:
+        listener.accept()[0].close()
+    return bool(readable)
+
+
+def _new_connections(proxy: ProxyProcess) -> float:
+    for line in proxy.metrics().splitlines():
+        if line.startswith("pulsar_proxy_new_connections_total "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def test_unregistered_address_is_refused_and_never_dialled(deployment: Deployment) -> None:
+    port = deployment.decoy.getsockname()[1]  # an allowed port, but nobody registered it
+    _assert_refused_target(_raw_connect(deployment, deployment.proxies[0], f"127.0.0.1:{port}"))
+    assert not _dialled(deployment.decoy)
+
+
+def test_disallowed_port_is_refused_and_never_dialled(deployment: Deployment) -> None:
+    """Even a registered broker is not dialled on a port outside the allowed ones: a
+    registration naming a listening socket is added for the test, then removed."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+    cluster = deployment.cluster
+    key = f"{BROKERS_ROOT}/127.0.0.1:{free_port()}"
+    real = next(iter(cluster.registered().values()))
+    info = {**real["info"], "brokerId": key.rsplit("/", 1)[1]}
+    info["serviceUrl"] = f"pulsar://127.0.0.1:{port}"
+    document = json.dumps({"info": info, "report": real["report"]}).encode()
+
+    async def put() -> None:
+        from magnetar.common.metadata import open_store
+
+        store = await open_store(cluster.url)
+        try:
+            await store.put(key, document)
+        finally:
+            await store.close()
+
+    proxy = deployment.proxies[0]
+    try:
+        _run(put)
+        cluster.wait_for(
+            lambda: proxy.log_lines(f"(pulsar://127.0.0.1:{port})"),
+            what="the proxy saw the registration",
+        )
+        _assert_refused_target(_raw_connect(deployment, proxy, f"127.0.0.1:{port}"))
+        assert not _dialled(listener)
+        assert proxy.log_lines(f"port {port} is not in broker_proxy_allowed_target_ports")
+    finally:
+        cluster.delete(key)
+        listener.close()
+
+
+def test_the_proxy_itself_is_refused(deployment: Deployment) -> None:
+    proxy = deployment.proxies[0]
+    before = _new_connections(proxy)
+    _assert_refused_target(_raw_connect(deployment, proxy, f"127.0.0.1:{proxy.port}"))
+    assert _new_connections(proxy) == before + 1  # ours only: it did not dial itself
+
+
+def test_old_protocol_versions_are_refused(deployment: Deployment) -> None:
+    with RawConnection(deployment.proxies[1]) as raw:  # type: ignore[arg-type]
+        raw.command(pb.CommandConnect(client_version="old", protocol_version=9))
+        frame = raw.expect(Type.ERROR)
+        assert frame.body.error == pb.UnsupportedVersionError  # type: ignore[attr-defined]
+        assert raw.closed_by_peer()
+
+
+# -- identity ----------------------------------------------------------------------------------
+
+
+def test_a_client_granted_one_namespace_is_refused_elsewhere(deployment: Deployment) -> None:
+    alice = deployment.client(0, role=ALICE)
+    try:
+        producer = alice.create_producer(topic("alice"))
+        producer.send(b"hello")
+        consumer = alice.subscribe(
+            topic("alice"), "s", initial_position=pulsar.InitialPosition.Earliest
+        )
+        assert consumer.receive(10_000).data() == b"hello"
+        with pytest.raises(pulsar.AuthorizationError):
+            alice.create_producer(topic("alice", OTHER_NAMESPACE))
+        with pytest.raises(pulsar.AuthorizationError):
+            alice.subscribe(topic("alice", OTHER_NAMESPACE), "s")
+    finally:
+        alice.close()
+
+
+def test_bad_credentials_are_refused_by_the_proxy(deployment: Deployment) -> None:
+    with RawConnection(deployment.proxies[0]) as raw:  # type: ignore[arg-type]
+        raw.command(
+            pb.CommandConnect(
+                client_version="forger",
+                protocol_version=codec.SERVER_PROTOCOL_VERSION,
+                auth_method_name="token",
+                auth_data=jwt.encode({"sub": SUPERUSER}, b"x" * 32, "HS256").encode(),
+            )
+        )
+        frame = raw.expect(Type.ERROR)
+        assert frame.body.error == pb.AuthenticationError  # type: ignore[attr-defined]
+        assert raw.closed_by_peer()
+
+
+def test_a_proxy_role_without_original_principal_is_refused_by_brokers(
+    deployment: Deployment,
+) -> None:
+    broker = deployment.cluster.brokers[0]
+    with RawConnection(broker) as raw:  # type: ignore[arg-type]
+        raw.command(
+            pb.CommandConnect(
+                client_version="proxy-impostor",
+                protocol_version=codec.SERVER_PROTOCOL_VERSION,
+                auth_method_name="token",
+                auth_data=deployment.token(PROXY_ROLE).encode(),
+            )
+        )
+        frame = raw.expect(Type.ERROR)
+        assert frame.body.error == pb.AuthenticationError  # type: ignore[attr-defined]
+        assert frame.body.message == "Invalid roles."  # type: ignore[attr-defined]
+        assert raw.closed_by_peer()
+
+
+# -- a frozen broker (last: it changes the cluster) ---------------------------------------------
+
+
+def test_relays_to_a_frozen_broker_are_closed_when_its_registration_expires(
+    deployment: Deployment,
+) -> None:
+    """SIGSTOP of the owner: its clients through the proxy receipt again within the session
+    TTL plus a few seconds (the time is printed)."""
+    name = topic("frozen")
+    cluster = deployment.cluster
+    producing = deployment.client(0)
+    try:
+        paced = PacedProducer(producing, name, interval=0.005).start()
+        try:
+            paced.wait_for(50)
+            owner = cluster.broker(
+                cluster.wait_for(lambda: cluster.owner_of_topic(name), what="an owner")
+            )
+            deployment.frozen.add(owner.broker_id)
+            owner.pause()
+            paused_at = time.monotonic()
+            try:
+                count = len(paced.receipted)
+                paced.wait_until(count + 50, paused_at + SESSION_TTL + 20)
+                recovered = min(t for t in paced.receipted.values() if t > paused_at + 1)
+                recovered -= paused_at
+                print(f"receipts again {recovered:.1f} s after SIGSTOP of the owner (proxy)")
+                assert recovered < SESSION_TTL + 15
+            finally:
+                owner.resume()
+        finally:
+            paced.stop()
+            paced.close()
+        assert paced.raised == []
+    finally:
+        producing.close()
