@@ -47,6 +47,9 @@ Type = pb.BaseCommand.Type
 
 AnyTopic = PersistentTopic | NonPersistentTopic
 AnySubscription = Subscription | NonPersistentSubscription
+#: Frames a client may send while its CONNECT is being authenticated (clients send none; a
+#: bound, so a peer cannot make the broker hold an unbounded backlog meanwhile).
+MAX_HELD_FRAMES = 1000
 #: Requests answered by their own response type (with a status), not by CommandError.
 _OWN_RESPONSE = (pb.CommandLookupTopicResponse, pb.CommandPartitionedTopicMetadataResponse)
 #: Schema requests: answered by their own response type with ``error_code``.
@@ -113,6 +116,14 @@ class ServerConnection(FrameConnection):
 
     def handle_frame(self, frame: codec.Frame) -> None:
         if self._held is not None and frame.type not in (Type.PING, Type.PONG):
+            if len(self._held) >= MAX_HELD_FRAMES:
+                log.warning(
+                    "connection %s: %d frames sent before CONNECT was answered; closing",
+                    self.peer,
+                    len(self._held),
+                )
+                self.close()
+                return
             self._held.append(frame)
             return
         HANDLERS.get(frame.type, connect.unsupported)(self, frame.body, frame)
