@@ -24,6 +24,13 @@ import crc32c
 from magnetar.bookie import journal as jnl
 from magnetar.bookie.auditor import ELECTION as AUDITOR_ELECTION
 from magnetar.bookie.auditor import ledgers_by_bookie, mark_ledgers_of
+from magnetar.bookie.decommission import (
+    BookieState,
+    ScaleDownCheck,
+    check_scale_down,
+    leaving_on_scale_down,
+    statefulset_ordinal,
+)
 from magnetar.bookie.gc import find_unlisted, managed_ledger_of
 from magnetar.bookie.index import rebuild_index
 from magnetar.bookie.metrics import BookieMetrics
@@ -45,6 +52,7 @@ from magnetar.common.ledger.identity import reregister as reregister_cookie
 from magnetar.common.ledger.metadata import LedgerMetadata
 from magnetar.common.ledger.placement import NotEnoughBookiesError
 from magnetar.common.ledger.underreplication import (
+    DECOMMISSIONING_PATH,
     LOCKS_PATH,
     decommissioning_key,
     list_marks,
@@ -518,71 +526,249 @@ async def _last_entry_held(
     return max(held, default=-1)
 
 
-async def _ledgers_on(client: LedgerClient, address: str) -> list[int]:
+async def _ledgers_on(store: MetadataStore, addresses: set[str]) -> list[int]:
     return sorted(
-        i for i, (_, named) in (await ledgers_by_bookie(client.store)).items() if address in named
+        i for i, (_, named) in (await ledgers_by_bookie(store)).items() if addresses & named
     )
+
+
+async def scale_down_check(
+    client: LedgerClient, leaving: list[str], ensemble_size: int | None
+) -> ScaleDownCheck:
+    """``decommission.check_scale_down`` on the registered bookies and every ledger now."""
+    registered = await list_bookies(client.store)
+    decommissioning = {
+        k.rsplit("/", 1)[1] for k in await client.store.scan(DECOMMISSIONING_PATH + "/")
+    }
+    states = [
+        BookieState(b.address, True, b.read_only or b.address in decommissioning)
+        for b in registered
+    ]
+    ledgers = {i: m for i, (m, _) in (await ledgers_by_bookie(client.store)).items()}
+    return check_scale_down(states, leaving, ledgers, ensemble_size)
+
+
+_DECOMMISSION_OPTIONS = (
+    option(
+        "--ensemble-size",
+        type=int,
+        default=None,
+        help="bookies new ledgers need (the brokers' ensemble_size) [default: the largest "
+        "ensemble of an open ledger]",
+    ),
+    option("--check", action="store_true", help="only say whether it is allowed (exit 0/1)"),
+    option(
+        "--force",
+        action="store_true",
+        help="go ahead although the check refuses (entries may keep fewer copies than Qw)",
+    ),
+    option("--timeout", type=float, default=3600.0, help="seconds to wait [default: 3600]"),
+    option("--no-wait", action="store_true", help="mark and return at once"),
+    json_option(),
+)
 
 
 @tool(
     "decommissionbookie",
     needs=Needs.LEDGER_CLIENT,
     help="drain a live (or dead) bookie: its ledgers are copied to others, then it can go",
-    description="The bookie turns read-only (writers move off it at their next add), every "
-    "ledger with a fragment on it is marked under-replicated, and the replication workers "
-    "copy them away. Waits until no ledger names the bookie; then stop it and remove it.",
+    description="First the check: refused (exit 1, nothing changed) if the remaining writable "
+    "bookies could not hold every ledger of the leaving ones at its write quorum, or fewer "
+    "would remain than new ledgers' ensemble. Then the bookie turns read-only (writers move "
+    "off it at their next add), every ledger with a fragment on it is marked "
+    "under-replicated, and the replication workers copy them away. Waits until no ledger "
+    "names the bookie; then stop it and remove it.",
     options=[
-        option("bookie", metavar="HOST:PORT"),
-        option("--timeout", type=float, default=3600.0, help="seconds to wait [default: 3600]"),
-        option("--no-wait", action="store_true", help="mark and return at once"),
+        option("bookie", metavar="HOST:PORT[,HOST:PORT...]"),
         option(
             "--cancel",
             action="store_true",
             help="take the bookie off the decommissioning list (it turns writable again)",
         ),
-        json_option(),
+        *_DECOMMISSION_OPTIONS,
     ],
 )
 async def decommissionbookie(client: LedgerClient, args: argparse.Namespace) -> int:
-    address = args.bookie
+    addresses = sorted({a.strip() for a in args.bookie.split(",") if a.strip()})
     if args.cancel:
-        await client.store.delete(decommissioning_key(address))
+        for address in addresses:
+            await client.store.delete(decommissioning_key(address))
         _emit(
             args,
-            {"bookie": address, "decommissioning": False},
-            f"decommissionbookie {address}: cancelled; writable again from its next disk check",
+            {"bookies": addresses, "decommissioning": False},
+            f"decommissionbookie {', '.join(addresses)}: cancelled; writable again from the "
+            "next disk check",
         )
         return 0
-    await client.store.put(decommissioning_key(address), b"{}")
-    marked = await mark_ledgers_of(client.store, {address})
+    return await _decommission(client, args, addresses, "decommissionbookie")
+
+
+@tool(
+    "scaledown",
+    needs=Needs.LEDGER_CLIENT,
+    help="before `kubectl scale statefulset` of bookies: check, then decommission the "
+    "bookies the StatefulSet will remove (ordinals REPLICAS and up)",
+    description="The bookies registered under the StatefulSet's stable pod names "
+    "(NAME-ORDINAL.…) with an ordinal of REPLICAS or more are decommissioned as "
+    "decommissionbookie does, after the same check. When it says so, scale the StatefulSet "
+    "to REPLICAS: each leaving pod's preStop hook (`magnetar bk prestop`) waits for its "
+    "ledgers to be gone before the bookie stops.",
+    options=[
+        option("--replicas", type=int, required=True, help="the StatefulSet's new replica count"),
+        option(
+            "--statefulset",
+            default=None,
+            help="the StatefulSet's name [default: this pod's, from $HOSTNAME]",
+        ),
+        *_DECOMMISSION_OPTIONS,
+    ],
+)
+async def scaledown(client: LedgerClient, args: argparse.Namespace) -> int:
+    name = args.statefulset
+    if name is None:
+        own = statefulset_ordinal(os.environ.get("HOSTNAME", "") + ":0")
+        if own is None:
+            print("scaledown: give --statefulset (no NAME-ORDINAL in $HOSTNAME)", file=sys.stderr)
+            return 2
+        name = own[0]
+    registered = [b.address for b in await list_bookies(client.store)]
+    leaving = leaving_on_scale_down(registered, name, args.replicas)
+    if not leaving:
+        _emit(
+            args,
+            {"statefulset": name, "replicas": args.replicas, "leaving": []},
+            f"scaledown: no registered bookie of {name} has an ordinal of {args.replicas} or "
+            "more; nothing to decommission",
+        )
+        return 0
+    return await _decommission(client, args, leaving, "scaledown")
+
+
+async def _decommission(
+    client: LedgerClient, args: argparse.Namespace, addresses: list[str], name: str
+) -> int:
+    check = await scale_down_check(client, addresses, args.ensemble_size)
+    verdict = {
+        "bookies": addresses,
+        "allowed": check.allowed,
+        "remaining_writable": list(check.remaining_writable),
+        "ensemble_size": check.ensemble_size,
+        "ledgers_to_move": check.ledgers_to_move,
+        "stranded": [f.describe() for f in check.stranded],
+    }
+    if args.check or (not check.allowed and not args.force):
+        if check.allowed:
+            _emit(
+                args,
+                verdict,
+                f"{name} {', '.join(addresses)}: allowed; {check.ledgers_to_move} ledgers "
+                f"would be copied to {len(check.remaining_writable)} remaining writable bookies",
+            )
+            return 0
+        if args.json:
+            print(json.dumps(verdict))
+        print(f"{name}: {check.refusal()}", file=sys.stderr)
+        return 1
+    if not check.allowed:
+        print(f"{name}: --force: going ahead although {check.refusal()}", file=sys.stderr)
+    for address in addresses:
+        await client.store.put(decommissioning_key(address), b"{}")
+    marked = await mark_ledgers_of(client.store, set(addresses))
     if not args.json:
         print(
-            f"decommissionbookie {address}: read-only from its next disk check; "
+            f"{name} {', '.join(addresses)}: read-only from the next disk check; "
             f"{len(marked)} ledgers marked under-replicated"
         )
     if not await _autorecovery_enabled(client.store):
         print(
-            "decommissionbookie: autorecovery is disabled (`magnetar bk autorecovery enable`), "
+            f"{name}: autorecovery is disabled (`magnetar bk autorecovery enable`), "
             "nothing copies the ledgers away",
             file=sys.stderr,
         )
-    remaining = await _ledgers_on(client, address)
-    deadline = time.monotonic() + args.timeout
-    while remaining and not args.no_wait and time.monotonic() < deadline:
-        await asyncio.sleep(1.0)
-        before, remaining = remaining, await _ledgers_on(client, address)
-        if remaining != before and not args.json:
-            print(f"decommissionbookie {address}: {len(remaining)} ledgers still on it")
-        # Ledgers created on it before it turned read-only: mark them too.
-        await mark_ledgers_of(client.store, {address})
+    remaining = await _wait_until_drained(
+        client.store, set(addresses), args.timeout, args.no_wait, args
+    )
     _emit(
         args,
-        {"bookie": address, "marked": len(marked), "remaining": remaining},
-        f"decommissionbookie {address}: "
+        {**verdict, "marked": len(marked), "remaining": remaining},
+        f"{name} {', '.join(addresses)}: "
         + (
-            "no ledger names it any more: stop it and remove it"
+            "no ledger names them any more: they can go"
             if not remaining
-            else f"{len(remaining)} ledgers still on it: {remaining}"
+            else f"{len(remaining)} ledgers still on them: {remaining}"
+        ),
+    )
+    return 0 if not remaining else 1
+
+
+async def _wait_until_drained(
+    store: MetadataStore,
+    addresses: set[str],
+    timeout: float,
+    no_wait: bool,
+    args: argparse.Namespace,
+) -> list[int]:
+    """Wait until no ledger names ``addresses`` (or the timeout); the ledgers still on them."""
+    remaining = await _ledgers_on(store, addresses)
+    deadline = time.monotonic() + timeout
+    while remaining and not no_wait and time.monotonic() < deadline:
+        await asyncio.sleep(1.0)
+        before, remaining = remaining, await _ledgers_on(store, addresses)
+        if remaining != before and not args.json:
+            print(f"{len(remaining)} ledgers still on {', '.join(sorted(addresses))}")
+        # Ledgers created on them before they turned read-only: mark those too.
+        await mark_ledgers_of(store, addresses)
+    return remaining
+
+
+@tool(
+    "prestop",
+    needs=Needs.STORE,
+    help="a bookie pod's preStop hook: if this bookie is being decommissioned, wait until "
+    "its ledgers are copied away; otherwise return at once (a restart)",
+    description="Run inside the bookie's container, with its MAGNETAR_* settings: the address "
+    "is the bookie's own (advertised_address:port). A bookie on the decommissioning list "
+    "(`magnetar bk scaledown` / `decommissionbookie`) is waited for until no ledger names "
+    "it, then taken off the list (a later bookie with its name starts writable); any other "
+    "bookie is only restarting, and its data stays on its volume.",
+    options=[
+        option("--bookie", metavar="HOST:PORT", help="[default: this bookie's own address]"),
+        option(
+            "--timeout",
+            type=float,
+            default=3600.0,
+            help="seconds to wait (keep it below terminationGracePeriodSeconds) [default: 3600]",
+        ),
+        json_option(),
+    ],
+)
+async def prestop(store: MetadataStore, args: argparse.Namespace) -> int:
+    address = args.bookie
+    if address is None:
+        from magnetar.bookie.config import BookieConfig
+
+        address = load_config(BookieConfig, None).resolved_address()
+    if await store.get(decommissioning_key(address)) is None:
+        _emit(
+            args,
+            {"bookie": address, "decommissioning": False},
+            f"prestop {address}: not being decommissioned; stopping (its data stays)",
+        )
+        return 0
+    started = time.monotonic()
+    await mark_ledgers_of(store, {address})
+    remaining = await _wait_until_drained(store, {address}, args.timeout, False, args)
+    if not remaining:
+        await store.delete(decommissioning_key(address))
+    _emit(
+        args,
+        {"bookie": address, "remaining": remaining, "seconds": time.monotonic() - started},
+        f"prestop {address}: "
+        + (
+            f"decommissioned in {time.monotonic() - started:.1f} s; stopping"
+            if not remaining
+            else f"{len(remaining)} ledgers still on it after {args.timeout:g} s: {remaining}; "
+            "the auditor re-replicates them once it is gone"
         ),
     )
     return 0 if not remaining else 1

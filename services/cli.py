@@ -76,6 +76,12 @@ def _cmd_proxy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_initialize(args: argparse.Namespace) -> int:
+    from magnetar import initialize
+
+    return uvloop.run(initialize.run(args))
+
+
 def _cmd_bk(args: argparse.Namespace) -> int:
     from magnetar import bkshell
 
@@ -90,6 +96,10 @@ _COMMANDS = {
     "perf": "load generators (produce, consume) on the official client",
     "bk": "BookKeeper-style tools (bookiesanity, listledgers, recover, ...)",
     "tokens": "keys and JWTs for the token provider (create-secret-key, create, validate, ...)",
+    "admin": "the admin REST from the command line, with pulsar-admin's groups, verbs and flags",
+    "client": "produce or consume messages from the command line, as pulsar-client does",
+    "initialize-cluster-metadata": "create public/default in a new cluster's metadata store "
+    "(idempotent; the Kubernetes init Job)",
 }
 
 
@@ -123,6 +133,21 @@ def _add_command(sub: argparse._SubParsersAction, name: str) -> None:  # type: i
 
         perf.add_arguments(p)
         p.set_defaults(func=perf.run)
+    elif name == "initialize-cluster-metadata":
+        from magnetar import initialize
+
+        initialize.add_arguments(p)
+        p.set_defaults(func=_cmd_initialize)
+    elif name == "admin":
+        from magnetar import admin_cli
+
+        admin_cli.add_arguments(p)
+        p.set_defaults(func=admin_cli.run)
+    elif name == "client":
+        from magnetar import client_cli
+
+        client_cli.add_arguments(p)
+        p.set_defaults(func=client_cli.run)
     elif name == "tokens":
         from magnetar import tokens
 
@@ -170,7 +195,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(_requested_command(args_in))
     args = parser.parse_args(args_in)
     _setup_logging(
-        args.log_level or ("WARNING" if args.command in ("bk", "perf", "tokens") else "INFO")
+        args.log_level
+        or (
+            "WARNING"
+            if args.command in ("bk", "perf", "tokens", "initialize-cluster-metadata")
+            else "INFO"
+        )
     )
     tune_gc()
     try:

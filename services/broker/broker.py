@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 
 from aiohttp import web
@@ -86,6 +87,8 @@ class Broker:
         self.port_tls = 0
         self.https_port = 0
         self.info = BrokerInfo("", "", "")
+        self._started = False
+        self._stopping = False
         self.topic_service = TopicService(self, self.metrics)
         self.bundles = BundleOperations(self, self.topic_service)
         self.membership = Membership(self, self.topic_service, self.bundles)
@@ -142,6 +145,7 @@ class Broker:
         self.topic_service.start()
         if self.authentication.enabled:
             self._refresh_task = asyncio.get_running_loop().create_task(self._check_credentials())
+        self._started = True
         log.info(
             "broker serving %s (admin http://%s:%d)",
             self.service_url,
@@ -149,22 +153,46 @@ class Broker:
             self.http_port,
         )
 
+    def not_ready_reason(self) -> str | None:
+        """Why this broker should not be sent clients yet (None: ready). Ready means started,
+        registered (so the load manager can give it bundles), its metadata session surely
+        alive, and not shutting down (Pulsar's ``/admin/v2/brokers/ready``)."""
+        if self._stopping:
+            return "the broker is shutting down: its bundles are moving to other brokers"
+        if not self._started:
+            return "the broker is starting"
+        if not self.membership.registered:
+            return "the broker is not registered in the metadata store yet"
+        if not self.may_serve():
+            return "the broker's metadata session expired or is not open"
+        return None
+
     async def stop(self) -> None:
-        """Unload everything (clients told to reconnect elsewhere, cursors persisted, bundles
-        released), then close."""
+        """Graceful shutdown (SIGTERM): take no new bundles, hand every owned bundle to the
+        other brokers (clients told to reconnect there, cursors persisted, ownership released)
+        within ``broker_shutdown_timeout_ms``, then close."""
+        self._stopping = True
         await self.topic_service.stop_policies()
         if self._refresh_task is not None:
             self._refresh_task.cancel()
         for server in self._servers:
             server.close()
+        await self.membership.drain()
         if self.load_manager is not None:
             await self.load_manager.close()
         if self.ownership is not None and self.store is not None and not self.store.session_lost:
-            for namespace, bundle in sorted(self.ownership.owned()):
-                try:
-                    await self.unload_bundle(namespace, bundle)
-                except Exception as e:
-                    log.warning("bundle %s/%s did not unload cleanly: %s", namespace, bundle, e)
+            budget = self.config.broker_shutdown_timeout_ms / 1000
+            started = time.monotonic()
+            try:
+                async with asyncio.timeout(budget):
+                    await self._unload_owned()
+            except TimeoutError:
+                log.warning(
+                    "bundles not all unloaded within broker_shutdown_timeout_ms (%d ms): "
+                    "closing anyway; the rest move when this broker's session ends",
+                    self.config.broker_shutdown_timeout_ms,
+                )
+            log.info("bundles unloaded in %.2f s", time.monotonic() - started)
         await self.membership.leave()
         if self._http is not None:
             await self._http.cleanup()
@@ -176,6 +204,14 @@ class Broker:
         if self.owns_store and self.store is not None:
             await self.store.close()
         log.info("broker stopped")
+
+    async def _unload_owned(self) -> None:
+        assert self.ownership is not None
+        for namespace, bundle in sorted(self.ownership.owned()):
+            try:
+                await self.unload_bundle(namespace, bundle)
+            except Exception as e:
+                log.warning("bundle %s/%s did not unload cleanly: %s", namespace, bundle, e)
 
     async def _listen_http(self, setting: str, port: int, tls: ServerTls | None) -> int:
         """Serve the admin app on ``port`` (HTTPS with ``tls``); the port bound."""

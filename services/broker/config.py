@@ -164,6 +164,12 @@ class BrokerConfig(TopicSettings):
         "TTL in seconds of the broker's metadata session (etcd lease): a broker silent this "
         "long loses its registration and every bundle it owned, and stops serving them",
     )
+    broker_shutdown_timeout_ms: int = setting(
+        60000,
+        "on SIGTERM, how long the broker may spend handing its bundles to the other brokers "
+        "before it closes anyway (Pulsar's brokerShutdownTimeoutMs); keep it below the pod's "
+        "terminationGracePeriodSeconds",
+    )
     load_balancer_enabled: bool = setting(
         True,
         "run the load manager on the elected leader broker: place unowned bundles on the "
@@ -308,6 +314,8 @@ class BrokerConfig(TopicSettings):
                 raise ConfigError(f"{name} must be a TCP port (0-65535), got {getattr(self, name)}")
         if not self.ensemble_size >= self.write_quorum >= self.ack_quorum >= 1:
             raise ConfigError("need ensemble_size >= write_quorum >= ack_quorum >= 1")
+        if self.broker_shutdown_timeout_ms < 0:
+            raise ConfigError("broker_shutdown_timeout_ms must be 0 or more")
         if self.broker_session_ttl_seconds < 2:
             raise ConfigError(
                 "broker_session_ttl_seconds must be at least 2 (etcd cannot keep a shorter lease)"

@@ -1,9 +1,9 @@
-"""The broker's own state over HTTP: ``GET /health`` (also ``/admin/v2/brokers/health``) and
-``GET /metrics`` (Prometheus text)."""
+"""The broker's own state over HTTP: ``GET /health`` (also ``/admin/v2/brokers/health``), the
+readiness ``GET /admin/v2/brokers/ready`` and ``GET /metrics`` (Prometheus text)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from aiohttp import web
 from prometheus_client import generate_latest
@@ -14,6 +14,13 @@ if TYPE_CHECKING:
     from magnetar.broker.admin.service import AdminBroker
 
 
+@runtime_checkable
+class Readiness(Protocol):
+    """A broker that can say whether it is ready for clients (the process's ``Broker``)."""
+
+    def not_ready_reason(self) -> str | None: ...
+
+
 def add_health_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None:
     @routes.get("/health")
     @routes.get("/admin/v2/brokers/health")
@@ -22,6 +29,15 @@ def add_health_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None:
         # have expired (its bundles may be someone else's).
         if not broker.may_serve():
             raise AdminError(503, "the broker's metadata session expired or is not open")
+        return web.Response(text="ok")
+
+    @routes.get("/admin/v2/brokers/ready")
+    async def ready(request: web.Request) -> web.Response:
+        # Kubernetes' readiness probe: 200 once the broker is registered and can own bundles,
+        # 503 while starting and again from the moment a graceful shutdown begins.
+        reason = broker.not_ready_reason() if isinstance(broker, Readiness) else None
+        if reason is not None:
+            raise AdminError(503, reason)
         return web.Response(text="ok")
 
 

@@ -78,9 +78,12 @@ class Shed(NamedTuple):
 
 def select_broker(candidates: Mapping[str, LoadReport], bundle_counts: Mapping[str, int]) -> str:
     """The least-loaded broker id: fewest bundles (``bundle_counts``, else the report's), then
-    lowest message rate, then smallest id."""
+    lowest message rate, then smallest id. A draining broker (shutting down) is chosen only when
+    every candidate is draining: a bundle placed there would have to move again at once."""
     if not candidates:
         raise NoBrokerAvailableError("no active broker to place a bundle on")
+    serving = {b: r for b, r in candidates.items() if not r.draining}
+    candidates = serving or candidates
     return min(
         candidates,
         key=lambda b: (

@@ -98,6 +98,8 @@ class Membership:
         self._session_watch: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_report: tuple[float, dict[str, tuple[int, int]]] = (time.monotonic(), {})
+        #: Shutting down (:meth:`drain`): reported, so the load manager places nothing here.
+        self.draining = False
 
     async def join(self) -> None:
         store = self._host.store
@@ -136,6 +138,22 @@ class Membership:
         if self.ownership is not None:
             await self.ownership.close()
 
+    @property
+    def registered(self) -> bool:
+        """Whether this broker's registration is written (it can be given bundles)."""
+        return self.registry is not None and self.registry.registered
+
+    async def drain(self) -> None:
+        """Take no new bundles: the next placement goes elsewhere (the report says draining,
+        written now rather than at the next report interval). Bundles owned are unloaded by
+        the caller; the registration stays until :meth:`leave`."""
+        self.draining = True
+        if self.registry is not None and self.registered:
+            try:
+                await self.registry.update(self.load_report())
+            except Exception as e:
+                log.warning("draining not reported (%s): new bundles may still come here", e)
+
     # -- load reports ----------------------------------------------------------------------------
 
     def load_report(self) -> LoadReport:
@@ -168,6 +186,7 @@ class Membership:
             memory_mb=memory,
             timestamp_ms=int(time.time() * 1000),
             bundle_stats=tuple(bundle_stats),
+            draining=self.draining,
         )
 
     async def _report_loop(self) -> None:

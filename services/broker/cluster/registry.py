@@ -52,6 +52,10 @@ class LoadReport:
     timestamp_ms: int = 0
     #: Per-bundle load, for the leader's shedding and splitting decisions.
     bundle_stats: tuple[BundleStats, ...] = field(default=())
+    #: Shutting down: its bundles are being handed to the others and it takes no new ones.
+    #: (Pulsar removes a stopping broker from the load-balance registry; here it stays
+    #: registered so the proxy and redirects still reach it while its bundles move.)
+    draining: bool = False
 
     @property
     def msg_rate(self) -> float:
@@ -109,6 +113,7 @@ _CAMEL = {
     "memory_mb": "memoryMb",
     "timestamp_ms": "timestamp",
     "bundle_stats": "bundleStats",
+    "draining": "draining",
 }
 
 
@@ -139,6 +144,10 @@ class BrokerRegistry:
         self._store = store
         self._cache = PrefixCache(store, BROKERS_ROOT + "/")
         self._registered = False
+
+    @property
+    def registered(self) -> bool:
+        return self._registered
 
     async def start(self) -> None:
         """Start following every broker's registration (``active()`` then reads no store)."""

@@ -1,0 +1,52 @@
+"""``magnetar initialize-cluster-metadata``: what a new cluster needs in its metadata store
+before clients come (Pulsar's ``pulsar initialize-cluster-metadata``): the ``public`` tenant and
+``public/default`` namespace. Idempotent: what exists is left as it is, so the Kubernetes Job
+that runs it may run again (each broker also ensures the same at start).
+
+The cluster's name is the brokers' ``cluster_name`` setting; the cluster's instance id is
+created by the first bookie (its cookie names it)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from magnetar.common.metadata import open_store
+
+DEFAULT_METADATA_URL = "etcd://127.0.0.1:2379"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--metadata-url",
+        default=None,
+        help=f"metadata store URL [default: $MAGNETAR_METADATA_URL or {DEFAULT_METADATA_URL}]",
+    )
+    parser.add_argument(
+        "--cluster",
+        default=None,
+        help="the cluster's name, checked only for shape [default: $MAGNETAR_CLUSTER_NAME]",
+    )
+
+
+async def run(args: argparse.Namespace) -> int:
+    from magnetar.bkshell import ShellTls
+    from magnetar.broker.namespace.records import ensure_default_namespace
+
+    url = args.metadata_url or os.environ.get("MAGNETAR_METADATA_URL") or DEFAULT_METADATA_URL
+    cluster = args.cluster or os.environ.get("MAGNETAR_CLUSTER_NAME") or "standalone"
+    if "/" in cluster:
+        print(f"initialize-cluster-metadata: bad cluster name {cluster!r}", file=sys.stderr)
+        return 2
+    try:
+        store = await open_store(url, tls=ShellTls.from_environ().etcd_tls())
+    except Exception as e:
+        print(f"cannot open metadata store {url}: {e}", file=sys.stderr)
+        return 1
+    try:
+        await ensure_default_namespace(store)
+    finally:
+        await store.close()
+    print(f"cluster {cluster}: metadata at {url} initialised (public/default present)")
+    return 0
