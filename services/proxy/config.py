@@ -43,11 +43,6 @@ class ProxyConfig(SecuritySettings):
         "(Pulsar's brokerServiceURL; relayed connections are still checked against the "
         "registered brokers)",
     )
-    broker_web_service_url: str = setting(
-        "",
-        "static http:// URL admin and HTTP lookup requests are forwarded to instead of a "
-        "registered broker (Pulsar's brokerWebServiceURL)",
-    )
     max_message_size: int = setting(
         5 * 1024 * 1024, "largest message announced to clients answered by the proxy itself"
     )
@@ -157,13 +152,6 @@ class ProxyConfig(SecuritySettings):
             raise ConfigError(
                 f"broker_service_url must be a pulsar:// or pulsar+ssl:// URL, got "
                 f"{self.broker_service_url!r}"
-            )
-        if self.broker_web_service_url and not self.broker_web_service_url.startswith(
-            ("http://", "https://")
-        ):
-            raise ConfigError(
-                f"broker_web_service_url must be an http:// or https:// URL, got "
-                f"{self.broker_web_service_url!r}"
             )
         for name in (
             "max_concurrent_inbound_connections",

@@ -43,7 +43,7 @@ from tests.support.cluster import (
 )
 from tests.support.etcd import free_port
 from tests.support.proxy import ProxyProcess
-from tests.support.raw_client import RawConnection
+from tests.support.raw_client import RawConnection, rss_mb
 
 Type = pb.BaseCommand.Type
 
@@ -55,6 +55,9 @@ BROKER_ROLE = "broker"
 PROXY_ROLE = "proxy"
 ALICE = "alice"  # granted produce and consume on NAMESPACE only
 SESSION_TTL = 10
+HANDSHAKE_TIMEOUT = 3
+#: Connections one IP may hold on the second proxy.
+PER_IP_LIMIT = 64
 
 
 @dataclass
@@ -145,6 +148,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
                         "broker_client_authentication_parameters": "token:"
                         + jwt.encode({"sub": PROXY_ROLE}, secret, "HS256"),
                         "broker_proxy_allowed_target_ports": ",".join(map(str, ports)),
+                        "handshake_timeout_seconds": HANDSHAKE_TIMEOUT,
+                        "max_concurrent_inbound_connections_per_ip": PER_IP_LIMIT if n else 0,
                     },
                 )
             )
@@ -437,6 +442,123 @@ def test_old_protocol_versions_are_refused(deployment: Deployment) -> None:
         frame = raw.expect(Type.ERROR)
         assert frame.body.error == pb.UnsupportedVersionError  # type: ignore[attr-defined]
         assert raw.closed_by_peer()
+
+
+def _metric(proxy: ProxyProcess, name: str, labels: str = "") -> float:
+    prefix = f"{name}{{{labels}}} " if labels else f"{name} "
+    for line in proxy.metrics().splitlines():
+        if line.startswith(prefix):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_a_silent_connection_is_closed_after_the_handshake_timeout(
+    deployment: Deployment,
+) -> None:
+    proxy = deployment.proxies[0]
+    reason = 'reason="handshake_timeout"'
+    before = _metric(proxy, "pulsar_proxy_rejected_connections_total", reason)
+    started = time.monotonic()
+    with RawConnection(proxy) as raw:  # type: ignore[arg-type]
+        assert raw.closed_by_peer(timeout=HANDSHAKE_TIMEOUT + 5)
+    assert time.monotonic() - started >= HANDSHAKE_TIMEOUT - 0.5
+    assert _metric(proxy, "pulsar_proxy_rejected_connections_total", reason) == before + 1
+
+
+def test_connections_beyond_the_per_ip_limit_are_closed(deployment: Deployment) -> None:
+    proxy = deployment.proxies[1]
+    sockets = [
+        socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+        for _ in range(PER_IP_LIMIT + 5)
+    ]
+    try:
+        time.sleep(0.5)
+        closed = 0
+        for sock in sockets:
+            sock.setblocking(False)
+            try:
+                closed += sock.recv(1) == b""
+            except BlockingIOError:
+                pass
+            except ConnectionResetError:
+                closed += 1
+        assert 5 <= closed <= 5 + 8  # a few may be held by clients of earlier tests
+        reason = 'reason="max_connections_per_ip"'
+        assert _metric(proxy, "pulsar_proxy_rejected_connections_total", reason) == closed
+    finally:
+        for sock in sockets:
+            sock.close()
+    with RawConnection(proxy) as raw:  # type: ignore[arg-type]
+        raw.command(_connect(deployment))
+        raw.expect(Type.CONNECTED)
+
+
+def _connect(deployment: Deployment, target: str = "") -> pb.CommandConnect:
+    return pb.CommandConnect(
+        client_version="proxy-test",
+        protocol_version=codec.SERVER_PROTOCOL_VERSION,
+        auth_method_name="token",
+        auth_data=deployment.token(SUPERUSER).encode(),
+        proxy_to_broker_url=target or None,
+    )
+
+
+def test_a_slow_consumer_leaves_its_backlog_on_the_broker(deployment: Deployment) -> None:
+    """A consumer that never reads its socket, with permits for everything: the proxy stops
+    reading from the broker once the client's buffers are full, so its memory stays put while
+    tens of megabytes are published to the subscription."""
+    name = topic("slow")
+    proxy = deployment.proxies[1]
+    with RawConnection(proxy) as lookup:  # type: ignore[arg-type]
+        lookup.command(_connect(deployment))
+        lookup.expect(Type.CONNECTED)
+        for _ in range(10):
+            lookup.command(pb.CommandLookupTopic(topic=name, request_id=1))
+            found = lookup.expect(Type.LOOKUP_RESPONSE).body
+            if found.response == pb.CommandLookupTopicResponse.Connect:  # type: ignore[attr-defined]
+                break
+            time.sleep(0.5)
+        assert found.proxy_through_service_url and found.authoritative  # type: ignore[attr-defined]
+        broker_url = found.brokerServiceUrl  # type: ignore[attr-defined]
+    assert broker_url in {b.url for b in deployment.cluster.brokers}
+    slow = RawConnection(proxy)  # type: ignore[arg-type]
+    producing = deployment.client(0)
+    try:
+        slow.command(_connect(deployment, broker_url.removeprefix("pulsar://")))
+        slow.expect(Type.CONNECTED)
+        subscribe = pb.CommandSubscribe(
+            topic=name,
+            subscription="slow",
+            subType=pb.CommandSubscribe.Exclusive,
+            consumer_id=1,
+            request_id=2,
+            initialPosition=pb.CommandSubscribe.Earliest,
+        )
+        slow.command(subscribe)
+        slow.expect(Type.SUCCESS)
+        slow.command(pb.CommandFlow(consumer_id=1, messagePermits=1_000_000))
+        to_client = 'direction="to_client"'
+        relayed_before = _metric(proxy, "pulsar_proxy_binary_bytes_total", to_client)
+        rss_before = rss_mb(proxy.pid or 0)
+        producer = producing.create_producer(name, batching_enabled=False)
+        payload = secrets.token_bytes(100 * 1024)
+        count = 400  # 40 MiB
+        for _ in range(count):
+            producer.send_async(payload, None)
+        producer.flush()
+        time.sleep(2)
+        rss_after = rss_mb(proxy.pid or 0)
+        relayed = _metric(proxy, "pulsar_proxy_binary_bytes_total", to_client) - relayed_before
+        published = count * len(payload) / 2**20
+        print(
+            f"slow consumer: {published:.0f} MiB published, {relayed / 2**20:.1f} MiB relayed "
+            f"to it, proxy RSS {rss_before:.1f} -> {rss_after:.1f} MiB"
+        )
+        assert relayed / 2**20 < published / 2
+        assert rss_after - rss_before < 16
+    finally:
+        producing.close()
+        slow.close()
 
 
 # -- identity ----------------------------------------------------------------------------------
