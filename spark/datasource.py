@@ -6,7 +6,12 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, DataSourc
 from pyspark.sql.types import StructType
 
 from magnetar.spark.options import SinkOptions, SourceOptions
-from magnetar.spark.sink import PulsarBatchWriter, PulsarStreamWriter
+from magnetar.spark.sink import (
+    PulsarBatchArrowWriter,
+    PulsarBatchWriter,
+    PulsarStreamArrowWriter,
+    PulsarStreamWriter,
+)
 from magnetar.spark.source import PulsarBatchReader, PulsarStreamReader, source_schema
 
 
@@ -28,7 +33,13 @@ class PulsarDataSource(DataSource):
         return PulsarStreamReader(SourceOptions.parse(self.options, streaming=True), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        return PulsarBatchWriter(SinkOptions.parse(self.options))
+        options = SinkOptions.parse(self.options)
+        if options.arrow:
+            return PulsarBatchArrowWriter(options)  # type: ignore[return-value]
+        return PulsarBatchWriter(options)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        return PulsarStreamWriter(SinkOptions.parse(self.options))
+        options = SinkOptions.parse(self.options)
+        if options.arrow:
+            return PulsarStreamArrowWriter(options)
+        return PulsarStreamWriter(options)

@@ -54,6 +54,10 @@ class OffsetError(ValueError):
     """An offset option that cannot be understood."""
 
 
+class DataLossError(RuntimeError):
+    """Entries the query still needed are gone (retention, or the topic deleted)."""
+
+
 def last_position(ledgers: Sequence[LedgerExtent]) -> EntryPosition:
     """The last stored entry; ``EARLIEST`` when the topic holds none."""
     for extent in reversed(ledgers):

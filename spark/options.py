@@ -56,6 +56,21 @@ def _positive(options: Mapping[str, str], name: str) -> int | None:
     return value
 
 
+STORAGE_MODES = ("auto", "always", "never")
+
+
+def _storage_mode(options: Mapping[str, str]) -> str:
+    text = options.get("readFromStorage", "auto").lower()
+    if text not in STORAGE_MODES:
+        raise OptionError(f"option readFromStorage: expected auto, always or never, got {text!r}")
+    if text == "always" and not options.get("metadata.url"):
+        raise OptionError(
+            "option readFromStorage=always needs metadata.url (etcd://host:2379 for a cluster, "
+            "local:///path/to/data/meta.db for a standalone)"
+        )
+    return text
+
+
 @dataclass(slots=True, frozen=True)
 class SourceOptions:
     """Everything the source needs, on the driver and (pickled) on the executors."""
@@ -73,6 +88,12 @@ class SourceOptions:
     min_partitions: int | None = None
     client: dict[str, object] = field(default_factory=dict)
     reader: dict[str, object] = field(default_factory=dict)
+    #: ``auto``, ``always`` or ``never``: closed ledgers read from the bookies (storage.py).
+    read_from_storage: str = "auto"
+    #: The metadata store the storage path reads ledger lists and ledgers from.
+    metadata_url: str | None = None
+    #: Rows handed to Spark as Arrow batches (False: tuples, row by row, as before issue 23).
+    arrow: bool = True
 
     @classmethod
     def parse(cls, options: Mapping[str, str], streaming: bool) -> SourceOptions:
@@ -101,6 +122,9 @@ class SourceOptions:
             min_partitions=_positive(options, "minPartitions"),
             client=_prefixed(options, CLIENT_PREFIX),
             reader=_prefixed(options, READER_PREFIX),
+            read_from_storage=_storage_mode(options),
+            metadata_url=options.get("metadata.url") or None,
+            arrow=_flag(options, "arrow", True),
         )
 
 
@@ -112,6 +136,8 @@ class SinkOptions:
     topic: str | None = None
     client: dict[str, object] = field(default_factory=dict)
     producer: dict[str, object] = field(default_factory=dict)
+    #: Rows taken from Spark as Arrow batches (False: Row objects, one by one, as before).
+    arrow: bool = True
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
@@ -123,4 +149,5 @@ class SinkOptions:
             topic=options.get("topic"),
             client=_prefixed(options, CLIENT_PREFIX),
             producer=_prefixed(options, PRODUCER_PREFIX),
+            arrow=_flag(options, "arrow", True),
         )

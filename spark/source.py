@@ -12,6 +12,7 @@ executor decodes every payload with it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterator, Mapping
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import pulsar
+import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -27,11 +29,13 @@ from pyspark.sql.streaming.datasource import (
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import StructType
+from pyspark.sql.types import BinaryType, StructField, StructType
 
 from magnetar.spark.admin import Admin, LedgerStats, TopicName
+from magnetar.spark.arrow import ARROW_BATCH_ROWS, RowBuffer, micros
 from magnetar.spark.offsets import (
     EARLIEST,
+    DataLossError,
     EntryPosition,
     OffsetMap,
     advance,
@@ -51,6 +55,16 @@ from magnetar.spark.schema import (
     TopicSchema,
     row_schema,
 )
+from magnetar.spark.storage import (
+    UNREACHABLE,
+    LedgerTrimmedError,
+    Segments,
+    StorageRead,
+    StorageUnavailableError,
+    closed_ledgers,
+    log_fallback_once,
+    storage_split,
+)
 
 log = logging.getLogger("magnetar.spark")
 
@@ -60,9 +74,18 @@ SCHEMA = (
     "__publishTime timestamp, __eventTime timestamp, __messageProperties map<string,string>"
 )
 
+#: ``SCHEMA`` as a StructType (the executors build Arrow batches of it).
+UNTYPED = StructType([StructField("value", BinaryType()), *META_COLUMNS])
 
-class DataLossError(RuntimeError):
-    """Entries the query still needed are gone (retention, or the topic deleted)."""
+__all__ = [
+    "SCHEMA",
+    "DataLossError",
+    "LedgerTrimmedError",
+    "PulsarBatchReader",
+    "PulsarStreamReader",
+    "RangePartition",
+    "StorageUnavailableError",
+]
 
 
 @dataclass(frozen=True)  # no slots: InputPartition has a __dict__ and is pickled
@@ -76,6 +99,8 @@ class RangePartition(InputPartition):
     #: The topic's JSON/AVRO schema and the query's typed columns; None: ``value`` is binary.
     value_schema: TopicSchema | None = None
     columns: tuple[str, ...] = ()
+    #: Non-empty: a storage task, these (ledger, first, last) entries read from the bookies.
+    segments: Segments = ()
 
 
 def _millis(ms: int) -> datetime | None:
@@ -101,8 +126,9 @@ def _row(msg: pulsar.Message, decoder: PayloadDecoder | None) -> tuple[object, .
     )
 
 
-def read_range(partition: RangePartition) -> Iterator[tuple[object, ...]]:
-    """Every message of the entries in ``(start, end]``, in order, then stop.
+def _messages(partition: RangePartition) -> Iterator[pulsar.Message]:
+    """Every message of the entries in ``(start, end]``, through the broker, in order, then
+    stop.
 
     The reader starts at ``start`` itself and skips it: a batch is one entry, and the client's
     own exclusion would only skip its first message. Whether the range is finished is known
@@ -111,7 +137,6 @@ def read_range(partition: RangePartition) -> Iterator[tuple[object, ...]]:
     opts = partition.options
     quiet = logging.getLogger("pulsar-client")
     quiet.setLevel(logging.WARNING)
-    decoder = _decoder(partition)
     start, end = partition.start, partition.end
     first = (
         pulsar.MessageId.earliest
@@ -131,13 +156,84 @@ def read_range(partition: RangePartition) -> Iterator[tuple[object, ...]]:
                 continue
             if at > end:
                 return
-            yield _row(msg, decoder)
+            yield msg
             if at == end and (
                 msg_id.batch_index() < 0 or not _has_message_available(reader, opts.poll_timeout_ms)
             ):
                 return
     finally:
         client.close()
+
+
+def read_range(partition: RangePartition) -> Iterator[tuple[object, ...]]:
+    """The rows of ``(start, end]`` through the broker as tuples, one by one (``arrow=false``,
+    the source before issue 23)."""
+    decoder = _decoder(partition)
+    for msg in _messages(partition):
+        yield _row(msg, decoder)
+
+
+def read_range_arrow(partition: RangePartition, schema: StructType) -> Iterator[pa.RecordBatch]:
+    """The rows of ``(start, end]`` through the broker as Arrow batches, built column-wise."""
+    decoder = _decoder(partition)
+    buffer = RowBuffer(schema)
+    value, keys, topics, ids = buffer.value, buffer.keys, buffer.topics, buffer.message_ids
+    publish, event, properties = buffer.publish_us, buffer.event_us, buffer.properties
+    for msg in _messages(partition):
+        if decoder is None:
+            value.append(msg.data())
+        else:
+            where = f"message {msg.message_id()} of {msg.topic_name()}"
+            buffer.append_values(
+                decoder.decode(msg.data(), msg._message.int_schema_version(), where)
+            )
+        keys.append(msg.partition_key() or None)
+        topics.append(msg.topic_name())
+        ids.append(msg.message_id().serialize())
+        publish.append(micros(msg.publish_timestamp()))
+        event.append(micros(msg.event_timestamp()))
+        properties.append(msg.properties())
+        if len(keys) >= ARROW_BATCH_ROWS:
+            yield buffer.take()
+            value, keys, topics, ids = buffer.value, buffer.keys, buffer.topics, buffer.message_ids
+            publish, event, properties = buffer.publish_us, buffer.event_us, buffer.properties
+    if len(buffer):
+        yield buffer.take()
+
+
+def read_from_storage(partition: RangePartition, schema: StructType) -> Iterator[pa.RecordBatch]:
+    """A storage task's rows from the bookies; with ``readFromStorage=auto``, from the broker
+    when the store or the bookies cannot be reached before the task produced a row."""
+    opts = partition.options
+    assert opts.metadata_url is not None
+    read = StorageRead(
+        opts.metadata_url, partition.topic, partition.segments, RowBuffer(schema),
+        _decoder(partition),
+    )  # fmt: skip
+    try:
+        yield from read.batches()
+    except LedgerTrimmedError as e:
+        if opts.fail_on_data_loss:
+            raise LedgerTrimmedError(f"{e}; set failOnDataLoss=false to skip lost data") from None
+        log.warning("%s; skipped (failOnDataLoss=false)", e)
+    except UNREACHABLE as e:
+        if opts.read_from_storage == "always" or read.rows:
+            raise
+        log_fallback_once(f"task of {partition.topic} could not read from storage: {e}")
+        yield from read_range_arrow(partition, schema)
+
+
+def read_partition(
+    partition: InputPartition, schema: StructType | None
+) -> Iterator[tuple[object, ...]] | Iterator[pa.RecordBatch]:
+    """One Spark task: a storage task, or a broker range as Arrow batches or tuples."""
+    assert isinstance(partition, RangePartition)
+    schema = UNTYPED if schema is None else schema
+    if partition.segments:
+        return read_from_storage(partition, schema)
+    if partition.options.arrow:
+        return read_range_arrow(partition, schema)
+    return read_range(partition)
 
 
 #: What a reader's broker call can meet while its topic moves to another broker (the broker
@@ -318,18 +414,52 @@ class _Planner:
         total = sum(max(n, 0) for n in counts.values())
         wanted = self.options.min_partitions
         size = -(-total // wanted) if wanted and total > 0 else max(total, 1)
+        closed = self.closed_ledgers([n for n, count in counts.items() if count > 0])
         out = []
         for name, stop in sorted(end.items()):
             if counts[name] <= 0:
                 continue
             ledgers = stats[name].ledgers
             for begin, until in split_range(start.get(name, EARLIEST), stop, ledgers, size):
-                out.append(
-                    RangePartition(
-                        name, begin, until, self.options, self.value_schema, self.columns
+                if closed is None:
+                    out.append(self._range(name, begin, until))
+                    continue
+                tasks, broker_from = storage_split(begin, until, ledgers, closed[name])
+                for segments in tasks:
+                    (first_ledger, first, _), (last_ledger, _, last) = segments[0], segments[-1]
+                    out.append(
+                        self._range(
+                            name,
+                            EntryPosition(first_ledger, first - 1),
+                            EntryPosition(last_ledger, last),
+                            segments,
+                        )
                     )
-                )
+                if broker_from is not None:
+                    out.append(self._range(name, broker_from, until))
         return out
+
+    def _range(
+        self, name: str, begin: EntryPosition, until: EntryPosition, segments: Segments = ()
+    ) -> RangePartition:
+        return RangePartition(
+            name, begin, until, self.options, self.value_schema, self.columns, segments
+        )
+
+    def closed_ledgers(self, names: list[str]) -> dict[str, frozenset[int]] | None:
+        """The closed ledgers of each topic-partition from the metadata store, when the storage
+        path is on (``readFromStorage`` and ``metadata.url``); None: read through the broker."""
+        opts = self.options
+        if not names or opts.read_from_storage == "never" or opts.metadata_url is None:
+            return None
+        try:
+            return asyncio.run(closed_ledgers(opts.metadata_url, names))
+        except UNREACHABLE as e:
+            why = f"the metadata store {opts.metadata_url} could not be read: {e}"
+            if opts.read_from_storage == "always":
+                raise StorageUnavailableError(f"readFromStorage=always but {why}") from e
+            log_fallback_once(why)
+            return None
 
 
 def _positions(offsets: dict) -> dict[str, EntryPosition]:
@@ -350,6 +480,7 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, options: SourceOptions, schema: StructType | None = None) -> None:
         self.options = options
+        self.schema = schema
         self.planner = _Planner(options, schema)
         self.target: dict[str, EntryPosition] | None = None
 
@@ -415,9 +546,10 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> list[RangePartition]:
         return self.planner.ranges(_positions(start), _positions(end))
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[object, ...]]:
-        assert isinstance(partition, RangePartition)
-        return read_range(partition)
+    def read(
+        self, partition: InputPartition
+    ) -> Iterator[tuple[object, ...]] | Iterator[pa.RecordBatch]:
+        return read_partition(partition, self.schema)
 
 
 class PulsarBatchReader(DataSourceReader):
@@ -436,6 +568,7 @@ class PulsarBatchReader(DataSourceReader):
             planner.check_loss(name, position, stats[name])
         return planner.ranges(start, {n: max(end[n], start[n]) for n in end})
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[object, ...]]:
-        assert isinstance(partition, RangePartition)
-        return read_range(partition)
+    def read(
+        self, partition: InputPartition
+    ) -> Iterator[tuple[object, ...]] | Iterator[pa.RecordBatch]:
+        return read_partition(partition, self.schema)

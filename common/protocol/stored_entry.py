@@ -1,0 +1,132 @@
+"""A topic's stored entry read back into its messages, without a broker: pure code, no I/O.
+
+A managed ledger stores each entry as the producer's payload section, as it came in a SEND::
+
+    [0x0e01 u16][CRC32C u32]   absent from old clients
+    [metadataSize u32][MessageMetadata][payload]
+
+The payload is one message, or (``num_messages_in_batch`` set) a batch: ``split_batch`` of
+``codec`` splits it into ``[size u32][SingleMessageMetadata][message bytes]`` records, after
+decompressing it when ``MessageMetadata.compression`` says so. A message of a batch takes its
+key, properties and event time from its single-message metadata, and its publish time, schema
+version and producer from the entry's, as Pulsar's clients do.
+
+Decompression: ZLIB with the standard library; LZ4 (raw block, as Pulsar's clients write it),
+ZSTD and SNAPPY with pyarrow's codecs when pyarrow is installed (it comes with
+``magnetar[spark]``); a codec that is not available raises ``StoredEntryError`` naming it.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+from magnetar.common.proto import pulsar_api_pb2 as pb
+from magnetar.common.protocol.codec import MAGIC_CRC32C, BatchError, is_batch, split_batch
+
+__all__ = ["StoredEntryError", "StoredMessage", "decompress", "entry_messages"]
+
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+
+#: Pulsar's compression types as pyarrow names its codecs.
+_ARROW_CODECS = {pb.LZ4: "lz4_raw", pb.ZSTD: "zstd", pb.SNAPPY: "snappy"}
+
+
+class StoredEntryError(ValueError):
+    """A stored entry that cannot be read back into messages (truncated, a batch that does not
+    split, a compression codec this process lacks)."""
+
+
+@dataclass(slots=True, frozen=True)
+class StoredMessage:
+    """One message of a stored entry. ``batch_index`` and ``batch_size`` are -1 and 0 for an
+    entry that is not a batch; ``event_time`` is 0 when unset; ``schema_version`` -1 when the
+    entry has none (as the official client's ``int_schema_version``)."""
+
+    payload: bytes
+    partition_key: str | None
+    properties: dict[str, str]
+    publish_time: int
+    event_time: int
+    schema_version: int
+    batch_index: int
+    batch_size: int
+
+
+def _metadata(stored: bytes) -> tuple[pb.MessageMetadata, memoryview]:
+    view = memoryview(stored)
+    offset = 6 if len(view) >= 2 and _U16.unpack_from(view, 0)[0] == MAGIC_CRC32C else 0
+    if len(view) < offset + 4:
+        raise StoredEntryError(f"entry of {len(view)} bytes ends before its metadata size")
+    (size,) = _U32.unpack_from(view, offset)
+    start = offset + 4
+    if start + size > len(view):
+        raise StoredEntryError(f"metadata of {size} bytes overruns the {len(view)}-byte entry")
+    metadata = pb.MessageMetadata()
+    try:
+        metadata.ParseFromString(view[start : start + size])
+    except Exception as e:  # protobuf's DecodeError, or a missing required field
+        raise StoredEntryError(f"metadata does not parse: {e}") from None
+    return metadata, view[start + size :]
+
+
+def decompress(metadata: pb.MessageMetadata, payload: bytes | memoryview) -> bytes | memoryview:
+    """The payload as the producer built it before compressing."""
+    kind = metadata.compression
+    if kind == pb.NONE:
+        return payload
+    if kind == pb.ZLIB:
+        return zlib.decompress(payload)
+    name = _ARROW_CODECS.get(kind)
+    try:
+        import pyarrow as pa
+
+        if name is None or not pa.Codec.is_available(name):
+            raise ImportError(name)
+        codec = pa.Codec(name)
+    except ImportError:
+        raise StoredEntryError(
+            f"compression {pb.CompressionType.Name(kind)} needs pyarrow with its {name} codec"
+        ) from None
+    try:
+        out = codec.decompress(payload, decompressed_size=metadata.uncompressed_size)
+    except Exception as e:  # pyarrow raises OSError or ArrowException kinds
+        raise StoredEntryError(f"{pb.CompressionType.Name(kind)} payload: {e}") from None
+    return out.to_pybytes()
+
+
+def _schema_version(metadata: pb.MessageMetadata) -> int:
+    if not metadata.HasField("schema_version") or not metadata.schema_version:
+        return -1
+    return int.from_bytes(metadata.schema_version, "big", signed=True)
+
+
+def entry_messages(stored: bytes) -> list[StoredMessage]:
+    """The messages of a stored entry, in batch order."""
+    metadata, payload = _metadata(stored)
+    publish, version = metadata.publish_time, _schema_version(metadata)
+    if not is_batch(metadata):
+        properties = {p.key: p.value for p in metadata.properties}
+        key = metadata.partition_key or None
+        data = bytes(decompress(metadata, payload))
+        return [StoredMessage(data, key, properties, publish, metadata.event_time, version, -1, 0)]
+    count = metadata.num_messages_in_batch
+    try:
+        singles = split_batch(decompress(metadata, payload), count)
+    except BatchError as e:
+        raise StoredEntryError(f"batch of {count} messages: {e}") from None
+    return [
+        StoredMessage(
+            data,
+            single.partition_key or None,
+            {p.key: p.value for p in single.properties},
+            publish,
+            single.event_time if single.HasField("event_time") else metadata.event_time,
+            version,
+            index,
+            count,
+        )
+        for index, (single, data) in enumerate(singles)
+    ]

@@ -1,0 +1,76 @@
+"""The source's rows gathered column by column and handed to Spark as Arrow ``RecordBatch``es.
+
+A Python data source's ``read`` may yield ``pyarrow.RecordBatch``es in place of tuples
+(PySpark 4.x). Spark then takes each batch as it is, where tuples are converted one value at a
+time in the Python worker: per message the source only appends to a few lists, and pyarrow
+builds each column from its list at once. A batch's schema must be exactly
+``to_arrow_schema(schema, timezone="UTC")`` (Spark checks it), so the buffer builds every batch
+with that schema.
+
+Timestamps are appended as microseconds since the epoch (an int, or None), never as
+``datetime`` objects.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import StructType
+
+from magnetar.spark.schema import META_COLUMNS
+
+#: Rows per RecordBatch handed to Spark (Spark's own default for Arrow batches).
+ARROW_BATCH_ROWS = 10_000
+
+
+class RowBuffer:
+    """Columns of the rows of ``schema`` (the value's columns, then ``META_COLUMNS``) being
+    gathered; ``take`` turns them into one RecordBatch and starts over."""
+
+    def __init__(self, schema: StructType) -> None:
+        self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
+        self.width = len(schema.fields) - len(META_COLUMNS)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.values: list[list[object]] = [[] for _ in range(self.width)]
+        #: The first value column, for the untyped row (``value`` binary) appended directly.
+        self.value = self.values[0]
+        self.keys: list[str | None] = []
+        self.topics: list[str] = []
+        self.message_ids: list[bytes] = []
+        self.publish_us: list[int | None] = []
+        self.event_us: list[int | None] = []
+        self.properties: list[dict[str, str]] = []
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def append_values(self, values: tuple[object, ...]) -> None:
+        """The typed columns of one row (``PayloadDecoder.decode``'s tuple)."""
+        for column, value in zip(self.values, values, strict=True):
+            column.append(value)
+
+    def take(self) -> pa.RecordBatch:
+        arrays = [
+            pa.array(column, type=field.type)
+            for column, field in zip(self.values, self.arrow_schema, strict=False)
+        ]
+        meta = (
+            self.keys,
+            self.topics,
+            self.message_ids,
+            self.publish_us,
+            self.event_us,
+            self.properties,
+        )
+        fields = list(self.arrow_schema)[self.width :]
+        arrays += [pa.array(column, type=f.type) for column, f in zip(meta, fields, strict=True)]
+        batch = pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
+        self._reset()
+        return batch
+
+
+def micros(ms: int) -> int | None:
+    """A message's millisecond time as Arrow's microseconds; None for 0 (unset)."""
+    return ms * 1000 if ms > 0 else None
