@@ -35,6 +35,7 @@ from pulsar.schema import Integer, JsonSchema, Record, String
 from magnetar.common.cluster.broker_info import BROKERS_ROOT
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
+from tests.support.certs import Pki, make_pki
 from tests.support.cluster import (
     MagnetarCluster,
     PacedProducer,
@@ -69,6 +70,12 @@ class Deployment:
     decoy: socket.socket
     #: Brokers paused long enough to lose their metadata session.
     frozen: set[str]
+    pki: Pki
+    #: A third proxy: TLS for clients (on ``tls_port``) and to brokers.
+    tls_proxy: ProxyProcess
+    tls_port: int
+    #: The brokers' TLS ports, as registered.
+    broker_tls_ports: set[int]
 
     def token(self, role: str) -> str:
         return jwt.encode({"sub": role}, self.secret, "HS256")
@@ -127,6 +134,12 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         + jwt.encode({"sub": BROKER_ROLE}, secret, "HS256"),
         "broker_session_ttl_seconds": SESSION_TTL,
     }
+    pki = make_pki(base / "pki")
+    broker_settings.update(
+        broker_service_port_tls=0,  # each broker binds a free one and registers it
+        tls_certificate_file_path=pki.server.certificate,
+        tls_key_file_path=pki.server.key,
+    )
     decoy = socket.socket()
     decoy.bind(("127.0.0.1", 0))
     decoy.listen(8)
@@ -136,28 +149,53 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     frozen: set[str] = set()
     try:
         cluster.start()
-        ports = [b.port for b in cluster.brokers] + [decoy.getsockname()[1]]
+        tls_ports = {
+            int(document["info"]["serviceUrlTls"].rsplit(":", 1)[1])
+            for document in cluster.registered().values()
+        }
+        ports = [b.port for b in cluster.brokers] + sorted(tls_ports) + [decoy.getsockname()[1]]
+        common = {
+            **_security(key_file),
+            "broker_client_authentication_plugin": "token",
+            "broker_client_authentication_parameters": "token:"
+            + jwt.encode({"sub": PROXY_ROLE}, secret, "HS256"),
+            "broker_proxy_allowed_target_ports": ",".join(map(str, ports)),
+            "handshake_timeout_seconds": HANDSHAKE_TIMEOUT,
+        }
         for n in range(2):
             proxies.append(
                 ProxyProcess(
                     base / f"proxy-{n}",
                     cluster.url,
                     settings={
-                        **_security(key_file),
-                        "broker_client_authentication_plugin": "token",
-                        "broker_client_authentication_parameters": "token:"
-                        + jwt.encode({"sub": PROXY_ROLE}, secret, "HS256"),
-                        "broker_proxy_allowed_target_ports": ",".join(map(str, ports)),
-                        "handshake_timeout_seconds": HANDSHAKE_TIMEOUT,
+                        **common,
                         "max_concurrent_inbound_connections_per_ip": PER_IP_LIMIT if n else 0,
                     },
                 )
             )
+        tls_port = free_port()
+        proxies.append(
+            ProxyProcess(
+                base / "proxy-tls",
+                cluster.url,
+                settings={
+                    **common,
+                    "service_port_tls": tls_port,
+                    "tls_certificate_file_path": pki.server.certificate,
+                    "tls_key_file_path": pki.server.key,
+                    "tls_enabled_with_broker": True,
+                    "broker_client_trust_certs_file_path": pki.ca.certificate,
+                    "tls_hostname_verification_enabled": True,
+                },
+            )
+        )
         for proxy in proxies:
             proxy.spawn()
         for proxy in proxies:
             proxy.wait_serving()
-        deployment = Deployment(cluster, proxies, secret, decoy, frozen)
+        deployment = Deployment(
+            cluster, proxies[:2], secret, decoy, frozen, pki, proxies[2], tls_port, tls_ports
+        )
         deployment.admin("PUT", f"/admin/v2/tenants/{TENANT}", {"allowedClusters": ["standalone"]})
         for namespace in (NAMESPACE, OTHER_NAMESPACE):
             deployment.admin(
@@ -561,6 +599,35 @@ def test_a_slow_consumer_leaves_its_backlog_on_the_broker(deployment: Deployment
         slow.close()
 
 
+def test_tls_from_clients_to_the_proxy_and_from_the_proxy_to_brokers(
+    deployment: Deployment,
+) -> None:
+    proxy = deployment.tls_proxy
+    client = pulsar.Client(
+        f"pulsar+ssl://127.0.0.1:{deployment.tls_port}",
+        authentication=pulsar.AuthenticationToken(deployment.token(SUPERUSER)),
+        tls_trust_certs_file_path=str(deployment.pki.ca.certificate),
+        tls_validate_hostname=True,
+        operation_timeout_seconds=30,
+    )
+    try:
+        names = [topic(f"tls-{n}") for n in range(4)]  # spread over the brokers
+        for name in names:
+            consumer = client.subscribe(name, "sub")
+            producer = client.create_producer(name)
+            for n in range(10):
+                producer.send(f"{name}-{n}".encode())
+            got = drain([consumer], 10)
+            assert got == [f"{name}-{n}" for n in range(10)]
+    finally:
+        client.close()
+    relayed = proxy.log_lines("relaying to broker")
+    assert relayed
+    for line in relayed:
+        port = int(line.split("relaying to broker ")[1].split()[0].rsplit(":", 1)[1])
+        assert port in deployment.broker_tls_ports, line
+
+
 # -- identity ----------------------------------------------------------------------------------
 
 
@@ -618,12 +685,14 @@ def test_a_proxy_role_without_original_principal_is_refused_by_brokers(
 # -- a frozen broker (last: it changes the cluster) ---------------------------------------------
 
 
-def test_relays_to_a_frozen_broker_are_closed_when_its_registration_expires(
-    deployment: Deployment,
+@pytest.mark.parametrize("failure", ["sigstop", "sigkill"])
+def test_clients_move_on_when_the_owner_freezes_or_dies(
+    deployment: Deployment, failure: str
 ) -> None:
-    """SIGSTOP of the owner: its clients through the proxy receipt again within the session
-    TTL plus a few seconds (the time is printed)."""
-    name = topic("frozen")
+    """SIGSTOP or kill -9 of the owner while a producer runs through the proxy: receipts start
+    again within the session TTL plus a few seconds (the time is printed). A frozen broker keeps
+    its sockets open; the proxy closes its relays when its registration expires."""
+    name = topic(f"owner-{failure}")
     cluster = deployment.cluster
     producing = deployment.client(0)
     try:
@@ -634,17 +703,21 @@ def test_relays_to_a_frozen_broker_are_closed_when_its_registration_expires(
                 cluster.wait_for(lambda: cluster.owner_of_topic(name), what="an owner")
             )
             deployment.frozen.add(owner.broker_id)
-            owner.pause()
-            paused_at = time.monotonic()
+            failed_at = time.monotonic()
+            if failure == "sigstop":
+                owner.pause()
+            else:
+                owner.kill()
             try:
                 count = len(paced.receipted)
-                paced.wait_until(count + 50, paused_at + SESSION_TTL + 20)
-                recovered = min(t for t in paced.receipted.values() if t > paused_at + 1)
-                recovered -= paused_at
-                print(f"receipts again {recovered:.1f} s after SIGSTOP of the owner (proxy)")
+                paced.wait_until(count + 50, failed_at + SESSION_TTL + 20)
+                recovered = min(t for t in paced.receipted.values() if t > failed_at + 1)
+                recovered -= failed_at
+                print(f"receipts again {recovered:.1f} s after {failure} of the owner (proxy)")
                 assert recovered < SESSION_TTL + 15
             finally:
-                owner.resume()
+                if failure == "sigstop":
+                    owner.resume()
         finally:
             paced.stop()
             paced.close()
