@@ -26,7 +26,6 @@ from magnetar.proxy.broker_link import BrokerLink, BrokerRefused, BrokerUnreacha
 from magnetar.proxy.brokers import Address, NoBrokerAvailable
 
 if TYPE_CHECKING:
-    from magnetar.common.cluster.broker_info import BrokerInfo
     from magnetar.proxy.connection import ProxyConnection
     from magnetar.proxy.proxy import Proxy
 
@@ -45,6 +44,10 @@ class LookupFailed(Exception):
         super().__init__(message)
         self.error = error
         self.message = message
+
+
+class Unreachable(LookupFailed):
+    """The broker asked could not be reached or did not answer in time."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -162,15 +165,35 @@ class LookupService:
         )
         return LinkKey(address, identity.role, identity.method, forwarded)
 
-    def _first_broker(self) -> Address:
+    def _entry_brokers(self) -> list[Address]:
+        """Where a request may start: ``broker_service_url``, else every registered broker,
+        beginning with the next in round-robin order."""
         static = self.proxy.config.broker_service_url
         if static:
-            return Address.parse(static)
+            return [Address.parse(static)]
+        directory = self.proxy.directory
         try:
-            info: BrokerInfo = self.proxy.directory.pick()
+            first = directory.pick()
         except NoBrokerAvailable as e:
             raise LookupFailed(pb.ServiceNotReady, str(e)) from None
-        return Address.parse(_url(self.proxy, info.service_url, info.service_url_tls))
+        brokers = directory.brokers()
+        start = brokers.index(first) if first in brokers else 0
+        return [
+            Address.parse(_url(self.proxy, info.service_url, info.service_url_tls))
+            for info in brokers[start:] + brokers[:start]
+        ]
+
+    async def _ask_entry(self, conn: ProxyConnection, body: Any) -> tuple[Address, codec.Frame]:
+        """The first hop: a broker that cannot be reached (killed, not yet unregistered) is
+        passed over for the next one."""
+        failure: LookupFailed | None = None
+        for address in self._entry_brokers():
+            try:
+                return address, await self._ask(conn, address, body)
+            except Unreachable as e:
+                failure = e
+        assert failure is not None
+        raise failure
 
     async def _ask(self, conn: ProxyConnection, address: Address, body: Any) -> codec.Frame:
         try:
@@ -179,27 +202,30 @@ class LookupService:
         except BrokerRefused as e:
             raise LookupFailed(e.error, e.message) from None
         except BrokerUnreachable as e:
-            raise LookupFailed(pb.ServiceNotReady, str(e)) from None
+            raise Unreachable(pb.ServiceNotReady, str(e)) from None
 
     async def _forward(self, conn: ProxyConnection, body: Any) -> Any:
         """PARTITIONED_METADATA, GET_TOPICS_OF_NAMESPACE, GET_SCHEMA: any broker answers."""
         client_id = body.request_id
         request = type(body)()
         request.CopyFrom(body)
-        frame = await self._ask(conn, self._first_broker(), request)
+        _, frame = await self._ask_entry(conn, request)
         answer: Any = frame.body
         answer.request_id = client_id
         return answer
 
     async def _lookup(self, conn: ProxyConnection, body: pb.CommandLookupTopic) -> Any:
         reply = pb.CommandLookupTopicResponse
-        address = self._first_broker()
+        address: Address | None = None
         authoritative = body.authoritative
         for _ in range(MAX_HOPS):
             request = pb.CommandLookupTopic()
             request.CopyFrom(body)
             request.authoritative = authoritative
-            frame = await self._ask(conn, address, request)
+            if address is None:
+                address, frame = await self._ask_entry(conn, request)
+            else:
+                frame = await self._ask(conn, address, request)
             if frame.type == Type.ERROR:
                 answer: Any = frame.body
                 answer.request_id = body.request_id
