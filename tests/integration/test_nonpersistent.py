@@ -50,7 +50,7 @@ def test_live_delivery_to_connected_consumers_only(standalone: StandaloneProcess
         stats_url = f"{standalone.admin_url}/non-persistent/public/default/ticks/stats"
         with urllib.request.urlopen(stats_url, timeout=10) as response:
             stats = json.loads(response.read())
-        assert stats["msgInCounter"] == 22 and stats["publishers"] == 1
+        assert stats["msgInCounter"] == 22 and len(stats["publishers"]) == 1
         assert set(stats["subscriptions"]) == {"workers", "audit", "late"}
     finally:
         c.close()

@@ -5,7 +5,11 @@ subset), built from one route adder per resource group:
 - ``schemas``: the schema registry
 - ``status``: ``/health`` and ``/metrics``
 - ``namespaces``: tenants, namespaces and their policies
+- ``namespace_topics``: a namespace's topics, deleting it, its (or a bundle's) backlog cleared
+  and subscriptions removed
 - ``topics``: non-partitioned topics, their stats and subscriptions
+- ``subscriptions``: creating, skipping, expiring and resetting a subscription
+- ``messages``: peeking and examining messages, by position, id and time
 - ``partitioned``: partitioned topics (their delete goes to each partition's owner)
 
 Every request is authenticated first (``authentication.authentication``, a middleware: the
@@ -25,11 +29,14 @@ from magnetar.broker.admin.authentication import authentication
 from magnetar.broker.admin.authorization import authorization
 from magnetar.broker.admin.cluster import add_cluster_routes
 from magnetar.broker.admin.errors import errors
+from magnetar.broker.admin.messages import add_message_routes
+from magnetar.broker.admin.namespace_topics import add_namespace_topic_routes
 from magnetar.broker.admin.namespaces import add_namespace_routes
 from magnetar.broker.admin.partitioned import add_partitioned_routes
 from magnetar.broker.admin.permissions import add_permission_routes
 from magnetar.broker.admin.schemas import add_schema_routes
 from magnetar.broker.admin.status import add_health_routes, add_metrics_routes
+from magnetar.broker.admin.subscriptions import add_subscription_routes
 from magnetar.broker.admin.topics import add_topic_routes
 
 if TYPE_CHECKING:
@@ -45,8 +52,11 @@ def build_app(broker: AdminBroker) -> web.Application:
         add_cluster_routes,
         add_schema_routes,
         add_health_routes,
+        add_namespace_topic_routes,  # before the namespace policies' ``.../{policy}``
         add_namespace_routes,
         add_topic_routes,
+        add_subscription_routes,
+        add_message_routes,
         add_partitioned_routes,
         add_metrics_routes,
     ):

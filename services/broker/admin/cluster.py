@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from magnetar.broker.admin.service import AdminBroker
 
 
-async def _bundle(broker: AdminBroker, namespace: str, text: str) -> bundle_math.BundleRange:
+async def bundle_named(broker: AdminBroker, namespace: str, text: str) -> bundle_math.BundleRange:
     try:
         wanted = bundle_math.BundleRange.parse(text)
     except ValueError as e:
@@ -37,11 +37,18 @@ def add_cluster_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None:
     async def clusters(request: web.Request) -> web.Response:
         return web.json_response([broker.config.cluster_name])
 
-    @routes.get("/admin/v2/brokers/ready")
-    async def ready(request: web.Request) -> web.Response:
-        if broker.ownership is None or broker.store is None or broker.store.session_lost:
-            raise AdminError(503, "the broker is not in the cluster (no metadata session)")
-        return web.Response(text="ok")
+    @routes.get("/admin/v2/clusters/{cluster}")
+    async def cluster(request: web.Request) -> web.Response:
+        if request.match_info["cluster"] != broker.config.cluster_name:
+            raise AdminError(404, "Cluster does not exist")
+        info = broker.info
+        document: dict[str, object] = {
+            "serviceUrl": info.http_url,
+            "brokerServiceUrl": info.service_url,
+        }
+        if info.service_url_tls:
+            document["brokerServiceUrlTls"] = info.service_url_tls
+        return web.json_response(document)
 
     @routes.get("/admin/v2/brokers/leaderBroker")
     async def leader(request: web.Request) -> web.Response:
@@ -94,7 +101,7 @@ def add_cluster_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None:
     @routes.put("/admin/v2/namespaces/{tenant}/{namespace}/{bundle}/unload")
     async def unload_bundle(request: web.Request) -> web.Response:
         namespace = requests.namespace(request)
-        bundle = await _bundle(broker, namespace, request.match_info["bundle"])
+        bundle = await bundle_named(broker, namespace, request.match_info["bundle"])
         assert broker.ownership is not None
         owner = await broker.ownership.owner(namespace, bundle)
         if owner is None:
@@ -119,7 +126,7 @@ def add_cluster_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None:
     @routes.put("/admin/v2/namespaces/{tenant}/{namespace}/{bundle}/split")
     async def split_bundle(request: web.Request) -> web.Response:
         namespace = requests.namespace(request)
-        bundle = await _bundle(broker, namespace, request.match_info["bundle"])
+        bundle = await bundle_named(broker, namespace, request.match_info["bundle"])
         algorithm = request.query.get("splitAlgorithmName", "range_equally_divide")
         if algorithm not in ("range_equally_divide", "topic_count_equally_divide"):
             raise AdminError(412, f"Unsupported split algorithm: {algorithm}")

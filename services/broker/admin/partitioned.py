@@ -270,11 +270,10 @@ async def _owner_of(broker: AdminBroker, name: TopicName) -> BrokerInfo | None:
 
 
 def _clients_in(stats: dict[str, Any]) -> int:
-    """Producers and consumers in a topic's stats (``publishers`` is a count in Magnetar's
-    stats, a list in Pulsar's)."""
-    publishers = stats.get("publishers", 0)
-    count = len(publishers) if isinstance(publishers, list) else int(publishers)
-    return count + sum(len(s.get("consumers", ())) for s in stats.get("subscriptions", {}).values())
+    """Producers and consumers in a topic's stats (Pulsar's TopicStats)."""
+    return len(stats.get("publishers", ())) + sum(
+        len(s.get("consumers", ())) for s in stats.get("subscriptions", {}).values()
+    )
 
 
 async def _refuse_if_busy(

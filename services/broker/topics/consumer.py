@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from magnetar.broker.model.position import Position
+from magnetar.broker.topics.rates import now_iso
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
 
@@ -62,6 +63,10 @@ class Consumer:
     #: Shared and key_shared: stop sending while ``unacked`` is at this bound (0: no bound).
     max_unacked: int = 0
     closed: bool = False
+    #: Messages and bytes sent to this consumer (redeliveries included), for its stats.
+    msg_out: int = 0
+    bytes_out: int = 0
+    connected_since: str = field(default_factory=now_iso)
 
     @property
     def ready(self) -> bool:
@@ -96,6 +101,8 @@ class Consumer:
             )
         )
         self.permits -= count
+        self.msg_out += count
+        self.bytes_out += len(stored)
         self.unacked += count - self.pending.get(position, 0)
         self.pending[position] = count
 

@@ -21,8 +21,8 @@ from magnetar.broker.model.position import Position
 from magnetar.broker.model.topic_name import TopicName
 from magnetar.broker.topics.consumer import Consumer
 from magnetar.broker.topics.dispatchers.live import LiveDispatcher, for_live_mode
-from magnetar.broker.topics.persistent import publish_counters
 from magnetar.broker.topics.producers import ProducerSet
+from magnetar.broker.topics.stats import TopicRates, nonpersistent_stats
 from magnetar.broker.topics.subscription import SubscriptionTypeError, disconnect_for_delete
 from magnetar.common.proto import pulsar_api_pb2 as pb
 
@@ -115,6 +115,7 @@ class NonPersistentTopic:
         self.msg_out = 0
         self.bytes_out = 0
         self._entry_ids = itertools.count()
+        self.rates = TopicRates()
 
     def publish(
         self,
@@ -132,6 +133,7 @@ class NonPersistentTopic:
         self.msg_in += 1
         self.bytes_in += len(stored)
         self.messages_in += count
+        self.producers.count(producer_name, count, len(stored))
         for subscription in list(self.subscriptions.values()):
             subscription.deliver(position, stored, metadata, count)
         done: asyncio.Future[Position | None] = asyncio.get_running_loop().create_future()
@@ -174,22 +176,8 @@ class NonPersistentTopic:
         pass  # retention, TTL and deduplication concern stored messages only
 
     def stats(self) -> dict[str, object]:
-        return {
-            **publish_counters(
-                self.messages_in, self.bytes_in, self.loaded_at, len(self.producers)
-            ),
-            "subscriptions": {
-                name: {
-                    "type": Sub.SubType.Name(sub.sub_type),
-                    "msgDropped": sub.dropped,
-                    "consumers": [
-                        {"consumerName": c.name, "availablePermits": c.permits}
-                        for c in sub.consumers
-                    ],
-                }
-                for name, sub in self.subscriptions.items()
-            },
-        }
+        """Topic stats in the shape of Pulsar's ``NonPersistentTopicStats``."""
+        return nonpersistent_stats(self, self.rates)
 
     async def stop_publishing(self) -> None:
         pass  # a send is acknowledged at once: nothing is ever in flight

@@ -22,7 +22,13 @@ from magnetar.broker.topics.deduplication import Deduplication, DuplicateStatus
 from magnetar.broker.topics.dispatch_limits import DispatchLimits
 from magnetar.broker.topics.instruments import UNCOUNTED, TopicInstruments
 from magnetar.broker.topics.producers import ProducerSet
-from magnetar.broker.topics.subscription import Subscription, disconnect_for_delete
+from magnetar.broker.topics.stats import TopicRates, persistent_stats
+from magnetar.broker.topics.subscription import (
+    Subscription,
+    SubscriptionExistsError,
+    disconnect_for_delete,
+    first_published_at,
+)
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
 from magnetar.common.tasks import spawn_logged
@@ -75,6 +81,7 @@ class PersistentTopic:
         self.msg_out = 0
         self.bytes_out = 0
         self.deduplication: Deduplication | None = None  # set by the broker when enabled
+        self.rates = TopicRates()
         self._subscribe_lock = asyncio.Lock()
         #: Unloading: new sends are refused while those in flight get their receipts.
         self.unloading = False
@@ -114,7 +121,9 @@ class PersistentTopic:
         self._last_publish = future
         self.msg_in += 1
         self.bytes_in += len(stored)
-        self.messages_in += message_count(stored) if messages is None else messages
+        count = message_count(stored) if messages is None else messages
+        self.messages_in += count
+        self.producers.count(producer_name, count, len(stored))
         if dedup is not None:
             last = max(sequence_id, highest)
             future.add_done_callback(lambda f: self._persisted(f, producer_name, last))
@@ -209,34 +218,8 @@ class PersistentTopic:
             await subscription.close()
 
     def stats(self) -> dict[str, object]:
-        """Topic stats in the shape of Pulsar's ``.../stats`` (the fields built so far)."""
-        subscriptions = {}
-        for name, sub in self.subscriptions.items():
-            consumers = sub.dispatcher.consumers
-            subscriptions[name] = {
-                "type": sub.type_name,
-                "msgBacklog": sub.cursor.backlog,
-                "isDurable": sub.durable,
-                "unackedMessages": sum(sum(c.pending.values()) for c in consumers),
-                "consumers": [
-                    {
-                        "consumerName": c.name,
-                        "availablePermits": c.permits,
-                        "unackedMessages": c.unacked,
-                    }
-                    for c in consumers
-                ],
-            }
-        return {
-            **publish_counters(
-                self.messages_in, self.bytes_in, self.loaded_at, len(self.producers)
-            ),
-            "storageSize": self.ml.total_size,
-            "entries": self.ml.number_of_entries,
-            # Entries no bookie could give back intact (digest errors on every copy).
-            "unreadableEntries": {str(p): why for p, why in sorted(self.ml.unreadable.items())},
-            "subscriptions": subscriptions,
-        }
+        """Topic stats in the shape of Pulsar's ``TopicStats`` (``stats.persistent_stats``)."""
+        return persistent_stats(self, self.rates)
 
     def internal_stats(self) -> dict[str, object]:
         """Storage view in the shape of Pulsar's ``.../internalStats``: ledgers and cursors."""
@@ -321,6 +304,32 @@ class PersistentTopic:
         retention = policies.retention
         await self.ml.trim_retained(retention.time_minutes, retention.size_mb)
 
+    async def create_subscription(self, name: str, start: pb.MessageIdData | None) -> None:
+        """Admin ``PUT .../subscription/{name}``: a durable subscription with no consumer,
+        starting at ``start`` (Pulsar's default: the latest message). Refused if it exists."""
+        async with self._subscribe_lock:
+            if name in self.subscriptions:
+                raise SubscriptionExistsError(f"Subscription already exists for topic {self.name}")
+            cursor = await self.ml.open_cursor(name, "latest")
+            if start is not None:
+                position = self.position_for(start)
+                if position != self.ml.next_position(self.ml.last_confirmed_position):
+                    cursor.reset(position)
+            self.subscriptions[name] = Subscription(self, name, cursor, None, self.limits)
+        log.info("topic %s: subscription %s created by the admin API", self.name, name)
+
+    async def message_at(self, position: Position) -> tuple[Position, bytes] | None:
+        """The stored entry at ``position``, if it exists."""
+        if self.ml.first_at_or_after(position) != position:
+            return None
+        entries = await self.ml.read_entries(position, 1)
+        return entries[0] if entries and entries[0][0] == position else None
+
+    async def message_id_at(self, publish_time_ms: int) -> Position | None:
+        """The first entry published at or after ``publish_time_ms`` (None: none is)."""
+        found = await first_published_at(self.ml, publish_time_ms)
+        return found if self.ml.first_at_or_after(found) == found else None
+
     async def unsubscribe(self, name: str) -> None:
         """Remove the subscription and its cursor (UNSUBSCRIBE from its last consumer)."""
         async with self._subscribe_lock:
@@ -349,18 +358,3 @@ class PersistentTopic:
             except Exception as e:
                 log.warning("topic %s: final deduplication snapshot failed: %s", self.name, e)
         await self.ml.close()
-
-
-def publish_counters(
-    messages_in: int, bytes_in: int, loaded_at: float, publishers: int
-) -> dict[str, object]:
-    """The publish side of a topic's stats (rates averaged since the topic was loaded);
-    messages count one by one, a batch entry as its messages, as Pulsar counts them."""
-    elapsed = max(time.monotonic() - loaded_at, 1e-9)
-    return {
-        "msgInCounter": messages_in,
-        "bytesInCounter": bytes_in,
-        "msgRateIn": messages_in / elapsed,
-        "msgThroughputIn": bytes_in / elapsed,
-        "publishers": publishers,
-    }

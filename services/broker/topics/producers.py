@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from magnetar.broker.topics.rates import now_iso
 from magnetar.common.proto import pulsar_api_pb2 as pb
 
 Mode = int
@@ -36,10 +37,37 @@ class ProducerFencedError(Exception):
     retrying on this answer (ProducerFenced)."""
 
 
-@dataclass(slots=True, frozen=True)
+#: Pulsar's names of the access modes, as its publisher stats show them.
+ACCESS_MODES = {
+    pb.Shared: "Shared",
+    pb.Exclusive: "Exclusive",
+    pb.WaitForExclusive: "WaitForExclusive",
+    pb.ExclusiveWithFencing: "ExclusiveWithFencing",
+}
+
+
+@dataclass(slots=True)
 class _Attached:
     name: str
     fence: Fence  # closes the producer, naming the broker to reconnect to when that is known
+    producer_id: int = -1
+    mode: Mode = pb.Shared
+    connected_since: str = field(default_factory=now_iso)
+    #: Messages and bytes this producer had stored (its publisher stats).
+    messages: int = 0
+    bytes: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class PublisherView:
+    """One attached producer as the topic's stats show it."""
+
+    producer_id: int
+    name: str
+    access_mode: str
+    connected_since: str
+    messages: int
+    bytes: int
 
 
 class ProducerSet:
@@ -100,12 +128,33 @@ class ProducerSet:
             raise ProducerBusyError(f"unknown access mode {mode}")
         if name in self._by_name:
             raise ProducerBusyError(f"a producer named {name!r} is already connected to the topic")
-        self._producers[key] = _Attached(name, fence)
+        self._producers[key] = _Attached(name, fence, key[1], mode)
         self._by_name[name] = key
         if mode != pb.Shared:
             self._exclusive = key
             self.topic_epoch += 1
         return self.topic_epoch
+
+    def count(self, name: str, messages: int, size: int) -> None:
+        """Producer ``name`` stored ``messages`` messages in ``size`` bytes."""
+        key = self._by_name.get(name)
+        attached = None if key is None else self._producers.get(key)
+        if attached is not None:
+            attached.messages += messages
+            attached.bytes += size
+
+    def attached(self) -> list[PublisherView]:
+        return [
+            PublisherView(
+                a.producer_id,
+                a.name,
+                ACCESS_MODES.get(a.mode, "Shared"),
+                a.connected_since,
+                a.messages,
+                a.bytes,
+            )
+            for a in self._producers.values()
+        ]
 
     def _check_epoch(self, epoch: int | None) -> None:
         if epoch is not None and epoch < self.topic_epoch:

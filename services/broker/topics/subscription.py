@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -16,11 +17,16 @@ from magnetar.broker.topics.dispatch_limits import DispatchLimits
 from magnetar.common.proto import pulsar_api_pb2 as pb
 
 if TYPE_CHECKING:
+    from magnetar.broker.ledger.managed_ledger import ManagedLedger
     from magnetar.broker.topics.persistent import PersistentTopic
 
 
 #: The largest batch an ack may name when the broker no longer knows the batch's size.
 MAX_BATCH_SIZE = 100_000
+
+
+class SubscriptionExistsError(Exception):
+    """The admin API asked to create a subscription the topic already has (409)."""
 
 
 class SubscriptionTypeError(Exception):
@@ -80,6 +86,9 @@ class Subscription:
         #: Messages and bytes dispatched (redeliveries included), for metrics.
         self.msg_out = 0
         self.bytes_out = 0
+        #: Entries expired (TTL or the admin's expireMessages), and when last (ms, 0: never).
+        self.expired = 0
+        self.last_expired_ms = 0
         # Without a mode yet, an idle dispatcher holds the place: with no consumer it never
         # reads, and the first consumer replaces it with its own mode's.
         self.dispatcher = dispatchers.for_mode(
@@ -238,6 +247,8 @@ class Subscription:
         self.cursor.mark_delete(last)
         self._forget_through(last)
         self.dispatcher.wake()
+        self.expired += expired
+        self.last_expired_ms = int(time.time() * 1000)
         return expired
 
     def redeliver(self, consumer: Consumer, message_ids: list[pb.MessageIdData] | None) -> None:
@@ -261,16 +272,71 @@ class Subscription:
         return consumers
 
     async def _first_published_at(self, publish_time_ms: int) -> Position:
-        ml = self.topic.ml
-        position = ml.first_position
-        while True:
-            entries = await ml.read_entries(position, 500)
-            if not entries:
-                return ml.next_position(ml.last_confirmed_position)
-            for found, stored in entries:
-                if entry_metadata(stored).publish_time >= publish_time_ms:
-                    return found
-            position = ml.next_position(entries[-1][0])
+        return await first_published_at(self.topic.ml, publish_time_ms)
+
+    async def reset_cursor(self, position: Position | None, publish_time_ms: int | None) -> None:
+        """Admin ``resetcursor``: a seek whose consumers are told to come back (as the
+        protocol's SEEK does) and then receive from the new position."""
+        for consumer in await self.seek(position, publish_time_ms):
+            consumer.connection.reconnect_consumer(consumer)
+
+    def unacked_positions(self, limit: int) -> list[Position]:
+        """Up to ``limit`` unacknowledged entries from the mark-delete position on, without
+        reading them (positions come from the ledger list)."""
+        ml = self.cursor.ml
+        found: list[Position] = []
+        start = self.cursor.mark_delete_position
+        position = ml.first_at_or_after(Position(start.ledger_id, start.entry_id + 1))
+        while position is not None and len(found) < limit:
+            if not self.cursor.is_acked(position):
+                found.append(position)
+            position = ml.first_at_or_after(Position(position.ledger_id, position.entry_id + 1))
+        return found
+
+    def skip(self, entries: int) -> int:
+        """Admin ``skip/{n}``: the next ``entries`` unacknowledged entries count as acknowledged
+        (Pulsar skips entries, leaving individually acknowledged ones out of the count).
+        Returns how many were skipped."""
+        positions = self.unacked_positions(entries)
+        if positions:
+            self.cursor.delete(positions)
+            for position in positions:
+                self.batch_sizes.pop(position, None)
+                self.redelivery_counts.pop(position, None)
+            self.dispatcher.wake()
+        return len(positions)
+
+    def clear_backlog(self) -> int:
+        """Admin ``skip_all`` (and a namespace's ``clearBacklog``): everything stored so far
+        counts as acknowledged. Returns the entries that were in the backlog."""
+        backlog = self.cursor.backlog
+        last = self.cursor.ml.last_confirmed_position
+        if last > self.cursor.mark_delete_position:
+            self.cursor.mark_delete(last)
+            self._forget_through(last)
+            self.dispatcher.wake()
+        return backlog
+
+    async def peek(self, n: int) -> tuple[Position, bytes] | None:
+        """Admin ``position/{n}``: the ``n``-th (from 1) unacknowledged entry, nothing moved."""
+        positions = self.unacked_positions(n)
+        if len(positions) < n or n < 1:
+            return None
+        entries = await self.cursor.ml.read_entries(positions[-1], 1)
+        return entries[0] if entries and entries[0][0] == positions[-1] else None
 
     async def close(self) -> None:
         await self.dispatcher.close()
+
+
+async def first_published_at(ml: ManagedLedger, publish_time_ms: int) -> Position:
+    """The first entry published at or after ``publish_time_ms`` (the end of the log if none)."""
+    position = ml.first_position
+    while True:
+        entries = await ml.read_entries(position, 500)
+        if not entries:
+            return ml.next_position(ml.last_confirmed_position)
+        for found, stored in entries:
+            if entry_metadata(stored).publish_time >= publish_time_ms:
+                return found
+        position = ml.next_position(entries[-1][0])

@@ -1,0 +1,779 @@
+"""``magnetar admin``: pulsar-admin's command groups, verbs and flags on Magnetar's admin REST.
+
+``magnetar admin [--admin-url URL] [--token T] GROUP VERB ARGS``, for example::
+
+    magnetar admin tenants create acme
+    magnetar admin namespaces create acme/orders --bundles 8
+    magnetar admin namespaces set-retention acme/orders --size 1G --time 3d
+    magnetar admin topics create-partitioned-topic persistent://acme/orders/in -p 4
+    magnetar admin topics stats persistent://acme/orders/in
+    magnetar admin topics reset-cursor persistent://acme/orders/in -s billing -t 10m
+    magnetar admin topics peek-messages persistent://acme/orders/in -s billing -n 5
+
+Each verb is one REST call (the table :data:`VERBS`); a redirect to the topic's owner is followed
+with the same method and body, as pulsar-admin does. Output is for people by default (lists one
+per line, documents as indented JSON, which is Pulsar's JSON for stats); ``--json`` prints every
+answer as JSON. A refused call prints one line, ``magnetar admin: HTTP <status>: <reason>``, and
+exits 1 (2 for a usage error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime
+import json
+import os
+import re
+import ssl
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_ADMIN_URL = "http://localhost:8080"
+MAX_REDIRECTS = 5
+
+_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
+_UNITS_B = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+class UsageError(Exception):
+    """A flag's value cannot be used (exit 2)."""
+
+
+class AdminCallError(Exception):
+    """The broker refused the call, or could not be reached (exit 1)."""
+
+
+def seconds(text: str) -> int:
+    """pulsar-admin's relative times: ``30s``, ``10m``, ``2h``, ``3d``, ``1w``, ``1y``, or plain
+    seconds; ``-1`` is kept (no limit)."""
+    match = re.fullmatch(r"(-?\d+)([smhdwy]?)", text.strip().lower())
+    if match is None:
+        raise UsageError(f"not a time: {text!r} (e.g. 30s, 10m, 2h, 3d, 1w)")
+    value = int(match.group(1))
+    return value if value < 0 else value * _UNITS_S.get(match.group(2) or "s", 1)
+
+
+def size_bytes(text: str) -> int:
+    """pulsar-admin's sizes: ``500``, ``10K``, ``100M``, ``1G``, ``2T``; ``-1`` is kept."""
+    match = re.fullmatch(r"(-?\d+)([kmgt]?)b?", text.strip().lower())
+    if match is None:
+        raise UsageError(f"not a size: {text!r} (e.g. 100M, 1G)")
+    value = int(match.group(1))
+    return value if value < 0 else value * _UNITS_B.get(match.group(2), 1)
+
+
+def topic_path(name: str) -> str:
+    """``persistent://t/ns/x`` (or ``t/ns/x``, or a bare ``x`` in public/default) as the REST
+    path ``persistent/t/ns/x``."""
+    domain, sep, rest = name.partition("://")
+    if not sep:
+        domain, rest = "persistent", name
+    if domain not in ("persistent", "non-persistent"):
+        raise UsageError(f"not a topic: {name!r} (persistent://tenant/namespace/topic)")
+    parts = rest.split("/")
+    if len(parts) == 1:
+        parts = ["public", "default", *parts]
+    if len(parts) != 3 or not all(parts):
+        raise UsageError(f"not a topic: {name!r} (persistent://tenant/namespace/topic)")
+    return "/".join([domain, *(urllib.parse.quote(p, safe="") for p in parts)])
+
+
+def namespace_path(name: str) -> str:
+    parts = name.split("/")
+    if len(parts) != 2 or not all(parts):
+        raise UsageError(f"not a namespace: {name!r} (tenant/namespace)")
+    return name
+
+
+def message_id(text: str) -> dict[str, int]:
+    """``ledger:entry`` (as pulsar-admin prints ids), ``earliest`` or ``latest``."""
+    if text == "earliest":
+        return {"ledgerId": -1, "entryId": -1}
+    if text == "latest":
+        return {"ledgerId": 2**63 - 1, "entryId": 2**63 - 1}
+    parts = text.split(":")
+    try:
+        return {"ledgerId": int(parts[0]), "entryId": int(parts[1])}
+    except (ValueError, IndexError):
+        raise UsageError(f"not a message id: {text!r} (ledgerId:entryId)") from None
+
+
+# -- the REST client ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Answer:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body) if self.body else None
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None  # followed by AdminClient with the same method and body
+
+
+@dataclass
+class AdminClient:
+    """Calls ``/admin/v2/...`` at ``url``, with a token and TLS settings when given."""
+
+    url: str = DEFAULT_ADMIN_URL
+    token: str | None = None
+    basic: str | None = None
+    trust_cert: str | None = None
+    insecure: bool = False
+    cert: tuple[str, str] | None = None
+    timeout: float = 60.0
+    _opener: urllib.request.OpenerDirector | None = field(default=None, repr=False)
+
+    def _open(self) -> urllib.request.OpenerDirector:
+        if self._opener is None:
+            context = ssl.create_default_context(cafile=self.trust_cert)
+            if self.insecure:
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+            if self.cert is not None:
+                context.load_cert_chain(*self.cert)
+            self._opener = urllib.request.build_opener(
+                _NoRedirect(), urllib.request.HTTPSHandler(context=context)
+            )
+        return self._opener
+
+    def call(self, method: str, path: str, body: Any = None, *, raw: bool = False) -> Answer:
+        """One call; redirects followed; an error status raises :class:`AdminCallError`."""
+        # A path from the root (``/lookup/...``) as given; others under ``/admin/v2/``.
+        url = self.url.rstrip("/") + (path if path.startswith("/") else "/admin/v2/" + path)
+        data = None
+        if body is not None:
+            data = body if raw else json.dumps(body).encode()
+        for _ in range(MAX_REDIRECTS + 1):
+            request = urllib.request.Request(url, data=data, method=method)
+            if data is not None:
+                request.add_header("Content-Type", "application/json")
+            if self.token:
+                request.add_header("Authorization", f"Bearer {self.token}")
+            elif self.basic:
+                encoded = base64.b64encode(self.basic.encode()).decode()
+                request.add_header("Authorization", f"Basic {encoded}")
+            try:
+                with self._open().open(request, timeout=self.timeout) as response:
+                    return Answer(response.status, dict(response.headers), response.read())
+            except urllib.error.HTTPError as e:
+                if e.code in (301, 302, 307, 308) and e.headers.get("Location"):
+                    url = urllib.parse.urljoin(url, e.headers["Location"])
+                    continue
+                raise AdminCallError(f"HTTP {e.code}: {_reason(e.code, e.read())}") from None
+            except (urllib.error.URLError, OSError) as e:
+                reason = getattr(e, "reason", e)
+                raise AdminCallError(f"cannot reach {self.url}: {reason}") from None
+        raise AdminCallError(f"more than {MAX_REDIRECTS} redirects from {self.url}")
+
+
+def _reason(status: int, body: bytes) -> str:
+    try:
+        return str(json.loads(body)["reason"])
+    except (ValueError, KeyError, TypeError):
+        text = body.decode(errors="replace").strip()
+        return text[:300] or {401: "Unauthorized", 403: "Forbidden", 404: "Not Found"}.get(
+            status, "error"
+        )
+
+
+# -- the verbs ---------------------------------------------------------------------------------
+
+Build = Callable[[argparse.Namespace], tuple[str, str, Any]]
+Show = Callable[[AdminClient, argparse.Namespace, Answer], Any]
+
+
+@dataclass(slots=True, frozen=True)
+class Verb:
+    help: str
+    build: Build  # args -> (method, path, body)
+    flags: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = ()
+    positional: tuple[str, ...] = ()
+    show: Show | None = None  # what to print, from the answer (default: its JSON)
+
+
+def _flag(*names: str, **kwargs: Any) -> tuple[tuple[str, ...], dict[str, Any]]:
+    return names, kwargs
+
+
+SUB = _flag("-s", "--subscription", required=True, help="subscription name")
+FORCE = _flag("-f", "--force", action="store_true", help="even with clients connected")
+
+
+def _topic(args: argparse.Namespace, suffix: str = "") -> str:
+    return topic_path(args.topic) + suffix
+
+
+def _sub(args: argparse.Namespace, suffix: str = "") -> str:
+    return _topic(args, f"/subscription/{urllib.parse.quote(args.subscription, safe='')}{suffix}")
+
+
+def _force(args: argparse.Namespace) -> str:
+    return "?force=true" if args.force else ""
+
+
+def _reset_cursor(args: argparse.Namespace) -> tuple[str, str, Any]:
+    if (args.time is None) == (args.messageId is None):
+        raise UsageError("reset-cursor needs one of -t/--time or -m/--messageId")
+    if args.time is not None:
+        at = int(time.time() * 1000) - seconds(args.time) * 1000
+        return "POST", _sub(args, f"/resetcursor/{at}"), None
+    body = {**message_id(args.messageId), "isExcluded": bool(args.exclude_reset_position)}
+    return "POST", _sub(args, "/resetcursor"), body
+
+
+def _peek(client: AdminClient, args: argparse.Namespace, first: Answer) -> list[dict[str, Any]]:
+    """The subscription's next ``count`` messages, entry by entry (a call each, as pulsar-admin
+    peeks), a batch split into its messages; fewer when the backlog has fewer."""
+    shown = _messages(first)
+    n = 1
+    while len(shown) < args.count:
+        n += 1
+        try:
+            answer = client.call("GET", _sub(args, f"/position/{n}"))
+        except AdminCallError as e:
+            if str(e).startswith("HTTP 404"):
+                break  # fewer messages than asked for: those there are
+            raise
+        shown.extend(_messages(answer))
+    return shown[: args.count]
+
+
+def _text(data: bytes) -> str:
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return "base64:" + base64.b64encode(data).decode()
+
+
+def _messages(answer: Answer) -> list[dict[str, Any]]:
+    """The messages of one answered entry: Pulsar answers a batch's whole payload with its size
+    in ``X-Pulsar-num-batch-message``; its messages carry their own properties and keys."""
+    from magnetar.common.protocol.codec import split_batch
+
+    headers = {k.lower(): v for k, v in answer.headers.items()}
+    properties = {
+        k[len("x-pulsar-property-") :]: v
+        for k, v in answer.headers.items()
+        if k.lower().startswith("x-pulsar-property-")
+    }
+    common = {
+        "messageId": headers.get("x-pulsar-message-id"),
+        "publishTime": headers.get("x-pulsar-publish-time"),
+        "producerName": headers.get("x-pulsar-producer-name"),
+    }
+    if "x-pulsar-num-batch-message" not in headers:
+        return [{**common, "properties": properties, "payload": _text(answer.body)}]
+    found = []
+    batch = split_batch(answer.body, int(headers["x-pulsar-num-batch-message"]))
+    for index, (single, data) in enumerate(batch):
+        found.append(
+            {
+                **common,
+                "messageId": f"{common['messageId']}:{index}",
+                "key": single.partition_key or None,
+                "properties": {p.key: p.value for p in single.properties},
+                "payload": _text(data),
+            }
+        )
+    return found
+
+
+def _message_show(client: AdminClient, args: argparse.Namespace, answer: Answer) -> Any:
+    messages = _messages(answer)
+    return messages[0] if len(messages) == 1 else messages
+
+
+def _policy(name: str) -> Callable[[argparse.Namespace], str]:
+    return lambda a: f"namespaces/{namespace_path(a.namespace)}/{name}"
+
+
+def _get_message_id(args: argparse.Namespace) -> tuple[str, str, Any]:
+    try:
+        moment = datetime.datetime.fromisoformat(args.datetime)
+    except ValueError:
+        raise UsageError(f"not a date and time: {args.datetime!r} (ISO 8601)") from None
+    if moment.tzinfo is None:
+        moment = moment.astimezone()
+    return "GET", _topic(args, f"/messageid/{int(moment.timestamp() * 1000)}"), None
+
+
+def _bundle_or_all(args: argparse.Namespace, action: str) -> str:
+    namespace = namespace_path(args.namespace)
+    if getattr(args, "bundle", None):
+        return f"namespaces/{namespace}/{args.bundle}/{action}"
+    return f"namespaces/{namespace}/{action}"
+
+
+def _enable(args: argparse.Namespace) -> bool:
+    if args.enable == args.disable:
+        raise UsageError("give one of -e/--enable or -d/--disable")
+    return bool(args.enable)
+
+
+def _tenant_body(args: argparse.Namespace) -> dict[str, list[str]]:
+    def names(text: str | None) -> list[str]:
+        return [n for n in (text or "").split(",") if n]
+
+    return {
+        "adminRoles": names(args.admin_roles),
+        "allowedClusters": names(args.allowed_clusters),
+    }
+
+
+VERBS: dict[str, dict[str, Verb]] = {
+    "clusters": {
+        "list": Verb("list the clusters", lambda a: ("GET", "clusters", None)),
+        "get": Verb(
+            "a cluster's data", lambda a: ("GET", f"clusters/{a.cluster}", None), (), ("cluster",)
+        ),
+    },
+    "brokers": {
+        "list": Verb(
+            "active brokers of a cluster",
+            lambda a: ("GET", f"brokers/{a.cluster}", None),
+            (),
+            ("cluster",),
+        ),
+        "leader-broker": Verb("the leader broker", lambda a: ("GET", "brokers/leaderBroker", None)),
+        "namespaces": Verb(
+            "bundles a broker owns",
+            lambda a: ("GET", f"brokers/{a.cluster}/{a.url}/ownedNamespaces", None),
+            (_flag("--url", required=True, help="the broker's id"),),
+            ("cluster",),
+        ),
+        "healthcheck": Verb("the broker's health", lambda a: ("GET", "brokers/health", None)),
+    },
+    "tenants": {
+        "list": Verb("list tenants", lambda a: ("GET", "tenants", None)),
+        "get": Verb(
+            "a tenant's info", lambda a: ("GET", f"tenants/{a.tenant}", None), (), ("tenant",)
+        ),
+        "create": Verb(
+            "create a tenant",
+            lambda a: ("PUT", f"tenants/{a.tenant}", _tenant_body(a)),
+            (
+                _flag("-r", "--admin-roles", help="comma-separated admin roles"),
+                _flag("-c", "--allowed-clusters", help="comma-separated clusters"),
+            ),
+            ("tenant",),
+        ),
+        "update": Verb(
+            "replace a tenant's admin roles and clusters",
+            lambda a: ("POST", f"tenants/{a.tenant}", _tenant_body(a)),
+            (
+                _flag("-r", "--admin-roles", help="comma-separated admin roles"),
+                _flag("-c", "--allowed-clusters", help="comma-separated clusters"),
+            ),
+            ("tenant",),
+        ),
+        "delete": Verb(
+            "delete a tenant (it must have no namespaces)",
+            lambda a: ("DELETE", f"tenants/{a.tenant}", None),
+            (),
+            ("tenant",),
+        ),
+    },
+    "namespaces": {
+        "list": Verb(
+            "a tenant's namespaces",
+            lambda a: ("GET", f"namespaces/{a.tenant}", None),
+            (),
+            ("tenant",),
+        ),
+        "create": Verb(
+            "create a namespace",
+            lambda a: (
+                "PUT",
+                f"namespaces/{namespace_path(a.namespace)}",
+                {"bundles": {"numBundles": a.bundles}} if a.bundles else None,
+            ),
+            (_flag("-b", "--bundles", type=int, help="number of bundles"),),
+            ("namespace",),
+        ),
+        "delete": Verb(
+            "delete a namespace (it must have no topics, unless --force)",
+            lambda a: ("DELETE", f"namespaces/{namespace_path(a.namespace)}{_force(a)}", None),
+            (FORCE,),
+            ("namespace",),
+        ),
+        "topics": Verb(
+            "a namespace's topics",
+            lambda a: ("GET", f"namespaces/{namespace_path(a.namespace)}/topics", None),
+            (),
+            ("namespace",),
+        ),
+        "policies": Verb(
+            "a namespace's policies",
+            lambda a: ("GET", f"namespaces/{namespace_path(a.namespace)}", None),
+            (),
+            ("namespace",),
+        ),
+        "bundles": Verb(
+            "a namespace's bundles",
+            lambda a: ("GET", f"namespaces/{namespace_path(a.namespace)}/bundles", None),
+            (),
+            ("namespace",),
+        ),
+        "unload": Verb(
+            "unload a namespace, or one bundle",
+            lambda a: ("PUT", _bundle_or_all(a, "unload"), None),
+            (_flag("-b", "--bundle", help="the bundle, 0x00000000_0x40000000"),),
+            ("namespace",),
+        ),
+        "split-bundle": Verb(
+            "split a bundle in two",
+            lambda a: (
+                "PUT",
+                f"namespaces/{namespace_path(a.namespace)}/{a.bundle}/split"
+                + ("?unload=true" if a.unload else ""),
+                None,
+            ),
+            (
+                _flag("-b", "--bundle", required=True, help="the bundle to split"),
+                _flag("-u", "--unload", action="store_true", help="unload the new bundles"),
+            ),
+            ("namespace",),
+        ),
+        "set-retention": Verb(
+            "keep acknowledged messages for a time and size",
+            lambda a: (
+                "POST",
+                _policy("retention")(a),
+                {
+                    "retentionTimeInMinutes": max(seconds(a.time) // 60, -1),
+                    "retentionSizeInMB": max(size_bytes(a.size) // (1 << 20), -1),
+                },
+            ),
+            (
+                _flag("-s", "--size", required=True, help="e.g. 100M, 1G; -1: no limit"),
+                _flag("-t", "--time", required=True, help="e.g. 3h, 3d; -1: no limit"),
+            ),
+            ("namespace",),
+        ),
+        "get-retention": Verb(
+            "the retention policy",
+            lambda a: ("GET", _policy("retention")(a), None),
+            (),
+            ("namespace",),
+        ),
+        "remove-retention": Verb(
+            "back to the broker's retention",
+            lambda a: ("DELETE", _policy("retention")(a), None),
+            (),
+            ("namespace",),
+        ),
+        "set-message-ttl": Verb(
+            "expire unacknowledged messages after a time",
+            lambda a: ("POST", _policy("messageTTL")(a), seconds(a.messageTTL)),
+            (_flag("-ttl", "--messageTTL", required=True, help="e.g. 3600, 1h"),),
+            ("namespace",),
+        ),
+        "get-message-ttl": Verb(
+            "the message TTL", lambda a: ("GET", _policy("messageTTL")(a), None), (), ("namespace",)
+        ),
+        "remove-message-ttl": Verb(
+            "back to the broker's TTL",
+            lambda a: ("DELETE", _policy("messageTTL")(a), None),
+            (),
+            ("namespace",),
+        ),
+        "set-deduplication": Verb(
+            "enable or disable deduplication",
+            lambda a: ("POST", _policy("deduplication")(a), _enable(a)),
+            (
+                _flag("-e", "--enable", action="store_true"),
+                _flag("-d", "--disable", action="store_true"),
+            ),
+            ("namespace",),
+        ),
+        "get-deduplication": Verb(
+            "the deduplication policy",
+            lambda a: ("GET", _policy("deduplication")(a), None),
+            (),
+            ("namespace",),
+        ),
+        "clear-backlog": Verb(
+            "acknowledge everything in a namespace (or bundle, or subscription)",
+            lambda a: (
+                "POST",
+                _bundle_or_all(a, "clearBacklog")
+                + (f"/{urllib.parse.quote(a.sub, safe='')}" if a.sub else ""),
+                None,
+            ),
+            (
+                _flag("-s", "--sub", help="only this subscription"),
+                _flag("-b", "--bundle", help="only this bundle"),
+                _flag("--force", action="store_true", help="accepted, as pulsar-admin's"),
+            ),
+            ("namespace",),
+        ),
+        "unsubscribe": Verb(
+            "delete a subscription from every topic of a namespace (or bundle)",
+            lambda a: (
+                "POST",
+                _bundle_or_all(a, "unsubscribe") + f"/{urllib.parse.quote(a.sub, safe='')}",
+                None,
+            ),
+            (
+                _flag("-s", "--sub", required=True, help="the subscription"),
+                _flag("-b", "--bundle", help="only this bundle"),
+            ),
+            ("namespace",),
+        ),
+    },
+    "topics": {
+        "list": Verb(
+            "a namespace's topics",
+            lambda a: ("GET", f"namespaces/{namespace_path(a.namespace)}/topics", None),
+            (),
+            ("namespace",),
+        ),
+        "list-partitioned-topics": Verb(
+            "a namespace's partitioned topics",
+            lambda a: ("GET", f"persistent/{namespace_path(a.namespace)}/partitioned", None),
+            (),
+            ("namespace",),
+        ),
+        "create": Verb(
+            "create a non-partitioned topic", lambda a: ("PUT", _topic(a), None), (), ("topic",)
+        ),
+        "delete": Verb(
+            "delete a topic",
+            lambda a: ("DELETE", _topic(a) + _force(a), None),
+            (FORCE,),
+            ("topic",),
+        ),
+        "create-partitioned-topic": Verb(
+            "create a partitioned topic",
+            lambda a: ("PUT", _topic(a, "/partitions"), a.partitions),
+            (_flag("-p", "--partitions", type=int, required=True),),
+            ("topic",),
+        ),
+        "update-partitioned-topic": Verb(
+            "add partitions",
+            lambda a: ("POST", _topic(a, "/partitions"), a.partitions),
+            (_flag("-p", "--partitions", type=int, required=True),),
+            ("topic",),
+        ),
+        "get-partitioned-topic-metadata": Verb(
+            "a partitioned topic's partition count",
+            lambda a: ("GET", _topic(a, "/partitions"), None),
+            (),
+            ("topic",),
+        ),
+        "delete-partitioned-topic": Verb(
+            "delete a partitioned topic and every partition's data",
+            lambda a: ("DELETE", _topic(a, "/partitions") + _force(a), None),
+            (FORCE,),
+            ("topic",),
+        ),
+        "stats": Verb(
+            "a topic's stats", lambda a: ("GET", _topic(a, "/stats"), None), (), ("topic",)
+        ),
+        "stats-internal": Verb(
+            "a topic's storage view",
+            lambda a: ("GET", _topic(a, "/internalStats"), None),
+            (),
+            ("topic",),
+        ),
+        "subscriptions": Verb(
+            "a topic's subscriptions",
+            lambda a: ("GET", _topic(a, "/subscriptions"), None),
+            (),
+            ("topic",),
+        ),
+        "create-subscription": Verb(
+            "create a subscription with no consumer",
+            lambda a: ("PUT", _sub(a), message_id(a.messageId)),
+            (SUB, _flag("-m", "--messageId", default="latest", help="latest, earliest or l:e")),
+            ("topic",),
+        ),
+        "unsubscribe": Verb(
+            "delete a subscription",
+            lambda a: ("DELETE", _sub(a) + _force(a), None),
+            (SUB, FORCE),
+            ("topic",),
+        ),
+        "skip": Verb(
+            "skip messages of a subscription",
+            lambda a: ("POST", _sub(a, f"/skip/{a.count}"), None),
+            (SUB, _flag("-n", "--count", type=int, required=True)),
+            ("topic",),
+        ),
+        "clear-backlog": Verb(
+            "skip every message of a subscription",
+            lambda a: ("POST", _sub(a, "/skip_all"), None),
+            (SUB,),
+            ("topic",),
+        ),
+        "expire-messages": Verb(
+            "expire a subscription's messages older than a time",
+            lambda a: ("POST", _sub(a, f"/expireMessages/{seconds(a.expireTime)}"), None),
+            (SUB, _flag("-t", "--expireTime", required=True, help="e.g. 3600, 1h")),
+            ("topic",),
+        ),
+        "expire-messages-all-subscriptions": Verb(
+            "expire every subscription's messages older than a time",
+            lambda a: (
+                "POST",
+                _topic(a, f"/all_subscription/expireMessages/{seconds(a.expireTime)}"),
+                None,
+            ),
+            (_flag("-t", "--expireTime", required=True, help="e.g. 3600, 1h"),),
+            ("topic",),
+        ),
+        "reset-cursor": Verb(
+            "move a subscription back (or forward) to a time or a message",
+            _reset_cursor,
+            (
+                SUB,
+                _flag("-t", "--time", help="this long ago: 10m, 2h, 1d"),
+                _flag("-m", "--messageId", help="ledgerId:entryId, earliest or latest"),
+                _flag("-e", "--exclude-reset-position", action="store_true"),
+            ),
+            ("topic",),
+        ),
+        "peek-messages": Verb(
+            "show a subscription's next messages without consuming them",
+            lambda a: ("GET", _sub(a, "/position/1"), None),
+            (SUB, _flag("-n", "--count", type=int, default=1)),
+            ("topic",),
+            _peek,
+        ),
+        "examine-message": Verb(
+            "show the n-th message from the start or end",
+            lambda a: (
+                "GET",
+                _topic(
+                    a,
+                    f"/examinemessage?initialPosition={a.initialPosition}"
+                    f"&messagePosition={a.messagePosition}",
+                ),
+                None,
+            ),
+            (
+                _flag("-i", "--initialPosition", default="latest", choices=["latest", "earliest"]),
+                _flag("-m", "--messagePosition", type=int, default=1),
+            ),
+            ("topic",),
+            _message_show,
+        ),
+        "get-message-by-id": Verb(
+            "show a message by its id",
+            lambda a: ("GET", _topic(a, f"/ledger/{a.ledgerId}/entry/{a.entryId}"), None),
+            (
+                _flag("-l", "--ledgerId", type=int, required=True),
+                _flag("-e", "--entryId", type=int, required=True),
+            ),
+            ("topic",),
+            _message_show,
+        ),
+        "last-message-id": Verb(
+            "the id of the last message stored",
+            lambda a: ("GET", _topic(a, "/lastMessageId"), None),
+            (),
+            ("topic",),
+        ),
+        "get-message-id": Verb(
+            "the first message published at or after a time",
+            _get_message_id,
+            (_flag("-d", "--datetime", required=True, help="ISO 8601, e.g. 2024-05-01T10:00:00"),),
+            ("topic",),
+        ),
+        "unload": Verb(
+            "unload a topic", lambda a: ("PUT", _topic(a, "/unload"), None), (), ("topic",)
+        ),
+        "lookup": Verb(
+            "the broker serving a topic",
+            lambda a: ("GET", "/lookup/v2/topic/" + topic_path(a.topic), None),
+            (),
+            ("topic",),
+        ),
+    },
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--admin-url",
+        default=os.environ.get("MAGNETAR_ADMIN_URL", DEFAULT_ADMIN_URL),
+        help=f"the broker's HTTP address [default: $MAGNETAR_ADMIN_URL or {DEFAULT_ADMIN_URL}]",
+    )
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("MAGNETAR_TOKEN"),
+        help="a JWT sent as 'Authorization: Bearer' [default: $MAGNETAR_TOKEN]",
+    )
+    parser.add_argument("--basic", help="user:password for the basic provider")
+    parser.add_argument("--tls-trust-cert-path", help="CA bundle that signed the broker's cert")
+    parser.add_argument("--tls-cert-file", help="client certificate (the tls provider)")
+    parser.add_argument("--tls-key-file", help="the client certificate's key")
+    parser.add_argument(
+        "--tls-allow-insecure", action="store_true", help="do not verify the broker's certificate"
+    )
+    parser.add_argument("--json", action="store_true", help="print answers as JSON")
+    groups = parser.add_subparsers(dest="admin_group", required=True, metavar="GROUP")
+    for group, verbs in VERBS.items():
+        g = groups.add_parser(group, help=f"{group} ({', '.join(verbs)})")
+        sub = g.add_subparsers(dest="admin_verb", required=True, metavar="VERB")
+        for name, verb in verbs.items():
+            p = sub.add_parser(name, help=verb.help)
+            for positional in verb.positional:
+                p.add_argument(positional)
+            for names, kwargs in verb.flags:
+                p.add_argument(*names, **kwargs)
+            p.set_defaults(admin_call=verb)
+
+
+def client_from(args: argparse.Namespace) -> AdminClient:
+    cert = None
+    if args.tls_cert_file:
+        cert = (args.tls_cert_file, args.tls_key_file or args.tls_cert_file)
+    return AdminClient(
+        args.admin_url,
+        token=args.token,
+        basic=args.basic,
+        trust_cert=args.tls_trust_cert_path,
+        insecure=args.tls_allow_insecure,
+        cert=cert,
+    )
+
+
+def _print(value: Any, as_json: bool) -> None:
+    if value is None:
+        return
+    if as_json or not isinstance(value, list) or any(isinstance(v, dict | list) for v in value):
+        print(json.dumps(value, indent=None if as_json else 2, sort_keys=not as_json))
+        return
+    for item in value:
+        print(item)
+
+
+def run(args: argparse.Namespace) -> int:
+    verb: Verb = args.admin_call
+    try:
+        method, path, body = verb.build(args)
+        client = client_from(args)
+        answer = client.call(method, path, body)
+        shown = verb.show(client, args, answer) if verb.show else answer.json()
+    except UsageError as e:
+        print(f"magnetar admin: {e}", file=sys.stderr)
+        return 2
+    except AdminCallError as e:
+        print(f"magnetar admin: {e}", file=sys.stderr)
+        return 1
+    _print(shown, args.json)
+    return 0

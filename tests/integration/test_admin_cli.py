@@ -1,0 +1,147 @@
+"""``magnetar admin`` and ``magnetar client`` as an operator runs them, against one real
+standalone: pulsar-admin's verbs and flags, their output, their exit codes, and the effect the
+official client sees (messages produced with ``magnetar client`` are consumed with it too)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.standalone import StandaloneProcess
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneProcess]:
+    standalone = StandaloneProcess(tmp_path_factory.mktemp("admin-cli") / "standalone").start()
+    try:
+        yield standalone
+    finally:
+        standalone.stop()
+        log = standalone.log_path.read_text(errors="replace")
+        assert " ERROR " not in log and "Traceback" not in log, standalone.log_tail()
+
+
+def magnetar(node: StandaloneProcess, *argv: str) -> subprocess.CompletedProcess[str]:
+    if argv[0] == "admin":
+        argv = ("admin", "--admin-url", f"http://127.0.0.1:{node.http_port}", *argv[1:])
+    else:
+        argv = (argv[0], "--url", node.url, *argv[1:])
+    return subprocess.run(
+        [sys.executable, "-m", "magnetar.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def ok(node: StandaloneProcess, *argv: str) -> str:
+    done = magnetar(node, *argv)
+    assert done.returncode == 0, (argv, done.stdout, done.stderr)
+    return done.stdout
+
+
+def test_tenants_namespaces_and_policies(node: StandaloneProcess) -> None:
+    ok(node, "admin", "tenants", "create", "acme", "-r", "ops", "-c", "standalone")
+    info = json.loads(ok(node, "admin", "tenants", "get", "acme"))
+    assert info == {"adminRoles": ["ops"], "allowedClusters": ["standalone"]}
+    assert ok(node, "admin", "tenants", "list").split() == ["acme", "public"]
+    ok(node, "admin", "namespaces", "create", "acme/orders", "-b", "4")
+    assert ok(node, "admin", "namespaces", "list", "acme").split() == ["acme/orders"]
+    ok(node, "admin", "namespaces", "set-retention", "acme/orders", "--size", "1G", "--time", "3d")
+    retention = json.loads(ok(node, "admin", "namespaces", "get-retention", "acme/orders"))
+    assert retention == {"retentionTimeInMinutes": 4320, "retentionSizeInMB": 1024}
+    bundles = json.loads(ok(node, "admin", "namespaces", "bundles", "acme/orders"))
+    assert bundles["numBundles"] == 4
+    refused = magnetar(node, "admin", "tenants", "delete", "acme")
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert (
+        refused.stderr.strip() == "magnetar admin: HTTP 409: The tenant still has active namespaces"
+    )
+    ok(node, "admin", "namespaces", "delete", "acme/orders")
+    ok(node, "admin", "tenants", "delete", "acme")
+    [cluster] = ok(node, "admin", "clusters", "list").split()
+    assert json.loads(ok(node, "admin", "clusters", "get", cluster))["brokerServiceUrl"]
+    assert len(ok(node, "admin", "brokers", "list", cluster).split()) == 1
+    usage = magnetar(node, "admin", "topics", "reset-cursor", "x", "-s", "s")
+    assert usage.returncode == 2 and "one of -t/--time or -m/--messageId" in usage.stderr
+
+
+def test_client_produce_consume_and_the_subscription_verbs(node: StandaloneProcess) -> None:
+    topic = "persistent://public/default/cli"
+    ok(
+        node,
+        "admin",
+        "topics",
+        "create-partitioned-topic",
+        "persistent://public/default/parts",
+        "-p",
+        "4",
+    )
+    meta = json.loads(ok(node, "admin", "topics", "get-partitioned-topic-metadata", "parts"))
+    assert meta["partitions"] == 4
+    ok(node, "admin", "topics", "create", topic)
+    ok(node, "admin", "topics", "create-subscription", topic, "-s", "ops", "-m", "earliest")
+    out = ok(node, "client", "produce", topic, "-m", "a,b,c", "-n", "3", "-p", "k=v")
+    assert "9 messages successfully produced" in out
+    stats = json.loads(ok(node, "admin", "topics", "stats", topic))
+    assert stats["msgInCounter"] == 9 and stats["subscriptions"]["ops"]["msgBacklog"] == 9
+    peeked = json.loads(ok(node, "admin", "topics", "peek-messages", topic, "-s", "ops", "-n", "2"))
+    assert [m["payload"] for m in peeked] == ["a", "b"] and peeked[0]["properties"] == {"k": "v"}
+    ok(node, "admin", "topics", "skip", topic, "-s", "ops", "-n", "5")
+    stats = json.loads(ok(node, "admin", "topics", "stats", topic))
+    assert stats["subscriptions"]["ops"]["msgBacklog"] == 4  # five fewer
+    got = ok(node, "client", "consume", topic, "-s", "ops", "-n", "4")
+    assert got.count("----- got message -----") == 4 and "content:c" in got
+    assert "4 messages successfully consumed" in got
+    # Back ten minutes: everything again, from the first message.
+    ok(node, "admin", "topics", "reset-cursor", topic, "-s", "ops", "-t", "10m")
+    again = ok(node, "client", "consume", topic, "-s", "ops", "-n", "9")
+    assert again.count("content:") == 9 and again.index("content:a") < again.index("content:b")
+    last = json.loads(ok(node, "admin", "topics", "last-message-id", topic))
+    first = json.loads(
+        ok(node, "admin", "topics", "examine-message", topic, "-i", "earliest", "-m", "1")
+    )
+    assert first["payload"] == "a" and first["messageId"].startswith(f"{last['ledgerId']}:")
+    by_id = json.loads(
+        ok(node, "admin", "topics", "get-message-by-id", topic, "-l", str(last["ledgerId"]),
+           "-e", str(last["entryId"]))
+    )  # fmt: skip
+    assert by_id["payload"] == "c"
+    ok(node, "admin", "topics", "expire-messages-all-subscriptions", topic, "-t", "0")
+    ok(node, "admin", "topics", "clear-backlog", topic, "-s", "ops")
+    assert ok(node, "admin", "topics", "subscriptions", topic).split() == ["ops"]
+    ok(node, "admin", "topics", "unsubscribe", topic, "-s", "ops")
+    assert ok(node, "admin", "topics", "subscriptions", topic) == ""  # none left
+    listed = ok(node, "admin", "topics", "list", "public/default").split()
+    assert topic in listed and "persistent://public/default/parts-partition-3" in listed
+    ok(node, "admin", "topics", "delete-partitioned-topic", "parts")
+    ok(node, "admin", "topics", "delete", topic)
+    missing = magnetar(node, "admin", "topics", "stats", topic)
+    assert missing.returncode == 1 and missing.stderr.startswith("magnetar admin: HTTP 404: ")
+
+
+def test_consume_forever_until_interrupted(node: StandaloneProcess) -> None:
+    consumer = subprocess.Popen(
+        [sys.executable, "-m", "magnetar.cli", "client", "--url", node.url, "consume", "forever",
+         "-s", "s", "-n", "0", "-p", "Earliest"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        ok(node, "client", "produce", "forever", "-m", "x", "-n", "3")
+        deadline = time.monotonic() + 20
+        while True:
+            stats = json.loads(ok(node, "admin", "topics", "stats", "forever"))
+            sub = stats["subscriptions"].get("s")
+            if sub and sub["msgOutCounter"] == 3:
+                break
+            assert time.monotonic() < deadline, stats
+            time.sleep(0.2)
+        assert consumer.poll() is None  # -n 0: still consuming
+    finally:
+        consumer.terminate()
+        consumer.wait(10)

@@ -1,0 +1,323 @@
+"""Pulsar's admin REST for operators, against one real standalone with the official client:
+TopicStats in Pulsar's shape, the subscription operations (create, skip, skip_all, expire,
+reset cursor by time and by id), reading messages without consuming them (peek, examine, by id,
+last message id, message id by time), and the namespace-wide ones (topics, clearBacklog,
+unsubscribe, delete). Each test asserts status codes, field types and the effect a client sees."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pulsar
+import pytest
+
+from tests.support.standalone import StandaloneProcess, client
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneProcess]:
+    standalone = StandaloneProcess(tmp_path_factory.mktemp("admin-ops") / "standalone").start()
+    try:
+        yield standalone
+    finally:
+        standalone.stop()
+        log = standalone.log_path.read_text(errors="replace")
+        assert " ERROR " not in log and "Traceback" not in log, standalone.log_tail()
+
+
+@pytest.fixture(scope="module")
+def pc(node: StandaloneProcess) -> Iterator[pulsar.Client]:
+    c = client(node)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def call(
+    node: StandaloneProcess, method: str, path: str, body: Any = None
+) -> tuple[int, dict[str, str], bytes]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(node.admin_url + path, data=data, method=method)
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def ok(node: StandaloneProcess, method: str, path: str, body: Any = None) -> Any:
+    status, _, data = call(node, method, path, body)
+    assert status in (200, 204), (method, path, status, data)
+    return json.loads(data) if data else None
+
+
+def backlog(node: StandaloneProcess, topic: str, sub: str) -> int:
+    return ok(node, "GET", f"/persistent/public/default/{topic}/stats")["subscriptions"][sub][
+        "msgBacklog"
+    ]
+
+
+def settles(node: StandaloneProcess, topic: str, sub: str, expected: int) -> None:
+    """The backlog reaches ``expected`` (the client sends acknowledgements in groups)."""
+    deadline = time.monotonic() + 10
+    while backlog(node, topic, sub) != expected:
+        assert time.monotonic() < deadline, (topic, sub, backlog(node, topic, sub), expected)
+        time.sleep(0.05)
+
+
+NUMBER = (int, float)
+#: Pulsar's TopicStats, PublisherStats, SubscriptionStats and ConsumerStats fields and types.
+TOPIC_STATS = {
+    "msgRateIn": NUMBER, "msgThroughputIn": NUMBER, "msgRateOut": NUMBER,
+    "msgThroughputOut": NUMBER, "bytesInCounter": int, "msgInCounter": int,
+    "bytesOutCounter": int, "msgOutCounter": int, "averageMsgSize": NUMBER,
+    "storageSize": int, "backlogSize": int, "publishers": list, "subscriptions": dict,
+    "replication": dict, "deduplicationStatus": str, "waitingPublishers": int,
+}  # fmt: skip
+PUBLISHER_STATS = {
+    "accessMode": str, "msgRateIn": NUMBER, "msgThroughputIn": NUMBER,
+    "averageMsgSize": NUMBER, "producerId": int, "producerName": str, "connectedSince": str,
+    "metadata": dict,
+}  # fmt: skip
+SUBSCRIPTION_STATS = {
+    "msgRateOut": NUMBER, "msgThroughputOut": NUMBER, "bytesOutCounter": int,
+    "msgOutCounter": int, "msgRateRedeliver": NUMBER, "msgBacklog": int, "backlogSize": int,
+    "unackedMessages": int, "type": str, "msgRateExpired": NUMBER, "consumers": list,
+    "isDurable": bool, "isReplicated": bool,
+}  # fmt: skip
+CONSUMER_STATS = {
+    "msgRateOut": NUMBER, "msgThroughputOut": NUMBER, "bytesOutCounter": int,
+    "msgOutCounter": int, "consumerName": str, "availablePermits": int, "unackedMessages": int,
+    "connectedSince": str, "metadata": dict,
+}  # fmt: skip
+
+
+def conforms(document: dict[str, Any], schema: dict[str, Any]) -> None:
+    for field, kind in schema.items():
+        assert field in document, f"{field} missing from {sorted(document)}"
+        assert isinstance(document[field], kind), (field, document[field])
+
+
+def produce(pc: pulsar.Client, topic: str, texts: list[str]) -> list[pulsar.MessageId]:
+    producer = pc.create_producer(f"persistent://public/default/{topic}", batching_enabled=False)
+    ids = [producer.send(t.encode()) for t in texts]
+    producer.close()
+    return ids
+
+
+def receive(consumer: pulsar.Consumer, count: int) -> list[str]:
+    got = []
+    for _ in range(count):
+        message = consumer.receive(10_000)
+        consumer.acknowledge(message)
+        got.append(message.data().decode())
+    return got
+
+
+def test_topic_stats_have_pulsars_shape_and_exact_counts(
+    node: StandaloneProcess, pc: pulsar.Client
+) -> None:
+    topic = "stats-shape"
+    consumer = pc.subscribe(f"persistent://public/default/{topic}", "s", consumer_name="c1")
+    producer = pc.create_producer(
+        f"persistent://public/default/{topic}", producer_name="p1", batching_enabled=False
+    )
+    for i in range(10):
+        producer.send(f"m{i}".encode())
+    assert receive(consumer, 10) == [f"m{i}" for i in range(10)]
+    stats = ok(node, "GET", f"/persistent/public/default/{topic}/stats")
+    conforms(stats, TOPIC_STATS)
+    assert stats["msgInCounter"] == 10 and stats["msgOutCounter"] == 10
+    assert stats["bytesInCounter"] > 0 and stats["averageMsgSize"] > 0
+    assert stats["msgRateIn"] > 0  # over the last interval: the ten were just sent
+    [publisher] = stats["publishers"]
+    conforms(publisher, PUBLISHER_STATS)
+    assert publisher["producerName"] == "p1" and publisher["accessMode"] == "Shared"
+    subscription = stats["subscriptions"]["s"]
+    conforms(subscription, SUBSCRIPTION_STATS)
+    assert subscription["msgOutCounter"] == 10 and subscription["type"] == "Exclusive"
+    [consumer_stats] = subscription["consumers"]
+    conforms(consumer_stats, CONSUMER_STATS)
+    assert consumer_stats["consumerName"] == "c1" and consumer_stats["msgOutCounter"] == 10
+    producer.close()
+    consumer.close()
+    assert ok(node, "GET", f"/persistent/public/default/{topic}/stats")["publishers"] == []
+
+
+def test_create_subscription_at_latest_or_earliest(
+    node: StandaloneProcess, pc: pulsar.Client
+) -> None:
+    topic = "created-subs"
+    path = f"/persistent/public/default/{topic}/subscription"
+    assert call(node, "PUT", f"{path}/late")[0] == 404  # no such topic
+    produce(pc, topic, ["a", "b", "c"])
+    assert call(node, "PUT", f"{path}/late")[0] == 204
+    assert call(node, "PUT", f"{path}/early", {"ledgerId": -1, "entryId": -1})[0] == 204
+    status, _, body = call(node, "PUT", f"{path}/late")
+    assert status == 409 and "already exists" in json.loads(body)["reason"]
+    assert backlog(node, topic, "late") == 0 and backlog(node, topic, "early") == 3
+    assert sorted(ok(node, "GET", f"/persistent/public/default/{topic}/subscriptions")) == [
+        "early",
+        "late",
+    ]
+    consumer = pc.subscribe(f"persistent://public/default/{topic}", "early")
+    assert receive(consumer, 3) == ["a", "b", "c"]
+    consumer.close()
+
+
+def test_skip_and_skip_all(node: StandaloneProcess, pc: pulsar.Client) -> None:
+    topic = "skipping"
+    base = f"/persistent/public/default/{topic}/subscription/s"
+    pc.subscribe(f"persistent://public/default/{topic}", "s").close()
+    produce(pc, topic, [f"m{i}" for i in range(10)])
+    assert call(node, "POST", f"{base}/skip/5")[0] == 204
+    assert backlog(node, topic, "s") == 5  # five fewer
+    consumer = pc.subscribe(f"persistent://public/default/{topic}", "s")
+    assert receive(consumer, 2) == ["m5", "m6"]
+    consumer.close()
+    assert call(node, "POST", f"{base}/skip_all")[0] == 204
+    assert backlog(node, topic, "s") == 0
+    assert (
+        call(node, "POST", f"/persistent/public/default/{topic}/subscription/nope/skip/1")[0] == 404
+    )
+    assert call(node, "POST", f"{base}/skip/x")[0] == 412
+
+
+def test_expire_messages_one_and_all_subscriptions(
+    node: StandaloneProcess, pc: pulsar.Client
+) -> None:
+    topic = "expiring"
+    base = f"/persistent/public/default/{topic}"
+    for sub in ("a", "b", "c"):
+        pc.subscribe(f"persistent://public/default/{topic}", sub).close()
+    produce(pc, topic, ["old1", "old2"])
+    time.sleep(1.2)
+    produce(pc, topic, ["new"])
+    assert call(node, "POST", f"{base}/subscription/a/expireMessages/1")[0] == 204
+    assert backlog(node, topic, "a") == 1  # the two older than a second
+    assert backlog(node, topic, "b") == 3
+    assert call(node, "POST", f"{base}/all_subscription/expireMessages/0")[0] == 204
+    assert [backlog(node, topic, s) for s in ("a", "b", "c")] == [0, 0, 0]
+    stats = ok(node, "GET", f"{base}/stats")["subscriptions"]["b"]
+    assert stats["totalMsgExpired"] == 3 and stats["lastExpireTimestamp"] > 0
+
+
+def test_reset_cursor_by_time_and_by_message_id(node: StandaloneProcess, pc: pulsar.Client) -> None:
+    topic = "resetting"
+    base = f"/persistent/public/default/{topic}/subscription/s/resetcursor"
+    consumer = pc.subscribe(f"persistent://public/default/{topic}", "s")
+    ids = produce(pc, topic, ["a", "b", "c"])
+    time.sleep(0.05)
+    middle = int(time.time() * 1000)
+    time.sleep(0.05)
+    produce(pc, topic, ["d", "e"])
+    assert receive(consumer, 5) == ["a", "b", "c", "d", "e"]
+    settles(node, topic, "s", 0)
+    assert call(node, "POST", f"{base}/{middle}")[0] == 204
+    assert receive(consumer, 2) == ["d", "e"]  # the connected consumer, from that time on
+    settles(node, topic, "s", 0)
+    target = {"ledgerId": ids[1].ledger_id(), "entryId": ids[1].entry_id()}
+    assert call(node, "POST", base, target)[0] == 204
+    assert receive(consumer, 4) == ["b", "c", "d", "e"]
+    settles(node, topic, "s", 0)
+    assert call(node, "POST", base, {**target, "isExcluded": True})[0] == 204
+    assert receive(consumer, 3) == ["c", "d", "e"]
+    assert call(node, "POST", base, {"ledgerId": "x"})[0] == 412
+    consumer.close()
+
+
+def test_peek_examine_and_read_by_id_consume_nothing(
+    node: StandaloneProcess, pc: pulsar.Client
+) -> None:
+    topic = "peeking"
+    base = f"/persistent/public/default/{topic}"
+    pc.subscribe(f"persistent://public/default/{topic}", "s").close()
+    producer = pc.create_producer(
+        f"persistent://public/default/{topic}", producer_name="peeker", batching_enabled=False
+    )
+    ids = [producer.send(f"m{i}".encode(), properties={"k": f"v{i}"}) for i in range(3)]
+    producer.close()
+    status, headers, body = call(node, "GET", f"{base}/subscription/s/position/2")
+    assert status == 200 and body == b"m1"
+    assert headers["X-Pulsar-Message-ID"] == f"{ids[1].ledger_id()}:{ids[1].entry_id()}"
+    assert headers["X-Pulsar-PROPERTY-k"] == "v1" and headers["X-Pulsar-producer-name"] == "peeker"
+    assert headers["X-Pulsar-publish-time"].endswith("Z")
+    assert call(node, "GET", f"{base}/subscription/s/position/4")[0] == 404
+    assert backlog(node, topic, "s") == 3  # peeking moved nothing
+    assert (
+        call(node, "GET", f"{base}/examinemessage?initialPosition=earliest&messagePosition=1")[2]
+        == b"m0"
+    )
+    assert call(node, "GET", f"{base}/examinemessage")[2] == b"m2"  # latest, first from the end
+    assert call(node, "GET", f"{base}/examinemessage?messagePosition=9")[0] == 404
+    ledger, entry = ids[2].ledger_id(), ids[2].entry_id()
+    assert call(node, "GET", f"{base}/ledger/{ledger}/entry/{entry}")[2] == b"m2"
+    assert call(node, "GET", f"{base}/ledger/{ledger}/entry/{entry + 1}")[0] == 404
+    last = ok(node, "GET", f"{base}/lastMessageId")
+    assert (last["ledgerId"], last["entryId"], last["partitionIndex"]) == (ledger, entry, -1)
+    found = ok(node, "GET", f"{base}/messageid/0")
+    assert (found["ledgerId"], found["entryId"]) == (ids[0].ledger_id(), ids[0].entry_id())
+    future = int(time.time() * 1000) + 60_000
+    assert call(node, "GET", f"{base}/messageid/{future}")[0] == 404
+
+
+def test_non_persistent_topics_have_nothing_to_move(
+    node: StandaloneProcess, pc: pulsar.Client
+) -> None:
+    consumer = pc.subscribe("non-persistent://public/default/live", "s")
+    base = "/non-persistent/public/default/live"
+    assert call(node, "POST", f"{base}/subscription/s/skip/1")[0] == 405
+    assert call(node, "GET", f"{base}/lastMessageId")[0] == 405
+    stats = ok(node, "GET", f"{base}/stats")
+    conforms(stats, TOPIC_STATS)
+    consumer.close()
+
+
+def test_namespace_topics_clear_backlog_unsubscribe_and_delete(
+    node: StandaloneProcess, pc: pulsar.Client
+) -> None:
+    assert call(node, "PUT", "/namespaces/public/ops")[0] == 204
+    topics = [f"persistent://public/ops/t{i}" for i in range(2)]
+    for name in topics:
+        for sub in ("keep", "drop"):
+            pc.subscribe(name, sub).close()
+        producer = pc.create_producer(name, batching_enabled=False)
+        for _ in range(4):
+            producer.send(b"x")
+        producer.close()
+    assert ok(node, "GET", "/namespaces/public/ops/topics") == topics
+    assert call(node, "POST", "/namespaces/public/ops/clearBacklog/drop")[0] == 204
+    stats = [ok(node, "GET", f"/persistent/public/ops/t{i}/stats") for i in range(2)]
+    assert [s["subscriptions"]["drop"]["msgBacklog"] for s in stats] == [0, 0]
+    assert [s["subscriptions"]["keep"]["msgBacklog"] for s in stats] == [4, 4]
+    bundles = ok(node, "GET", "/namespaces/public/ops/bundles")["boundaries"]
+    for low, high in itertools.pairwise(bundles):
+        assert call(node, "POST", f"/namespaces/public/ops/{low}_{high}/clearBacklog")[0] == 204
+    stats = [ok(node, "GET", f"/persistent/public/ops/t{i}/stats") for i in range(2)]
+    assert [s["subscriptions"]["keep"]["msgBacklog"] for s in stats] == [0, 0]
+    assert call(node, "POST", "/namespaces/public/ops/unsubscribe/drop")[0] == 204
+    for i in range(2):
+        assert ok(node, "GET", f"/persistent/public/ops/t{i}/subscriptions") == ["keep"]
+    status, _, body = call(node, "DELETE", "/namespaces/public/ops")
+    assert status == 409 and json.loads(body)["reason"] == "Cannot delete non empty namespace"
+    assert call(node, "DELETE", "/namespaces/public/ops?force=true")[0] == 204
+    assert call(node, "GET", "/namespaces/public/ops")[0] == 404
+    assert "public/ops" not in ok(node, "GET", "/namespaces/public")
+    assert call(node, "DELETE", "/namespaces/public/ops")[0] == 404
+
+
+def test_cluster_data(node: StandaloneProcess) -> None:
+    [cluster] = ok(node, "GET", "/clusters")
+    data = ok(node, "GET", f"/clusters/{cluster}")
+    assert data["brokerServiceUrl"].endswith(f":{node.port}")
+    assert data["serviceUrl"].startswith("http://")
+    assert call(node, "GET", "/clusters/elsewhere")[0] == 404
