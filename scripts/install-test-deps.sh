@@ -10,6 +10,8 @@ command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 # The security tests and docs make keys and hashes with openssl and call the admin API with curl.
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl ca-certificates)
+# deploy/k8s is rendered with `kubectl kustomize` (Debian's kubectl: package kubernetes-client).
+command -v kubectl >/dev/null 2>&1 || need_apt+=(kubernetes-client)
 if [ ${#need_apt[@]} -gt 0 ]; then
   sudo_cmd=""
   [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
