@@ -74,25 +74,29 @@ class LookupPool:
         if held is not None and not held.closed:
             return held
         opening = self._opening.get(key)
-        if opening is not None:
-            return await asyncio.shield(opening)
-        future: asyncio.Future[BrokerLink] = asyncio.get_running_loop().create_future()
-        self._opening[key] = future
+        if opening is None:
+            # A task of its own: a client that goes away must not cancel a dial others await.
+            opening = asyncio.get_running_loop().create_task(self._open(key))
+            self._opening[key] = opening
+            # Retrieved here so a failure nobody waits for any more is not reported as lost.
+            opening.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return await asyncio.shield(opening)
+
+    async def _open(self, key: LinkKey) -> BrokerLink:
         try:
             connect = await self.proxy.broker_connect(
                 key.principal, key.method, key.forwarded, pb.CommandConnect()
             )
             link = await self.proxy.dial(key.address, key.address.host, connect)
-        except BaseException as e:
-            future.set_exception(e)
-            future.exception()
-            raise
         finally:
             self._opening.pop(key, None)
-        future.set_result(link)
         self._links[key] = link
-        link.on_close(lambda: self._links.pop(key, None) if self._links.get(key) is link else None)
+        link.on_close(lambda: self._forget(key, link))
         return link
+
+    def _forget(self, key: LinkKey, link: BrokerLink) -> None:
+        if self._links.get(key) is link:
+            del self._links[key]
 
     def close_idle(self, now: float) -> None:
         for link in list(self._links.values()):
@@ -138,7 +142,12 @@ class LookupService:
             conn.send(_failure(frame.type, body.request_id, pb.ServiceNotReady, TOO_MANY))
             return
         self.in_flight += 1
-        conn.spawn(self._answer(conn, frame.type, kind, body))
+        task = conn.spawn(self._answer(conn, frame.type, kind, body))
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        # A callback, not a finally: a task cancelled before it ran never enters its body.
+        self.in_flight -= 1
 
     async def _answer(self, conn: ProxyConnection, kind_type: int, kind: str, body: Any) -> None:
         client_id = body.request_id
@@ -152,8 +161,6 @@ class LookupService:
         except Exception:
             log.exception("connection %s: %s failed", conn.peer, codec.command_name(kind_type))
             answer = _failure(kind_type, client_id, pb.ServiceNotReady, "the proxy failed")
-        finally:
-            self.in_flight -= 1
         if _is_error(answer):
             self.proxy.metrics.lookup_errors.labels(kind=kind).inc()
         conn.send(answer)
