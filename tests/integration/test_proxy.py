@@ -161,6 +161,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
             + jwt.encode({"sub": PROXY_ROLE}, secret, "HS256"),
             "broker_proxy_allowed_target_ports": ",".join(map(str, ports)),
             "handshake_timeout_seconds": HANDSHAKE_TIMEOUT,
+            "authentication_refresh_check_seconds": 1,
         }
         for n in range(2):
             proxies.append(
@@ -531,14 +532,43 @@ def test_connections_beyond_the_per_ip_limit_are_closed(deployment: Deployment) 
         raw.expect(Type.CONNECTED)
 
 
-def _connect(deployment: Deployment, target: str = "") -> pb.CommandConnect:
+def _connect(
+    deployment: Deployment, target: str = "", token: str | None = None
+) -> pb.CommandConnect:
     return pb.CommandConnect(
         client_version="proxy-test",
         protocol_version=codec.SERVER_PROTOCOL_VERSION,
         auth_method_name="token",
-        auth_data=deployment.token(SUPERUSER).encode(),
+        auth_data=(token or deployment.token(SUPERUSER)).encode(),
         proxy_to_broker_url=target or None,
     )
+
+
+def test_other_commands_are_refused_in_lookup_mode(deployment: Deployment) -> None:
+    with RawConnection(deployment.proxies[0]) as raw:  # type: ignore[arg-type]
+        raw.command(_connect(deployment))
+        raw.expect(Type.CONNECTED)
+        raw.command(pb.CommandProducer(topic=topic("nope"), producer_id=1, request_id=7))
+        frame = raw.expect(Type.ERROR)
+        assert frame.body.request_id == 7  # type: ignore[attr-defined]
+        assert frame.body.error == pb.NotAllowedError  # type: ignore[attr-defined]
+        raw.command(pb.CommandPartitionedTopicMetadata(topic=topic("meta"), request_id=8))
+        answer = raw.expect(Type.PARTITIONED_METADATA_RESPONSE).body
+        assert answer.request_id == 8 and answer.partitions == 0  # type: ignore[attr-defined]
+
+
+def test_a_relay_whose_client_credentials_expire_is_closed(deployment: Deployment) -> None:
+    broker = deployment.cluster.running_brokers()[0]
+    expiring = jwt.encode(
+        {"sub": SUPERUSER, "exp": int(time.time()) + 3}, deployment.secret, "HS256"
+    )
+    with RawConnection(deployment.proxies[1]) as raw:  # type: ignore[arg-type]
+        raw.command(_connect(deployment, f"127.0.0.1:{broker.port}", expiring))
+        raw.expect(Type.CONNECTED)
+        raw.command(pb.CommandPing())
+        raw.expect(Type.PONG)  # from the broker, through the relay
+        assert raw.closed_by_peer(timeout=10)
+    assert deployment.proxies[1].log_lines("credentials of 'admin' expired; closing")
 
 
 def test_a_slow_consumer_leaves_its_backlog_on_the_broker(deployment: Deployment) -> None:
