@@ -321,3 +321,53 @@ def test_cluster_data(node: StandaloneProcess) -> None:
     assert data["brokerServiceUrl"].endswith(f":{node.port}")
     assert data["serviceUrl"].startswith("http://")
     assert call(node, "GET", "/clusters/elsewhere")[0] == 404
+
+
+def test_partitioned_stats_add_up_the_partitions(
+    node: StandaloneProcess, pc: pulsar.Client
+) -> None:
+    base = "/persistent/public/default/spread"
+    assert call(node, "GET", f"{base}/partitioned-stats")[0] == 404
+    assert call(node, "PUT", f"{base}/partitions", 3)[0] == 204
+    consumer = pc.subscribe("persistent://public/default/spread", "all")
+    producer = pc.create_producer("persistent://public/default/spread", batching_enabled=False)
+    for i in range(30):
+        producer.send(f"m{i}".encode(), partition_key=f"k{i}")
+    stats = ok(node, "GET", f"{base}/partitioned-stats")
+    conforms(stats, TOPIC_STATS)
+    assert stats["metadata"] == {"partitions": 3}
+    assert sorted(stats["partitions"]) == [
+        f"persistent://public/default/spread-partition-{i}" for i in range(3)
+    ]
+    for partition in stats["partitions"].values():
+        conforms(partition, TOPIC_STATS)
+    assert stats["msgInCounter"] == 30
+    assert sum(p["msgInCounter"] for p in stats["partitions"].values()) == 30
+    assert len(stats["publishers"]) == 3  # the producer's one per partition
+    assert stats["subscriptions"]["all"]["msgBacklog"] == 30
+    assert len(stats["subscriptions"]["all"]["consumers"]) == 3
+    assert "partitions" not in ok(node, "GET", f"{base}/partitioned-stats?perPartition=false")
+    internal = ok(node, "GET", f"{base}/partitioned-internalStats")
+    assert internal["metadata"] == {"partitions": 3}
+    assert sum(p["numberOfEntries"] for p in internal["partitions"].values()) == 30
+    assert call(node, "GET", f"{base}-partition-0/partitioned-stats")[0] == 412
+    producer.close()
+    consumer.close()
+
+
+def test_broker_and_bookie_routes(node: StandaloneProcess, pc: pulsar.Client) -> None:
+    status, _, version = call(node, "GET", "/brokers/version")
+    assert status == 200 and version.decode()
+    assert ok(node, "GET", "/brokers/configuration") == []
+    assert ok(node, "GET", "/brokers/configuration/values") == {}
+    runtime = ok(node, "GET", "/brokers/configuration/runtime")
+    assert runtime["cluster_name"] and all(isinstance(v, str) for v in runtime.values())
+    produce(pc, "reported", ["x"])
+    tree = ok(node, "GET", "/broker-stats/topics")
+    [bundles] = [tree["public/default"]]
+    topics = {t: s for b in bundles.values() for t, s in b.get("persistent", {}).items()}
+    assert topics["persistent://public/default/reported"]["msgInCounter"] == 1
+    report = ok(node, "GET", "/broker-stats/load-report")
+    assert isinstance(report, dict) and report
+    [bookie] = ok(node, "GET", "/bookies/all")["bookies"]
+    assert bookie["bookieId"].endswith(f":{node.bookie_port}")

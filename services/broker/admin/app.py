@@ -1,6 +1,7 @@
 """The admin REST app on the broker's HTTP port, on Pulsar's ``/admin/v2/...`` paths (a first
 subset), built from one route adder per resource group:
 
+- ``brokers``: the broker's version, configuration, topic stats and load report; the bookies
 - ``cluster``: clusters, brokers, the leader, bundles, unloading and splitting, the HTTP lookup
 - ``schemas``: the schema registry
 - ``status``: ``/health`` and ``/metrics``
@@ -11,6 +12,7 @@ subset), built from one route adder per resource group:
 - ``subscriptions``: creating, skipping, expiring and resetting a subscription
 - ``messages``: peeking and examining messages, by position, id and time
 - ``partitioned``: partitioned topics (their delete goes to each partition's owner)
+- ``partitioned_stats``: their stats, each partition's from its owner, added up
 
 Every request is authenticated first (``authentication.authentication``, a middleware: the
 caller's role is on the request before its route runs), then authorized for what it asks
@@ -27,12 +29,14 @@ from aiohttp import web
 
 from magnetar.broker.admin.authentication import authentication
 from magnetar.broker.admin.authorization import authorization
+from magnetar.broker.admin.brokers import add_broker_routes
 from magnetar.broker.admin.cluster import add_cluster_routes
 from magnetar.broker.admin.errors import errors
 from magnetar.broker.admin.messages import add_message_routes
 from magnetar.broker.admin.namespace_topics import add_namespace_topic_routes
 from magnetar.broker.admin.namespaces import add_namespace_routes
 from magnetar.broker.admin.partitioned import add_partitioned_routes
+from magnetar.broker.admin.partitioned_stats import add_partitioned_stats_routes
 from magnetar.broker.admin.permissions import add_permission_routes
 from magnetar.broker.admin.schemas import add_schema_routes
 from magnetar.broker.admin.status import add_health_routes, add_metrics_routes
@@ -49,6 +53,7 @@ def build_app(broker: AdminBroker) -> web.Application:
     # specific than the namespace policies' (``.../{namespace}/bundles`` before ``{policy}``).
     for add in (
         add_permission_routes,  # before the namespace policies' ``.../{policy}``
+        add_broker_routes,  # before the cluster's ``/brokers/{cluster}``
         add_cluster_routes,
         add_schema_routes,
         add_health_routes,
@@ -58,6 +63,7 @@ def build_app(broker: AdminBroker) -> web.Application:
         add_subscription_routes,
         add_message_routes,
         add_partitioned_routes,
+        add_partitioned_stats_routes,
         add_metrics_routes,
     ):
         add(routes, broker)

@@ -91,7 +91,7 @@ def _requirement(broker: AdminBroker, method: str, parts: list[str]) -> tuple[Ch
     if parts[:2] != ["admin", "v2"] or len(parts) < 3:
         return None
     group, rest = parts[2], parts[3:]
-    if group in ("tenants", "brokers"):
+    if group in ("tenants", "brokers", "broker-stats", "bookies"):
         return superuser, NOT_SUPERUSER
     if group == "clusters":
         return None if method == "GET" else (superuser, NOT_SUPERUSER)
