@@ -115,7 +115,13 @@ class Answer:
     body: bytes
 
     def json(self) -> Any:
-        return json.loads(self.body) if self.body else None
+        """The body as JSON; a body that is not JSON (``brokers/health``'s ``ok``) as text."""
+        if not self.body:
+            return None
+        try:
+            return json.loads(self.body)
+        except ValueError:
+            return self.body.decode(errors="replace").strip()
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -291,6 +297,10 @@ def _messages(answer: Answer) -> list[dict[str, Any]]:
     return found
 
 
+def _text_show(client: AdminClient, args: argparse.Namespace, answer: Answer) -> Any:
+    return answer.body.decode(errors="replace").strip()
+
+
 def _message_show(client: AdminClient, args: argparse.Namespace, answer: Answer) -> Any:
     messages = _messages(answer)
     return messages[0] if len(messages) == 1 else messages
@@ -355,6 +365,27 @@ VERBS: dict[str, dict[str, Verb]] = {
             ("cluster",),
         ),
         "healthcheck": Verb("the broker's health", lambda a: ("GET", "brokers/health", None)),
+        "version": Verb(
+            "the broker's version", lambda a: ("GET", "brokers/version", None), show=_text_show
+        ),
+        "get-runtime-config": Verb(
+            "every setting in force (secrets masked)",
+            lambda a: ("GET", "brokers/configuration/runtime", None),
+        ),
+        "list-dynamic-config": Verb(
+            "settings changeable at runtime", lambda a: ("GET", "brokers/configuration", None)
+        ),
+    },
+    "broker-stats": {
+        "topics": Verb(
+            "stats of every topic served", lambda a: ("GET", "broker-stats/topics", None)
+        ),
+        "load-report": Verb(
+            "the broker's load report", lambda a: ("GET", "broker-stats/load-report", None)
+        ),
+    },
+    "bookies": {
+        "list-bookies": Verb("the registered bookies", lambda a: ("GET", "bookies/all", None)),
     },
     "tenants": {
         "list": Verb("list tenants", lambda a: ("GET", "tenants", None)),
@@ -583,6 +614,23 @@ VERBS: dict[str, dict[str, Verb]] = {
         "stats": Verb(
             "a topic's stats", lambda a: ("GET", _topic(a, "/stats"), None), (), ("topic",)
         ),
+        "partitioned-stats": Verb(
+            "a partitioned topic's stats, added up over its partitions",
+            lambda a: (
+                "GET",
+                _topic(a, "/partitioned-stats")
+                + ("" if a.per_partition else "?perPartition=false"),
+                None,
+            ),
+            (_flag("--per-partition", action="store_true", help="each partition's too"),),
+            ("topic",),
+        ),
+        "partitioned-stats-internal": Verb(
+            "each partition's storage view",
+            lambda a: ("GET", _topic(a, "/partitioned-internalStats"), None),
+            (),
+            ("topic",),
+        ),
         "stats-internal": Verb(
             "a topic's storage view",
             lambda a: ("GET", _topic(a, "/internalStats"), None),
@@ -754,6 +802,9 @@ def client_from(args: argparse.Namespace) -> AdminClient:
 
 def _print(value: Any, as_json: bool) -> None:
     if value is None:
+        return
+    if isinstance(value, str) and not as_json:
+        print(value)
         return
     if as_json or not isinstance(value, list) or any(isinstance(v, dict | list) for v in value):
         print(json.dumps(value, indent=None if as_json else 2, sort_keys=not as_json))
