@@ -1,19 +1,28 @@
 """Rows per second through the Spark source and sink, with a local Spark (``local[2]``).
 
-Starts a ``magnetar standalone`` on free ports in a temp dir (journal fsync on, its default),
-fills a partitioned topic with a backlog of ``--messages`` 100-byte messages from the official
-client (batching on), then times, each with the same Spark session:
+Starts a ``magnetar standalone`` on free ports in a temp dir (journal fsync on, its default;
+retention unlimited, so closed ledgers stay), fills a partitioned topic with a backlog of
+``--messages`` 100-byte messages from the official client (batching on), unloads its
+partitions (their ledgers are closed, as a historical backlog's are), then times, each with
+the same Spark session and on the same backlog:
 
-- batch read: ``spark.read.format("pulsar")`` of the whole backlog, counted (every row goes
-  through the source's reader and into Spark, one task per partition);
-- streaming read: ``spark.readStream.format("pulsar")`` from ``earliest`` with
-  ``Trigger.AvailableNow`` into the ``noop`` sink (rows counted from the query's progress);
-- sink: ``df.write.format("pulsar")`` of ``--messages`` generated 100-byte rows (one task per
-  partition) into a second topic with as many partitions (batching on); then that topic is
-  read back and counted as above (a check, and the read figure for producer-batched entries).
+- batch reads of the whole backlog, counted (every row goes through the source's reader and
+  into Spark): through the broker with tuples (``arrow=false``, the source before issue 23),
+  through the broker with Arrow batches (``readFromStorage=never``), and from storage
+  (``readFromStorage=always``: closed ledgers read from the bookie through the ledger client,
+  the standalone's metadata store opened read-only);
+- a streaming read from ``earliest`` with ``Trigger.AvailableNow`` into the ``noop`` sink with
+  the defaults plus ``metadata.url`` (storage path for the closed ledgers; rows counted from the
+  query's progress);
+- the sink: ``df.write.format("pulsar")`` of ``--messages`` generated 100-byte rows (one task
+  per partition) into a second topic with as many partitions (batching on), with Row objects
+  (``arrow=false``) and with Arrow batches (into a third topic); then each written topic is
+  read back and counted (a check).
 
-A Spark session is started (and warmed with a small read) before anything is timed, so the
-figures do not include the JVM start. The numbers are printed; nothing is asserted.
+Each line gives the standalone's CPU during that step (its broker and its bookie are one
+process) and the 1-minute load average at its end. A Spark session is started (and warmed
+with a small read) before anything is timed, so the figures do not include the JVM start.
+The numbers are printed; nothing is asserted.
 
     python bench/spark_bench.py [--messages 1000000] [--partitions 4]
 """
@@ -53,6 +62,7 @@ class Standalone:
     def __init__(self, workdir: Path) -> None:
         self.port, self.http_port = free_port(), free_port()
         self.log_path = workdir / "standalone.log"
+        self.metadata_url = f"local://{(workdir / 'data' / 'meta.db').resolve()}"
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [
@@ -60,6 +70,7 @@ class Standalone:
                     "--data-dir", str(workdir / "data"), "--broker-port", str(self.port),
                     "--http-port", str(self.http_port), "--bookie-port", str(free_port()),
                     "--bookie-http-port", str(free_port()), "--journal-sync",
+                    "--default-retention-time-minutes", "-1", "--default-retention-size-mb", "-1",
                 ],
                 cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
@@ -156,6 +167,7 @@ def spark_session() -> SparkSession:
         SparkSession.builder.master("local[2]")
         .appName("spark-bench")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.memory", "1g")
         .getOrCreate()
@@ -182,33 +194,43 @@ def main() -> None:
                 f"{os.getloadavg()[0]:.1f}",
                 flush=True,
             )
-            source, target = "bench-backlog", "bench-written"
+            source = "bench-backlog"
             standalone.admin("PUT", f"persistent/public/default/{source}/partitions", partitions)
-            standalone.admin("PUT", f"persistent/public/default/{target}/partitions", partitions)
             with timed("produce backlog (official client)", n, standalone):
                 produce_backlog(standalone, source, n)
 
+            for p in range(partitions):
+                standalone.admin("PUT", f"persistent/public/default/{source}-partition-{p}/unload")
+
             spark = spark_session()
             options = {"service.url": standalone.url, "admin.url": standalone.admin_url}
+            storage = {"metadata.url": standalone.metadata_url}
             # Warm-up on a small topic: the JVM, the Python workers and their imports.
             produce_backlog(standalone, "bench-warm-up", 1000)
-            spark.read.format("pulsar").options(**options).option(
-                "topic", "bench-warm-up"
-            ).load().count()
+            for extra in ({"arrow": "false"}, {"readFromStorage": "never"}, storage):
+                spark.read.format("pulsar").options(**options, **extra).option(
+                    "topic", "bench-warm-up"
+                ).load().count()
 
-            with timed("batch read, count()", n, standalone) as out:
-                out["rows"] = (
-                    spark.read.format("pulsar")
-                    .options(**options)
-                    .option("topic", source)
-                    .load()
-                    .count()
-                )
+            reads = (
+                ("batch read, broker, tuples", {"arrow": "false", "readFromStorage": "never"}),
+                ("batch read, broker, Arrow", {"readFromStorage": "never"}),
+                ("batch read, storage, Arrow", {**storage, "readFromStorage": "always"}),
+            )
+            for what, extra in reads:
+                with timed(what, n, standalone) as out:
+                    out["rows"] = (
+                        spark.read.format("pulsar")
+                        .options(**options, **extra)
+                        .option("topic", source)
+                        .load()
+                        .count()
+                    )
 
-            with timed("streaming read, AvailableNow, noop", n, standalone) as out:
+            with timed("streaming, AvailableNow, storage", n, standalone) as out:
                 query = (
                     spark.readStream.format("pulsar")
-                    .options(**options)
+                    .options(**options, **storage)
                     .option("topic", source)
                     .option("startingOffsets", "earliest")
                     .load()
@@ -222,22 +244,28 @@ def main() -> None:
 
             value = f"rpad(format_string('%012d', id), {PAYLOAD_BYTES}, '.')"
             rows = spark.range(0, n, 1, partitions).selectExpr(f"CAST({value} AS BINARY) AS value")
-            writer = (
-                rows.write.format("pulsar")
-                .option("service.url", standalone.url)
-                .option("topic", f"persistent://public/default/{target}")
-                .mode("append")
-            )
-            with timed("sink, df.write (batching on)", n, standalone):
-                writer.save()
-            with timed("batch read of what the sink wrote", n, standalone) as out:
-                out["rows"] = (
-                    spark.read.format("pulsar")
-                    .options(**options)
-                    .option("topic", target)
-                    .load()
-                    .count()
+            for arrow, target in (("false", "bench-written-rows"), ("true", "bench-written-arrow")):
+                standalone.admin(
+                    "PUT", f"persistent/public/default/{target}/partitions", partitions
                 )
+                writer = (
+                    rows.write.format("pulsar")
+                    .option("service.url", standalone.url)
+                    .option("topic", f"persistent://public/default/{target}")
+                    .option("arrow", arrow)
+                    .mode("append")
+                )
+                kind = "Arrow" if arrow == "true" else "rows"
+                with timed(f"sink, df.write, {kind}", n, standalone):
+                    writer.save()
+                with timed(f"  check: read of {target}", n, standalone) as out:
+                    out["rows"] = (
+                        spark.read.format("pulsar")
+                        .options(**options)
+                        .option("topic", target)
+                        .load()
+                        .count()
+                    )
             spark.stop()
         finally:
             standalone.close()

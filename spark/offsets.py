@@ -75,6 +75,17 @@ def normalize(position: EntryPosition, ledgers: Sequence[LedgerExtent]) -> Entry
     return position
 
 
+def entry_at_or_before(position: EntryPosition, ledgers: Sequence[LedgerExtent]) -> EntryPosition:
+    """The last stored entry at or before ``position``: itself, or for ``(ledger, -1)`` (before
+    a ledger's first entry, where ``normalize`` puts offsets) the last entry of the ledgers
+    before it. A reader that must stop at an entry it will meet stops there."""
+    if position.entry >= 0:
+        return position
+    before = [e for e in ledgers if e.ledger < position.ledger]
+    found = last_position(before)
+    return found if found != EARLIEST else position
+
+
 def is_lost(start: EntryPosition, ledgers: Sequence[LedgerExtent]) -> bool:
     """Whether entries after ``start`` may have been deleted before they were read: the ledger
     ``start`` points into is no longer one of the topic's. Retention deletes whole ledgers, and

@@ -32,6 +32,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
+from magnetar.spark.arrow import ARROW_BATCH_ROWS
 from magnetar.spark.options import SinkOptions
 
 log = logging.getLogger("magnetar.spark")
@@ -129,9 +130,13 @@ def write_batches(options: SinkOptions, batches: Iterator[pa.RecordBatch]) -> Wr
     Messages are built with the client's ``MessageBuilder`` and sent by its producer directly:
     the wrapper's ``send_async`` checks the types of ten keyword arguments per message, which
     cost more than the send itself here, and the columns' types are known per batch."""
-    quiet = logging.getLogger("pulsar-client")
-    quiet.setLevel(logging.WARNING)
-    client = pulsar.Client(options.service_url, logger=quiet, **options.client)  # type: ignore[arg-type]
+    # The client's own logger: a Python logger is called back for every message it logs at
+    # any level, twice per message sent, which costs as much as building the message.
+    client = pulsar.Client(
+        options.service_url,
+        logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn),
+        **options.client,  # type: ignore[arg-type]
+    )
     producers: dict[str, object] = {}
     failures: list[str] = []
     lock = threading.Lock()
@@ -146,7 +151,14 @@ def write_batches(options: SinkOptions, batches: Iterator[pa.RecordBatch]) -> Wr
             raise SinkError("no topic for a row: set the option topic or a __topic column")
         producer = producers.get(topic)
         if producer is None:
-            settings = {"batching_enabled": True, "block_if_queue_full": True, **options.producer}
+            settings = {
+                "batching_enabled": True,
+                "block_if_queue_full": True,
+                # A whole Arrow batch in flight before its flush: with the client's default of
+                # 1,000 pending messages, one producer batch at a time waits for its receipt.
+                "max_pending_messages": ARROW_BATCH_ROWS,
+                **options.producer,
+            }
             producer = producers[topic] = client.create_producer(topic, **settings)._producer  # type: ignore[arg-type]
         return producer
 

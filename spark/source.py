@@ -40,6 +40,7 @@ from magnetar.spark.offsets import (
     OffsetMap,
     advance,
     entries_after,
+    entry_at_or_before,
     is_lost,
     last_position,
     normalize,
@@ -422,7 +423,7 @@ class _Planner:
             ledgers = stats[name].ledgers
             for begin, until in split_range(start.get(name, EARLIEST), stop, ledgers, size):
                 if closed is None:
-                    out.append(self._range(name, begin, until))
+                    out.append(self._range(name, begin, entry_at_or_before(until, ledgers)))
                     continue
                 tasks, broker_from = storage_split(begin, until, ledgers, closed[name])
                 for segments in tasks:
@@ -436,7 +437,7 @@ class _Planner:
                         )
                     )
                 if broker_from is not None:
-                    out.append(self._range(name, broker_from, until))
+                    out.append(self._range(name, broker_from, entry_at_or_before(until, ledgers)))
         return out
 
     def _range(

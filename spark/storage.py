@@ -26,6 +26,7 @@ process) when the store or, before a task has produced rows, the bookies cannot 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -37,7 +38,7 @@ from magnetar.common.ledger.errors import LedgerError, NoSuchEntryError, NoSuchL
 from magnetar.common.ledger.managed_ledger_list import ListedLedger, read_ledger_list
 from magnetar.common.metadata import MetadataError, MetadataStore, open_store
 from magnetar.common.metadata.readonly_local import ReadOnlyLocalStore
-from magnetar.common.protocol.stored_entry import entry_messages
+from magnetar.common.protocol.stored_entry import schema_version, split_entry
 from magnetar.spark.arrow import ARROW_BATCH_ROWS, RowBuffer, micros
 from magnetar.spark.offsets import DataLossError, EntryPosition, LedgerExtent
 from magnetar.spark.schema import PayloadDecoder
@@ -151,9 +152,12 @@ def message_id_prefix(ledger: int, entry: int, partition: int) -> bytes:
     return prefix + b"\x18" + _varint(partition) if partition >= 0 else prefix
 
 
-def batch_suffix(index: int, size: int) -> bytes:
-    """batch_index (4) and batch_size (6) of a message of a batch."""
-    return b"\x20" + _varint(index) + b"\x30" + _varint(size)
+@functools.cache
+def batch_suffixes(size: int) -> tuple[bytes, ...]:
+    """batch_index (4) and batch_size (6) of each message of a batch of ``size``: the end of
+    its serialized message id."""
+    tail = b"\x30" + _varint(size)
+    return tuple(b"\x20" + _varint(index) + tail for index in range(size))
 
 
 def partition_index(topic: str) -> int:
@@ -173,24 +177,63 @@ def append_entry(
     prefix: bytes,
     decoder: PayloadDecoder | None,
 ) -> None:
-    """The messages of one stored entry as rows of ``buffer``."""
-    for message in entry_messages(stored):
-        msg_id = (
-            prefix
-            if message.batch_index < 0
-            else prefix + batch_suffix(message.batch_index, message.batch_size)
-        )
-        if decoder is None:
-            buffer.value.append(message.payload)
-        else:
-            where = f"message {msg_id.hex()} of {topic}"
-            buffer.append_values(decoder.decode(message.payload, message.schema_version, where))
-        buffer.keys.append(message.partition_key)
-        buffer.topics.append(topic)
-        buffer.message_ids.append(msg_id)
-        buffer.publish_us.append(micros(message.publish_time))
-        buffer.event_us.append(micros(message.event_time))
-        buffer.properties.append(message.properties)
+    """The messages of one stored entry as rows of ``buffer``: what the official client gives
+    for them (a batch's message takes its key, properties and event time from its own
+    metadata, its publish time and schema version from the entry's)."""
+    metadata, messages = split_entry(stored)
+    publish = micros(metadata.publish_time)
+    if isinstance(messages, bytes):
+        _append(
+            buffer, decoder, metadata, messages, topic, prefix, metadata.partition_key or None,
+            publish, micros(metadata.event_time), metadata.properties,
+        )  # fmt: skip
+        return
+    suffixes = batch_suffixes(len(messages))
+    if decoder is not None:
+        for (single, data), suffix in zip(messages, suffixes, strict=True):
+            event = single.event_time if single.HasField("event_time") else metadata.event_time
+            _append(
+                buffer, decoder, metadata, data, topic, prefix + suffix,
+                single.partition_key or None, publish, micros(event), single.properties,
+            )  # fmt: skip
+        return
+    # The untyped row, inlined: this loop runs once per message of the backlog.
+    value, keys, topics, ids = buffer.value, buffer.keys, buffer.topics, buffer.message_ids
+    publish_us, event_us, properties = buffer.publish_us, buffer.event_us, buffer.properties
+    entry_event = micros(metadata.event_time)
+    for (single, data), suffix in zip(messages, suffixes, strict=True):
+        value.append(data)
+        keys.append(single.partition_key or None)
+        topics.append(topic)
+        ids.append(prefix + suffix)
+        publish_us.append(publish)
+        event_us.append(micros(single.event_time) if single.event_time else entry_event)
+        properties.append({p.key: p.value for p in single.properties} if single.properties else {})
+
+
+def _append(
+    buffer: RowBuffer,
+    decoder: PayloadDecoder | None,
+    metadata: object,
+    data: bytes,
+    topic: str,
+    msg_id: bytes,
+    key: str | None,
+    publish: int | None,
+    event: int | None,
+    properties: object,
+) -> None:
+    if decoder is None:
+        buffer.value.append(data)
+    else:
+        where = f"message {msg_id.hex()} of {topic}"
+        buffer.append_values(decoder.decode(data, schema_version(metadata), where))  # type: ignore[arg-type]
+    buffer.keys.append(key)
+    buffer.topics.append(topic)
+    buffer.message_ids.append(msg_id)
+    buffer.publish_us.append(publish)
+    buffer.event_us.append(event)
+    buffer.properties.append({p.key: p.value for p in properties})  # type: ignore[attr-defined]
 
 
 class StorageRead:

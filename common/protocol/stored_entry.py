@@ -22,10 +22,20 @@ import struct
 import zlib
 from dataclasses import dataclass
 
+from google.protobuf.message import DecodeError
+
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol.codec import MAGIC_CRC32C, BatchError, is_batch, split_batch
 
-__all__ = ["StoredEntryError", "StoredMessage", "decompress", "entry_messages"]
+__all__ = [
+    "StoredEntryError",
+    "StoredMessage",
+    "decompress",
+    "entry_messages",
+    "schema_version",
+    "split_entry",
+    "split_stored_batch",
+]
 
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
@@ -103,6 +113,51 @@ def _schema_version(metadata: pb.MessageMetadata) -> int:
     return int.from_bytes(metadata.schema_version, "big", signed=True)
 
 
+def split_stored_batch(
+    payload: bytes | memoryview, count: int
+) -> list[tuple[pb.SingleMessageMetadata, bytes]]:
+    """``codec.split_batch`` for a batch a broker already stored: the same layout and the same
+    bounds checks, without the check of each text field's UTF-8 that a broker needs before
+    it stores what a producer sent (the read path's hot loop; an invalid key or property still
+    fails, when it is read)."""
+    view = memoryview(payload)
+    size = len(view)
+    pos = 0
+    parse = pb.SingleMessageMetadata.FromString
+    out: list[tuple[pb.SingleMessageMetadata, bytes]] = []
+    try:
+        for _ in range(count):
+            (header,) = _U32.unpack_from(view, pos)
+            pos += 4
+            single = parse(view[pos : pos + header])
+            pos += header
+            length = single.payload_size
+            if header < 0 or length < 0 or pos + length > size:
+                raise StoredEntryError(f"batch message {len(out)} of {count} overruns the entry")
+            out.append((single, view[pos : pos + length].tobytes()))
+            pos += length
+    except (struct.error, ValueError, DecodeError) as e:
+        if isinstance(e, StoredEntryError):
+            raise
+        raise StoredEntryError(f"batch of {count} messages: message {len(out)}: {e}") from None
+    if pos != size:
+        raise StoredEntryError(f"{size - pos} bytes left over after {count} batch messages")
+    return out
+
+
+def split_entry(
+    stored: bytes,
+) -> tuple[pb.MessageMetadata, list[tuple[pb.SingleMessageMetadata, bytes]] | bytes]:
+    """A stored entry's metadata and either its batch's (single-message metadata, payload)
+    pairs or, for an entry that is not a batch, its one payload; decompressed."""
+    metadata, payload = _metadata(stored)
+    if not is_batch(metadata):
+        return metadata, bytes(decompress(metadata, payload))
+    return metadata, split_stored_batch(
+        decompress(metadata, payload), metadata.num_messages_in_batch
+    )
+
+
 def entry_messages(stored: bytes) -> list[StoredMessage]:
     """The messages of a stored entry, in batch order."""
     metadata, payload = _metadata(stored)
@@ -130,3 +185,9 @@ def entry_messages(stored: bytes) -> list[StoredMessage]:
         )
         for index, (single, data) in enumerate(singles)
     ]
+
+
+def schema_version(metadata: pb.MessageMetadata) -> int:
+    """The entry's schema version as a number, -1 when it has none (the official client's
+    ``int_schema_version``)."""
+    return _schema_version(metadata)

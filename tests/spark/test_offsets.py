@@ -15,6 +15,7 @@ from magnetar.spark.offsets import (
     OffsetError,
     advance,
     entries_after,
+    entry_at_or_before,
     is_lost,
     last_position,
     normalize,
@@ -108,3 +109,10 @@ def test_parse_starting_offsets() -> None:
         parse_starting('{"t-partition-0": 7}', names)
     with pytest.raises(OffsetError):
         parse_starting("yesterday", names)
+
+
+def test_entry_at_or_before_a_ledger_start_is_the_last_entry_before_it() -> None:
+    ledgers = [LedgerExtent(1, 5), LedgerExtent(2, 0), LedgerExtent(3, 0)]
+    assert entry_at_or_before(EntryPosition(3, -1), ledgers) == EntryPosition(1, 4)
+    assert entry_at_or_before(EntryPosition(1, 2), ledgers) == EntryPosition(1, 2)
+    assert entry_at_or_before(EntryPosition(1, -1), ledgers) == EntryPosition(1, -1)
