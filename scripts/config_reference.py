@@ -10,12 +10,14 @@ import dataclasses
 from magnetar.bookie.config import BookieConfig
 from magnetar.broker.config import BrokerConfig
 from magnetar.common.config import ENV_PREFIX
+from magnetar.proxy.config import ProxyConfig
 from magnetar.standalone import StandaloneConfig
 
 SECTIONS = [
     ("magnetar bookie", BookieConfig),
     ("magnetar broker", BrokerConfig),
     ("magnetar standalone", StandaloneConfig),
+    ("magnetar proxy", ProxyConfig),
 ]
 
 INTRO = """# Configuration reference

@@ -17,6 +17,32 @@ from magnetar.common.config import ConfigError, setting
 
 @dataclass(slots=True)
 class ProxyConfig(SecuritySettings):
+    # -- shared security settings whose meaning differs on a proxy --------------------------------
+    broker_service_port_tls: int = setting(
+        -1, "a broker setting, refused here: the proxy's TLS port is service_port_tls"
+    )
+    web_service_port_tls: int = setting(
+        -1, "HTTPS port of the proxy's HTTP API (-1: off; Pulsar's is 8443)"
+    )
+    authorization_enabled: bool = setting(
+        False,
+        "not checked by the proxy: brokers authorize the proxy's role and the client's "
+        "(original_principal); needs authentication_enabled when set",
+    )
+    broker_client_authentication_plugin: str = setting(
+        "",
+        "authentication the proxy uses towards brokers: token, basic, tls (or Pulsar's client "
+        "class names), empty for none; its role must be in the brokers' proxy_roles",
+    )
+    broker_client_authentication_parameters: str = setting(
+        "",
+        "its parameters as Pulsar writes them: token:<jwt> or file:///path (token), "
+        "user:password or JSON (basic), tlsCertFile:...,tlsKeyFile:... (tls)",
+    )
+    broker_client_trust_certs_file_path: str = setting(
+        "", "PEM CAs the proxy trusts for brokers' certificates (with tls_enabled_with_broker)"
+    )
+    # -- the proxy's own --------------------------------------------------------------------------
     metadata_url: str = setting(
         "etcd://127.0.0.1:2379",
         "metadata store URL (etcd://h:p[,h:p] or local:///path/meta.db): where brokers "
