@@ -9,6 +9,7 @@ the bundle's next owner within the session TTL instead of waiting for their own 
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 from collections.abc import Callable
@@ -17,9 +18,14 @@ from urllib.parse import urlsplit
 
 from magnetar.common.cluster.broker_info import BROKERS_ROOT, BrokerInfo, registered_broker
 from magnetar.common.metadata import MetadataStore
+from magnetar.common.metadata.election import cancel_and_wait
 from magnetar.common.metadata.prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
+
+#: Waits before following the registrations again after their watch ended (doubling).
+RETRY_SECONDS = 1.0
+MAX_RETRY_SECONDS = 30.0
 
 
 class NoBrokerAvailable(LookupError):
@@ -72,12 +78,18 @@ class BrokerDirectory:
     know when one's registration disappears (``on_gone``)."""
 
     def __init__(self, store: MetadataStore) -> None:
+        self._store = store
         self._known: dict[str, BrokerInfo] = {}
         self._addresses: dict[Address, str] = {}  # address -> registration key
         self._listeners: list[Callable[[BrokerInfo], None]] = []
         self._turn = itertools.count()
-        self._cache = PrefixCache(
-            store, BROKERS_ROOT + "/", on_change=self._changed, on_end=self._watch_ended
+        self._cache = self._new_cache()
+        self._closed = False
+        self._rewatch: asyncio.Task[None] | None = None
+
+    def _new_cache(self) -> PrefixCache:
+        return PrefixCache(
+            self._store, BROKERS_ROOT + "/", on_change=self._changed, on_end=self._watch_ended
         )
 
     async def start(self) -> None:
@@ -88,6 +100,9 @@ class BrokerDirectory:
         )
 
     async def close(self) -> None:
+        self._closed = True
+        if self._rewatch is not None:
+            await cancel_and_wait(self._rewatch)
         await self._cache.close()
 
     def on_gone(self, listener: Callable[[BrokerInfo], None]) -> None:
@@ -139,7 +154,39 @@ class BrokerDirectory:
             log.info("broker %s registered (%s)", info.broker_id, info.service_url)
 
     def _watch_ended(self) -> None:
-        log.warning(
-            "the watch of broker registrations ended: the list of brokers may be stale until "
-            "the proxy is restarted"
+        if self._closed or self._rewatch is not None:
+            return
+        log.warning("the watch of broker registrations ended; following them again")
+        self._rewatch = asyncio.get_running_loop().create_task(
+            self._follow_again(), name="broker registrations"
         )
+
+    async def _follow_again(self) -> None:
+        """A new watch and scan; brokers that left meanwhile are reported gone as if seen."""
+        delay = RETRY_SECONDS
+        try:
+            while not self._closed:
+                await asyncio.sleep(delay)
+                cache = self._new_cache()
+                try:
+                    await cache.start()
+                except Exception as e:
+                    delay = min(delay * 2, MAX_RETRY_SECONDS)
+                    log.warning(
+                        "cannot follow broker registrations (again in %.0f s): %s", delay, e
+                    )
+                    continue
+                old, self._cache = self._cache, cache
+                self._rewatch = None  # from here an end of the new watch starts another round
+                await old.close()
+                present = set(cache.items())
+                for key in set(self._known) - present:
+                    self._changed(key, None, 0)
+                log.info(
+                    "following broker registrations again: %s",
+                    ", ".join(info.broker_id for info in self.brokers()) or "none",
+                )
+                return
+        finally:
+            if self._rewatch is asyncio.current_task():
+                self._rewatch = None

@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 
 #: How often idle lookup connections are looked for.
 SWEEP_SECONDS = 10.0
+#: The lease of the proxy's metadata session: it holds no ephemeral key, so a long one only
+#: keeps a briefly paused proxy from losing (and reporting) a session it does not need.
+SESSION_TTL_SECONDS = 60
 
 
 def tls_client_files(credentials: ClientCredentials) -> tuple[str, str]:
@@ -129,7 +132,7 @@ class Proxy:
                 config.tls_require_trusted_client_cert_on_connect,
                 config.tls_cert_refresh_check_duration_sec,
             )
-        self.store = await open_store(config.metadata_url)
+        self.store = await open_store(config.metadata_url, session_ttl=SESSION_TTL_SECONDS)
         self._directory = BrokerDirectory(self.store)
         self._directory.on_gone(self._broker_gone)
         await self._directory.start()

@@ -384,6 +384,22 @@ def test_unload_under_production_loses_nothing(deployment: Deployment) -> None:
         consuming.close()
 
 
+def test_admin_calls_through_the_proxy_http_port(deployment: Deployment) -> None:
+    """The HTTP half (``http.py``) served by the proxy process: an admin call with the client's
+    token reaches a broker, which sees the client's role beside the proxy's."""
+    proxy = deployment.proxies[0]
+    producing = deployment.client(0)
+    try:
+        producing.create_producer(topic("listed")).close()
+    finally:
+        producing.close()
+    request = urllib.request.Request(f"{proxy.http_url}/admin/v2/persistent/{NAMESPACE}")
+    request.add_header("Authorization", f"Bearer {deployment.token(SUPERUSER)}")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert topic("listed") in json.loads(response.read())
+    assert proxy.http_status("/ready") == 200
+
+
 # -- relay targets -----------------------------------------------------------------------------
 
 
