@@ -696,9 +696,11 @@ async def _decommission(
             "no ledger names them any more: they can go"
             if not remaining
             else f"{len(remaining)} ledgers still on them: {remaining}"
+            + (" (being copied away: --no-wait)" if args.no_wait else "")
         ),
     )
-    return 0 if not remaining else 1
+    # --no-wait: marked is done; the preStop hook (or a later call) waits for the copies.
+    return 0 if not remaining or args.no_wait else 1
 
 
 async def _wait_until_drained(
