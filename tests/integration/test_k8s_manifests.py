@@ -38,6 +38,10 @@ SETTINGS = {
 }
 
 
+#: The settings reference (scripts/config_reference.py), where every setting is documented.
+REFERENCE = (ROOT / "docs" / "configuration.md").read_text()
+
+
 def magnetar_containers(m: Manifests) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """(workload, container) for every container running Magnetar's image."""
     found = []
@@ -133,6 +137,7 @@ def test_every_magnetar_setting_exists_and_every_image_is_the_dockerfiles(overla
             if name.startswith("MAGNETAR_"):
                 setting = name.removeprefix("MAGNETAR_").lower()
                 assert setting in SETTINGS[command], f"{command}: {name} is no setting"
+                assert f"`{name}`" in REFERENCE, f"{name} is not in docs/configuration.md"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

@@ -4,16 +4,22 @@ given no new bundle while another can take it."""
 
 from __future__ import annotations
 
-from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from magnetar.broker.admin.errors import errors
-from magnetar.broker.admin.status import add_health_routes
+from magnetar.broker.admin.app import build_app
 from magnetar.broker.cluster.load_manager import select_broker
 from magnetar.broker.cluster.registry import LoadReport
+from magnetar.common.auth.service import AuthenticationService
+from magnetar.common.auth.settings import SecuritySettings
 
 
 class FakeBroker:
+    """What the admin app needs to answer the probes (authentication off, as by default)."""
+
+    config = SecuritySettings()
+    authentication = AuthenticationService(config)
+    proxy_roles: frozenset[str] = frozenset()
+
     def __init__(self) -> None:
         self.reason: str | None = "the broker is starting"
 
@@ -26,11 +32,7 @@ class FakeBroker:
 
 async def test_ready_follows_the_brokers_reason() -> None:
     broker = FakeBroker()
-    routes = web.RouteTableDef()
-    add_health_routes(routes, broker)  # type: ignore[arg-type]
-    app = web.Application(middlewares=[errors])
-    app.add_routes(routes)
-    async with TestClient(TestServer(app)) as client:
+    async with TestClient(TestServer(build_app(broker))) as client:  # type: ignore[arg-type]
         starting = await client.get("/admin/v2/brokers/ready")
         assert starting.status == 503
         assert "starting" in (await starting.json())["reason"]
