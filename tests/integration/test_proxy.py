@@ -71,7 +71,7 @@ class Deployment:
     #: Brokers paused long enough to lose their metadata session.
     frozen: set[str]
     pki: Pki
-    #: A third proxy: TLS for clients (on ``tls_port``) and to brokers.
+    #: A third proxy: TLS for clients (on ``tls_port``) and to brokers; one lookup at a time.
     tls_proxy: ProxyProcess
     tls_port: int
     #: The brokers' TLS ports, as registered.
@@ -187,6 +187,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
                     "tls_enabled_with_broker": True,
                     "broker_client_trust_certs_file_path": pki.ca.certificate,
                     "tls_hostname_verification_enabled": True,
+                    "max_concurrent_lookup_requests": 1,
                 },
             )
         )
@@ -571,6 +572,28 @@ def test_other_commands_are_refused_in_lookup_mode(deployment: Deployment) -> No
         raw.command(pb.CommandPartitionedTopicMetadata(topic=topic("meta"), request_id=8))
         answer = raw.expect(Type.PARTITIONED_METADATA_RESPONSE).body
         assert answer.request_id == 8 and answer.partitions == 0  # type: ignore[attr-defined]
+
+
+def test_lookups_beyond_the_limit_are_refused(deployment: Deployment) -> None:
+    """Two lookups in one write to a proxy that serves one at a time: the second is refused
+    while the first is with a broker, and the first is answered."""
+    with RawConnection(deployment.tls_proxy) as raw:  # type: ignore[arg-type]
+        raw.command(_connect(deployment))
+        raw.expect(Type.CONNECTED)
+        raw.send(
+            codec.encode_command(pb.CommandLookupTopic(topic=topic("limited"), request_id=1))
+            + codec.encode_command(pb.CommandLookupTopic(topic=topic("limited"), request_id=2))
+        )
+        answers = {}
+        for _ in range(2):
+            body = raw.expect(Type.LOOKUP_RESPONSE).body
+            answers[body.request_id] = body  # type: ignore[attr-defined]
+    refused = answers[2]
+    assert refused.response == pb.CommandLookupTopicResponse.Failed
+    assert refused.error == pb.ServiceNotReady
+    assert refused.message == "Too many concurrent lookup requests"
+    assert answers[1].response == pb.CommandLookupTopicResponse.Connect, answers[1]
+    assert answers[1].proxy_through_service_url
 
 
 def test_a_relay_whose_client_credentials_expire_is_closed(deployment: Deployment) -> None:
