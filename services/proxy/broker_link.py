@@ -213,15 +213,15 @@ async def open_link(
             )
             link.write(codec.encode_command(connect))
             await link.connected
-    except TimeoutError:
+    except BaseException as e:
         if link is not None:
-            link.close()
-        raise BrokerUnreachable(
-            f"broker {address} did not complete CONNECT within {timeout:g} s "
-            "(broker_proxy_connect_timeout_ms)"
-        ) from None
-    except OSError as e:
-        if link is not None:
-            link.close()
-        raise BrokerUnreachable(f"cannot connect to broker {address}: {e}") from None
+            link.close()  # also when the client went away meanwhile (cancelled)
+        if isinstance(e, TimeoutError):
+            raise BrokerUnreachable(
+                f"broker {address} did not complete CONNECT within {timeout:g} s "
+                "(broker_proxy_connect_timeout_ms)"
+            ) from None
+        if isinstance(e, OSError):
+            raise BrokerUnreachable(f"cannot connect to broker {address}: {e}") from None
+        raise
     return link

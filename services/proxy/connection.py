@@ -48,6 +48,9 @@ NO_REQUEST = 2**64 - 1
 MIN_PROTOCOL_VERSION = 10
 #: Client bytes held while the broker is being connected; beyond, reading pauses.
 EARLY_BYTES_LIMIT = 1024 * 1024
+#: Frames held while a lookup connection's credentials are checked; a client that sends more
+#: before CONNECTED is closed.
+HELD_FRAMES_LIMIT = 1000
 LOOKUP_COMMANDS = frozenset(
     {Type.LOOKUP, Type.PARTITIONED_METADATA, Type.GET_TOPICS_OF_NAMESPACE, Type.GET_SCHEMA}
 )
@@ -202,6 +205,10 @@ class ProxyConnection(FrameConnection):
         elif self._raw:
             self._early += _frame_bytes(frame)
         elif self.phase is Phase.CONNECTING:
+            if len(self._held) >= HELD_FRAMES_LIMIT:
+                log.info("connection %s: too many frames before CONNECTED; closing", self.peer)
+                self.close()
+                return
             self._held.append(frame)
         elif self.phase is Phase.LOOKUP:
             if kind in LOOKUP_COMMANDS:
