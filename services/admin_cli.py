@@ -343,6 +343,51 @@ def _tenant_body(args: argparse.Namespace) -> dict[str, list[str]]:
     }
 
 
+def _limit_verbs() -> dict[str, Verb]:
+    """``set-|get-|remove-max-...`` for the namespace limits, with pulsar-admin's flags."""
+    verbs: dict[str, Verb] = {}
+    for name, policy, flag in (
+        ("max-producers-per-topic", "maxProducersPerTopic", ("-p", "--max-producers-per-topic")),
+        ("max-consumers-per-topic", "maxConsumersPerTopic", ("-c", "--max-consumers-per-topic")),
+        (
+            "max-consumers-per-subscription",
+            "maxConsumersPerSubscription",
+            ("-c", "--max-consumers-per-subscription"),
+        ),
+        (
+            "max-unacked-messages-per-consumer",
+            "maxUnackedMessagesPerConsumer",
+            ("-c", "--max-unacked-messages-per-consumer"),
+        ),
+        (
+            "max-unacked-messages-per-subscription",
+            "maxUnackedMessagesPerSubscription",
+            ("-c", "--max-unacked-messages-per-subscription"),
+        ),
+    ):
+        dest = flag[1].removeprefix("--").replace("-", "_")
+        path = _policy(policy)
+        verbs[f"set-{name}"] = Verb(
+            f"set {name.replace('-', ' ')} (0: no limit)",
+            lambda a, path=path, dest=dest: ("POST", path(a), getattr(a, dest)),
+            (_flag(*flag, dest=dest, type=int, required=True),),
+            ("namespace",),
+        )
+        verbs[f"get-{name}"] = Verb(
+            f"{name.replace('-', ' ')}",
+            lambda a, path=path: ("GET", path(a), None),
+            (),
+            ("namespace",),
+        )
+        verbs[f"remove-{name}"] = Verb(
+            f"back to the broker's {name.replace('-', ' ')}",
+            lambda a, path=path: ("DELETE", path(a), None),
+            (),
+            ("namespace",),
+        )
+    return verbs
+
+
 VERBS: dict[str, dict[str, Verb]] = {
     "clusters": {
         "list": Verb("list the clusters", lambda a: ("GET", "clusters", None)),
@@ -536,6 +581,7 @@ VERBS: dict[str, dict[str, Verb]] = {
             (),
             ("namespace",),
         ),
+        **_limit_verbs(),
         "clear-backlog": Verb(
             "acknowledge everything in a namespace (or bundle, or subscription)",
             lambda a: (

@@ -371,3 +371,48 @@ def test_broker_and_bookie_routes(node: StandaloneProcess, pc: pulsar.Client) ->
     assert isinstance(report, dict) and report
     [bookie] = ok(node, "GET", "/bookies/all")["bookies"]
     assert bookie["bookieId"].endswith(f":{node.bookie_port}")
+
+
+#: Fields of Pulsar's Policies document (a few of them) and their JSON types.
+POLICIES = {
+    "auth_policies": dict, "replication_clusters": list, "backlog_quota_map": dict,
+    "subscription_expiration_time_minutes": int, "deleted": bool, "properties": dict,
+    "schema_compatibility_strategy": str, "subscription_auth_mode": str,
+}  # fmt: skip
+
+
+def test_namespace_limits_on_producers_consumers_and_unacked(
+    node: StandaloneProcess, pc: pulsar.Client
+) -> None:
+    assert call(node, "PUT", "/namespaces/public/limits")[0] == 204
+    base = "/namespaces/public/limits"
+    document = ok(node, "GET", base)
+    conforms(document, POLICIES)
+    assert document["max_producers_per_topic"] is None  # unset: the broker's (no limit)
+    for policy, value in (
+        ("maxProducersPerTopic", 1),
+        ("maxConsumersPerSubscription", 1),
+        ("maxUnackedMessagesPerConsumer", 2),
+    ):
+        assert call(node, "POST", f"{base}/{policy}", value)[0] == 204
+        assert ok(node, "GET", f"{base}/{policy}") == value
+    assert call(node, "POST", f"{base}/maxProducersPerTopic", -1)[0] == 400
+    assert ok(node, "GET", base)["max_producers_per_topic"] == 1
+    topic = "persistent://public/limits/t"
+    first = pc.create_producer(topic, batching_enabled=False)
+    with pytest.raises(pulsar.ProducerBusy):
+        pc.create_producer(topic)
+    consumer = pc.subscribe(topic, "s", consumer_type=pulsar.ConsumerType.Shared)
+    with pytest.raises(pulsar.ConsumerBusy):
+        pc.subscribe(topic, "s", consumer_type=pulsar.ConsumerType.Shared)
+    for i in range(5):
+        first.send(f"m{i}".encode())
+    held = [consumer.receive(10_000) for _ in range(2)]
+    with pytest.raises(pulsar.Timeout):
+        consumer.receive(500)  # two unacked: no more until one is acknowledged
+    consumer.acknowledge(held[0])
+    assert consumer.receive(10_000).data() == b"m2"
+    first.close()
+    consumer.close()
+    assert call(node, "DELETE", f"{base}/maxProducersPerTopic")[0] == 204
+    assert ok(node, "GET", base)["max_producers_per_topic"] is None

@@ -64,3 +64,13 @@ def test_verbs_make_pulsars_rest_calls() -> None:
     )  # fmt: skip
     with pytest.raises(UsageError):
         _call("topics", "reset-cursor", "t/n/x", "-s", "sub")
+
+
+def test_namespace_limit_verbs() -> None:
+    assert _call("namespaces", "set-max-producers-per-topic", "t/n", "-p", "3") == (
+        "POST", "namespaces/t/n/maxProducersPerTopic", 3,
+    )  # fmt: skip
+    assert _call("namespaces", "set-max-unacked-messages-per-consumer", "t/n", "-c", "0") == (
+        "POST", "namespaces/t/n/maxUnackedMessagesPerConsumer", 0,
+    )  # fmt: skip
+    assert _call("namespaces", "remove-max-consumers-per-topic", "t/n")[0] == "DELETE"

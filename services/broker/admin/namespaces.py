@@ -6,9 +6,12 @@
   routes are for superusers (Pulsar's, when authentication and authorization are on)
 - ``GET    /admin/v2/namespaces/{tenant}`` lists its namespaces
 - ``PUT    /admin/v2/namespaces/{tenant}/{namespace}`` (body: ``{"bundles": {"numBundles": n}}``)
-- ``GET    /admin/v2/namespaces/{tenant}/{namespace}`` the namespace's policy document
+- ``GET    /admin/v2/namespaces/{tenant}/{namespace}`` the namespace's policies: Pulsar's whole
+  Policies document, unset fields at Pulsar's defaults
 - ``GET|POST|DELETE /admin/v2/namespaces/{tenant}/{namespace}/{policy}`` one policy, for
-  ``retention``, ``messageTTL``, ``deduplication``, ``autoTopicCreation`` (see ``policies``)
+  ``retention``, ``messageTTL``, ``deduplication``, ``autoTopicCreation``,
+  ``maxProducersPerTopic``, ``maxConsumersPerTopic``, ``maxConsumersPerSubscription``,
+  ``maxUnackedMessagesPerConsumer``, ``maxUnackedMessagesPerSubscription`` (see ``policies``)
 """
 
 from __future__ import annotations
@@ -41,6 +44,16 @@ POLICY_FIELDS: dict[str, tuple[str, Callable[[Any, TopicSettings], Any]]] = {
         "deduplicationEnabled",
         lambda v, _: policies.check_bool(v, "deduplication"),
     ),
+    **{
+        name: (field, lambda v, _, name=name: policies.check_limit(v, name))
+        for name, field in (
+            ("maxProducersPerTopic", "max_producers_per_topic"),
+            ("maxConsumersPerTopic", "max_consumers_per_topic"),
+            ("maxConsumersPerSubscription", "max_consumers_per_subscription"),
+            ("maxUnackedMessagesPerConsumer", "max_unacked_messages_per_consumer"),
+            ("maxUnackedMessagesPerSubscription", "max_unacked_messages_per_subscription"),
+        )
+    },
     "autoTopicCreation": (
         "autoTopicCreationOverride",
         lambda v, limits: policies.check_auto_topic_creation(
@@ -141,7 +154,7 @@ def add_namespace_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None
 
     @routes.get("/admin/v2/namespaces/{tenant}/{namespace}")
     async def get_policies(request: web.Request) -> web.Response:
-        return web.json_response(await _policy_document(broker, request))
+        return web.json_response(policies.full_document(await _policy_document(broker, request)))
 
     @routes.get("/admin/v2/namespaces/{tenant}/{namespace}/{policy}")
     async def get_policy(request: web.Request) -> web.Response:

@@ -9,6 +9,9 @@ A namespace's policies are the JSON document at its key in the metadata store
 - ``deduplicationEnabled``: true/false
 - ``autoTopicCreationOverride``: ``{"allowAutoTopicCreation": b, "topicType": "partitioned" |
   "non-partitioned", "defaultNumPartitions": N}``
+- ``max_producers_per_topic``, ``max_consumers_per_topic``, ``max_consumers_per_subscription``:
+  N (0 or absent: no limit), ``max_unacked_messages_per_consumer``,
+  ``max_unacked_messages_per_subscription``: N (absent: the broker's setting; 0: no bound)
 - ``auth_policies``: the namespace's grants, ``{"namespace_auth": {role: [action]},
   "destination_auth": {topic: {role: [action]}}, "subscription_auth_roles": {sub: [role]}}``
   (read and written by ``authorization``; ``effective`` leaves it alone, and every writer of
@@ -21,7 +24,7 @@ API, the lookup side (PARTITIONED_METADATA) and topic loading alike.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from magnetar.broker.config import AUTO_CREATION_TYPES, TopicSettings
@@ -111,6 +114,82 @@ class Policies:
     message_ttl_seconds: int  # 0: messages do not expire
     deduplication: bool
     auto_topic_creation: AutoTopicCreation
+    limits: TopicLimits = field(default_factory=lambda: TopicLimits())
+
+
+@dataclass(frozen=True, slots=True)
+class TopicLimits:
+    """How many clients a topic takes and how much a consumer may hold (Pulsar's
+    maxProducersPerTopic, maxConsumersPerTopic, maxConsumersPerSubscription: 0 is no limit;
+    maxUnackedMessagesPerConsumer/-Subscription: None is the broker's setting, 0 no bound)."""
+
+    max_producers_per_topic: int = 0
+    max_consumers_per_topic: int = 0
+    max_consumers_per_subscription: int = 0
+    max_unacked_per_consumer: int | None = None
+    max_unacked_per_subscription: int | None = None
+
+
+#: Policy document field -> TopicLimits field.
+LIMIT_FIELDS = {
+    "max_producers_per_topic": "max_producers_per_topic",
+    "max_consumers_per_topic": "max_consumers_per_topic",
+    "max_consumers_per_subscription": "max_consumers_per_subscription",
+    "max_unacked_messages_per_consumer": "max_unacked_per_consumer",
+    "max_unacked_messages_per_subscription": "max_unacked_per_subscription",
+}
+
+
+def check_limit(value: Any, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise PolicyError(f"{what} must be a number >= 0 (0: no limit), got {value!r}")
+    return value
+
+
+def full_document(stored: dict[str, Any]) -> dict[str, Any]:
+    """A namespace's policies as Pulsar's GET answers them: every field of its Policies, unset
+    ones at Pulsar's defaults (null: the broker's setting), then what the namespace set."""
+    return {
+        "auth_policies": {
+            "namespace_auth": {},
+            "destination_auth": {},
+            "subscription_auth_roles": {},
+        },
+        "replication_clusters": [],
+        "backlog_quota_map": {},
+        "clusterDispatchRate": {},
+        "topicDispatchRate": {},
+        "subscriptionDispatchRate": {},
+        "replicatorDispatchRate": {},
+        "clusterSubscribeRate": {},
+        "publishMaxMessageRate": {},
+        "latency_stats_sample_rate": {},
+        "persistence": None,
+        "deduplicationEnabled": None,
+        "autoTopicCreationOverride": None,
+        "autoSubscriptionCreationOverride": None,
+        "message_ttl_in_seconds": None,
+        "subscription_expiration_time_minutes": 0,
+        "retention_policies": None,
+        "deleted": False,
+        "encryption_required": False,
+        "delayed_delivery_policies": None,
+        "inactive_topic_policies": None,
+        "subscription_auth_mode": "None",
+        "max_producers_per_topic": None,
+        "max_consumers_per_topic": None,
+        "max_consumers_per_subscription": None,
+        "max_unacked_messages_per_consumer": None,
+        "max_unacked_messages_per_subscription": None,
+        "max_subscriptions_per_topic": None,
+        "compaction_threshold": None,
+        "offload_threshold": -1,
+        "schema_compatibility_strategy": "UNDEFINED",
+        "schema_validation_enforced": False,
+        "is_allow_auto_update_schema": None,
+        "properties": {},
+        **stored,
+    }
 
 
 def parse_document(raw: bytes | None) -> dict[str, Any]:
@@ -141,6 +220,13 @@ def effective(document: dict[str, Any], defaults: TopicSettings) -> Policies:
             bool(auto.get("allowAutoTopicCreation", defaults.allow_auto_topic_creation)),
             str(auto.get("topicType", defaults.allow_auto_topic_creation_type)),
             int(auto.get("defaultNumPartitions", defaults.default_num_partitions)),
+        ),
+        limits=TopicLimits(
+            **{
+                name: int(document[key])
+                for key, name in LIMIT_FIELDS.items()
+                if isinstance(document.get(key), int)
+            }
         ),
     )
 

@@ -19,8 +19,10 @@ from magnetar.broker.errors import TopicBusyError
 from magnetar.broker.model.entry import entry_metadata, message_count
 from magnetar.broker.model.position import Position
 from magnetar.broker.model.topic_name import TopicName
+from magnetar.broker.namespace.policies import TopicLimits
 from magnetar.broker.topics.consumer import Consumer
 from magnetar.broker.topics.dispatchers.live import LiveDispatcher, for_live_mode
+from magnetar.broker.topics.limits import check_consumers
 from magnetar.broker.topics.producers import ProducerSet
 from magnetar.broker.topics.stats import TopicRates, nonpersistent_stats
 from magnetar.broker.topics.subscription import SubscriptionTypeError, disconnect_for_delete
@@ -116,6 +118,7 @@ class NonPersistentTopic:
         self.bytes_out = 0
         self._entry_ids = itertools.count()
         self.rates = TopicRates()
+        self.client_limits = TopicLimits()
 
     def publish(
         self,
@@ -148,6 +151,7 @@ class NonPersistentTopic:
         initial_position: int,
         start_message_id: pb.MessageIdData | None = None,
     ) -> NonPersistentSubscription:
+        check_consumers(self.client_limits, self.subscriptions, name)
         subscription = self.subscriptions.get(name)
         if subscription is None:
             subscription = self.subscriptions[name] = NonPersistentSubscription(
@@ -172,8 +176,14 @@ class NonPersistentTopic:
             del self.subscriptions[name]
         await subscription.close()
 
+    def apply_limits(self, limits: TopicLimits) -> None:
+        """The namespace's limits on producers and consumers."""
+        self.client_limits = limits
+        self.producers.max_producers = limits.max_producers_per_topic
+
     async def apply_policies(self, policies: Policies) -> None:
-        pass  # retention, TTL and deduplication concern stored messages only
+        # Retention, TTL and deduplication concern stored messages only.
+        self.apply_limits(policies.limits)
 
     def stats(self) -> dict[str, object]:
         """Topic stats in the shape of Pulsar's ``NonPersistentTopicStats``."""

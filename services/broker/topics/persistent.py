@@ -16,11 +16,12 @@ from magnetar.broker.model.entry import entry_metadata, message_count
 from magnetar.broker.model.message_id import LATEST, from_wire, to_wire
 from magnetar.broker.model.position import Position
 from magnetar.broker.model.topic_name import TopicName
-from magnetar.broker.namespace.policies import Policies
+from magnetar.broker.namespace.policies import Policies, TopicLimits
 from magnetar.broker.topics.consumer import Consumer
 from magnetar.broker.topics.deduplication import Deduplication, DuplicateStatus
 from magnetar.broker.topics.dispatch_limits import DispatchLimits
 from magnetar.broker.topics.instruments import UNCOUNTED, TopicInstruments
+from magnetar.broker.topics.limits import check_consumers, dispatch_limits
 from magnetar.broker.topics.producers import ProducerSet
 from magnetar.broker.topics.stats import TopicRates, persistent_stats
 from magnetar.broker.topics.subscription import (
@@ -82,6 +83,8 @@ class PersistentTopic:
         self.bytes_out = 0
         self.deduplication: Deduplication | None = None  # set by the broker when enabled
         self.rates = TopicRates()
+        self.base_limits = self.limits
+        self.client_limits = TopicLimits()
         self._subscribe_lock = asyncio.Lock()
         #: Unloading: new sends are refused while those in flight get their receipts.
         self.unloading = False
@@ -158,6 +161,7 @@ class PersistentTopic:
         """Attach a consumer. ``start_message_id`` makes a non-durable subscription (a reader)
         starting at that message, or at the earliest/latest one for Pulsar's special ids."""
         async with self._subscribe_lock:
+            check_consumers(self.client_limits, self.subscriptions, name)
             subscription = self.subscriptions.get(name)
             if subscription is None and start_message_id is not None:
                 cursor = NonDurableCursor(self.ml, name, self.position_for(start_message_id))
@@ -282,8 +286,18 @@ class PersistentTopic:
             await subscription.close()
         await self.ml.delete()
 
+    def apply_limits(self, limits: TopicLimits) -> None:
+        """The namespace's limits on producers, consumers and unacked messages (at load and
+        whenever policies change); consumers attached before keep their unacked bound."""
+        self.client_limits = limits
+        self.producers.max_producers = limits.max_producers_per_topic
+        self.limits = dispatch_limits(self.base_limits, limits)
+        for subscription in self.subscriptions.values():
+            subscription.limits = self.limits
+
     async def apply_policies(self, policies: Policies) -> None:
         """Bring the topic in line with its namespace's policies (run periodically)."""
+        self.apply_limits(policies.limits)
         if policies.deduplication and self.deduplication is None:
             self.deduplication = await Deduplication.load(self.ml)
         elif not policies.deduplication:

@@ -78,6 +78,8 @@ class ProducerSet:
         self._waiting = 0  # WaitForExclusive producers queued for the topic
         self._released = asyncio.Event()
         self.topic_epoch = 0
+        #: The namespace's maxProducersPerTopic (0: no limit).
+        self.max_producers = 0
 
     def __len__(self) -> int:
         return len(self._producers)
@@ -96,6 +98,8 @@ class ProducerSet:
         topic with ExclusiveWithFencing or the topic goes away. ``epoch``: the epoch an
         exclusive producer held before it reconnected; older than the topic's means it was
         fenced meanwhile."""
+        if self.max_producers > 0 and len(self._producers) >= self.max_producers:
+            raise ProducerBusyError("Topic reached max producers limit")
         if mode == pb.Shared:
             if self._exclusive is not None or self._waiting:
                 raise ProducerBusyError(

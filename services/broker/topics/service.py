@@ -154,6 +154,7 @@ class TopicService:
             )
         if not name.persistent:
             topic: Topic = NonPersistentTopic(name)
+            topic.apply_limits(policies.limits)
             self.topics[str(name)] = topic
             log.info("topic %s loaded (non-persistent)", name)
             return topic
@@ -177,6 +178,7 @@ class TopicService:
             ),
             self._instruments,
         )
+        topic.apply_limits(policies.limits)
         if policies.deduplication:
             topic.deduplication = await Deduplication.load(ml)
         self.topics[str(name)] = topic
