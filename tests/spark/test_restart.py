@@ -1,4 +1,4 @@
-"""Exactly once on the read side across SIGKILL (issue 12).
+"""Exactly once on the read side across SIGKILL (issue 12), with the storage path on (issue 23).
 
 A streaming query reads a 4-partition topic from ``earliest`` into parquet files with a
 checkpoint, in its own process, while the official client keeps producing. The query's process
@@ -8,6 +8,10 @@ starts with the first and waits, Spark up, for its cue before it starts the quer
 does not wait out a JVM start.) Once production has stopped the query is restarted a second
 time, in the test's own Spark (same checkpoint, same query, ``Trigger.AvailableNow``: one JVM
 start fewer): the parquet sink then holds every acknowledged message exactly once.
+
+The standalone rolls its ledgers every 20 entries and keeps them (retention unlimited), and the
+query is given ``metadata.url``: the closed ledgers a restarted query catches up on are read
+from the bookie, the open ledger's tail through the broker.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ import pulsar
 import pytest
 from pyspark.sql import SparkSession
 
-from tests.spark.helpers import create_partitioned
+from magnetar.spark.options import SourceOptions
+from magnetar.spark.source import PulsarBatchReader
+from tests.spark.helpers import create_partitioned, source_options
 from tests.spark.stream_job import stream
 from tests.support.raw_client import assert_log_clean, module_standalone
 from tests.support.standalone import StandaloneProcess, client
@@ -39,7 +45,18 @@ PAUSE_S = 0.25
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneProcess]:
-    yield from module_standalone(tmp_path_factory.mktemp("spark-restart") / "standalone")
+    yield from module_standalone(
+        tmp_path_factory.mktemp("spark-restart") / "standalone",
+        extra=[
+            "--max-entries-per-ledger", "20",
+            "--default-retention-time-minutes", "-1",
+            "--default-retention-size-mb", "-1",
+        ],
+    )  # fmt: skip
+
+
+def metadata_url(node: StandaloneProcess) -> str:
+    return f"local://{(node.data_dir / 'meta.db').resolve()}"
 
 
 class Producer(threading.Thread):
@@ -96,6 +113,7 @@ def start_job(
         [
             sys.executable, "-m", "tests.spark.stream_job", node.url, node.admin_url, TOPIC,
             str(sink), str(checkpoint), *(["--on-cue"] if on_cue else []),
+            "--metadata-url", metadata_url(node),
         ],
         cwd=ROOT, stdin=subprocess.PIPE, stdout=log.open("ab"), stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -150,7 +168,9 @@ def test_killed_twice_the_sink_holds_every_message_exactly_once(
         producer.join(60)
     assert not producer.failed
     # The second restart: in this process, from the same checkpoint, until what exists is read.
-    drain = stream(spark, node.url, node.admin_url, TOPIC, str(sink), str(checkpoint))
+    drain = stream(
+        spark, node.url, node.admin_url, TOPIC, str(sink), str(checkpoint), metadata_url(node)
+    )
     query = drain.trigger(availableNow=True).start()
     assert query.awaitTermination(240), "Trigger.AvailableNow did not stop by itself"
     assert query.exception() is None
@@ -164,6 +184,12 @@ def test_killed_twice_the_sink_holds_every_message_exactly_once(
     assert {r["__topic"] for r in rows} == {
         f"persistent://public/default/{TOPIC}-partition-{p}" for p in range(4)
     }
+    # The query's ranges did cross closed ledgers, which the storage path read.
+    options = {"metadata.url": metadata_url(node), "readFromStorage": "always"}
+    reader = PulsarBatchReader(
+        SourceOptions.parse({**source_options(node), **options, "topic": TOPIC}, streaming=False)
+    )
+    assert any(p.segments for p in reader.partitions()), "no closed ledger to read from storage"
 
 
 def test_standalone_log_is_clean(node: StandaloneProcess) -> None:
