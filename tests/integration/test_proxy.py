@@ -71,7 +71,8 @@ class Deployment:
     #: Brokers paused long enough to lose their metadata session.
     frozen: set[str]
     pki: Pki
-    #: A third proxy: TLS for clients (on ``tls_port``) and to brokers; one lookup at a time.
+    #: A third proxy: TLS for clients (on ``tls_port``) and to brokers, client credentials
+    #: forwarded, one lookup at a time.
     tls_proxy: ProxyProcess
     tls_port: int
     #: The brokers' TLS ports, as registered.
@@ -188,6 +189,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
                     "broker_client_trust_certs_file_path": pki.ca.certificate,
                     "tls_hostname_verification_enabled": True,
                     "max_concurrent_lookup_requests": 1,
+                    # Brokers then check the client's own token too (original_auth_data).
+                    "forward_authorization_credentials": True,
                 },
             )
         )
