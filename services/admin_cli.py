@@ -333,6 +333,27 @@ def _enable(args: argparse.Namespace) -> bool:
     return bool(args.enable)
 
 
+def _backlog_quota(args: argparse.Namespace) -> tuple[str, str, Any]:
+    body = {
+        "limitSize": size_bytes(args.limitSize) if args.limitSize else -1,
+        "limitTime": seconds(args.limitTime) if args.limitTime else -1,
+        "policy": args.policy,
+    }
+    path = f"{_policy('backlogQuota')(args)}?backlogQuotaType={args.type}"
+    return "POST", path, body
+
+
+def _inactive_topics(args: argparse.Namespace) -> tuple[str, str, Any]:
+    if args.enable_delete_while_inactive == args.disable_delete_while_inactive:
+        raise UsageError("give one of -e/--enable-delete-while-inactive or -d/--disable-...")
+    body = {
+        "inactiveTopicDeleteMode": args.delete_mode,
+        "maxInactiveDurationSeconds": seconds(args.max_inactive_duration),
+        "deleteWhileInactive": bool(args.enable_delete_while_inactive),
+    }
+    return "POST", _policy("inactiveTopicPolicies")(args), body
+
+
 def _tenant_body(args: argparse.Namespace) -> dict[str, list[str]]:
     def names(text: str | None) -> list[str]:
         return [n for n in (text or "").split(",") if n]
@@ -582,6 +603,78 @@ VERBS: dict[str, dict[str, Verb]] = {
             ("namespace",),
         ),
         **_limit_verbs(),
+        "set-backlog-quota": Verb(
+            "what a subscription may leave unacknowledged, and what happens over it",
+            _backlog_quota,
+            (
+                _flag("--limitSize", help="e.g. 10G (destination_storage)"),
+                _flag("--limitTime", help="e.g. 1h (message_age)"),
+                _flag(
+                    "-p",
+                    "--policy",
+                    required=True,
+                    choices=[
+                        "producer_request_hold",
+                        "producer_exception",
+                        "consumer_backlog_eviction",
+                    ],
+                ),
+                _flag(
+                    "-t",
+                    "--type",
+                    default="destination_storage",
+                    choices=["destination_storage", "message_age"],
+                ),
+            ),
+            ("namespace",),
+        ),
+        "get-backlog-quotas": Verb(
+            "the backlog quotas",
+            lambda a: ("GET", _policy("backlogQuotaMap")(a), None),
+            (),
+            ("namespace",),
+        ),
+        "remove-backlog-quota": Verb(
+            "remove a backlog quota",
+            lambda a: ("DELETE", f"{_policy('backlogQuota')(a)}?backlogQuotaType={a.type}", None),
+            (
+                _flag(
+                    "-t",
+                    "--type",
+                    default="destination_storage",
+                    choices=["destination_storage", "message_age"],
+                ),
+            ),
+            ("namespace",),
+        ),
+        "set-inactive-topic-policies": Verb(
+            "delete topics without clients after a time",
+            _inactive_topics,
+            (
+                _flag("-e", "--enable-delete-while-inactive", action="store_true"),
+                _flag("-d", "--disable-delete-while-inactive", action="store_true"),
+                _flag("-t", "--max-inactive-duration", required=True, help="e.g. 1h"),
+                _flag(
+                    "-m",
+                    "--delete-mode",
+                    required=True,
+                    choices=["delete_when_no_subscriptions", "delete_when_subscriptions_caught_up"],
+                ),
+            ),
+            ("namespace",),
+        ),
+        "get-inactive-topic-policies": Verb(
+            "the inactive-topic policy",
+            lambda a: ("GET", _policy("inactiveTopicPolicies")(a), None),
+            (),
+            ("namespace",),
+        ),
+        "remove-inactive-topic-policies": Verb(
+            "no inactive-topic deletion",
+            lambda a: ("DELETE", _policy("inactiveTopicPolicies")(a), None),
+            (),
+            ("namespace",),
+        ),
         "clear-backlog": Verb(
             "acknowledge everything in a namespace (or bundle, or subscription)",
             lambda a: (

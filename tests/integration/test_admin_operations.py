@@ -416,3 +416,70 @@ def test_namespace_limits_on_producers_consumers_and_unacked(
     consumer.close()
     assert call(node, "DELETE", f"{base}/maxProducersPerTopic")[0] == 204
     assert ok(node, "GET", base)["max_producers_per_topic"] is None
+
+
+def eventually(condition: Any, what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def test_backlog_quota_consumer_backlog_eviction(
+    node: StandaloneProcess, pc: pulsar.Client
+) -> None:
+    assert call(node, "PUT", "/namespaces/public/quota")[0] == 204
+    base = "/namespaces/public/quota"
+    topic = "persistent://public/quota/t"
+    path = "/persistent/public/quota/t"
+    pc.subscribe(topic, "slow").close()
+    producer = pc.create_producer(topic, batching_enabled=False)
+    for _ in range(20):
+        producer.send(b"x" * 100)
+    producer.close()
+    assert ok(node, "GET", f"{base}/backlogQuotaMap") == {}
+    quota = {"limitSize": 1000, "limitTime": -1, "policy": "consumer_backlog_eviction"}
+    assert call(node, "POST", f"{base}/backlogQuota", {**quota, "policy": "drop"})[0] == 400
+    assert call(node, "POST", f"{base}/backlogQuota?backlogQuotaType=other", quota)[0] == 412
+    assert call(node, "POST", f"{base}/backlogQuota", quota)[0] == 204
+    assert ok(node, "GET", f"{base}/backlogQuotaMap") == {"destination_storage": quota}
+    stats = ok(node, "GET", f"{path}/stats")
+    kept = int(1000 // (stats["storageSize"] / 20))
+    assert 0 < kept < 20
+    eventually(
+        lambda: ok(node, "GET", f"{path}/stats")["subscriptions"]["slow"]["msgBacklog"] == kept,
+        "the oldest messages evicted down to the size quota",
+    )
+    age = {"limitSize": -1, "limitTime": 0, "policy": "consumer_backlog_eviction"}
+    assert call(node, "POST", f"{base}/backlogQuota?backlogQuotaType=message_age", age)[0] == 204
+    eventually(
+        lambda: ok(node, "GET", f"{path}/stats")["subscriptions"]["slow"]["msgBacklog"] == 0,
+        "every message older than the age quota evicted",
+    )
+    assert call(node, "DELETE", f"{base}/backlogQuota")[0] == 204
+    assert list(ok(node, "GET", f"{base}/backlogQuotaMap")) == ["message_age"]
+
+
+def test_inactive_topics_deleted(node: StandaloneProcess, pc: pulsar.Client) -> None:
+    assert call(node, "PUT", "/namespaces/public/idle")[0] == 204
+    base = "/namespaces/public/idle"
+    for name in ("gone", "kept"):
+        producer = pc.create_producer(f"persistent://public/idle/{name}")
+        producer.send(b"x")
+        producer.close()
+    consumer = pc.subscribe("persistent://public/idle/kept", "reading")  # a client: active
+    policy = {
+        "inactiveTopicDeleteMode": "delete_when_no_subscriptions",
+        "maxInactiveDurationSeconds": 1,
+        "deleteWhileInactive": True,
+    }
+    assert call(node, "POST", f"{base}/inactiveTopicPolicies", {**policy, "x": 1})[0] == 204
+    assert ok(node, "GET", f"{base}/inactiveTopicPolicies") == policy
+    time.sleep(1.2)
+
+    def deleted() -> bool:
+        call(node, "POST", f"{base}/inactiveTopicPolicies", policy)  # a policy round now
+        return ok(node, "GET", f"{base}/topics") == ["persistent://public/idle/kept"]
+
+    eventually(deleted, "the idle topic deleted, the one with a consumer kept")
+    consumer.close()

@@ -74,3 +74,22 @@ def test_namespace_limit_verbs() -> None:
         "POST", "namespaces/t/n/maxUnackedMessagesPerConsumer", 0,
     )  # fmt: skip
     assert _call("namespaces", "remove-max-consumers-per-topic", "t/n")[0] == "DELETE"
+
+
+def test_backlog_quota_and_inactive_topic_verbs() -> None:
+    assert _call(
+        "namespaces", "set-backlog-quota", "t/n", "--limitSize", "1G", "-p",
+        "consumer_backlog_eviction",
+    ) == (
+        "POST",
+        "namespaces/t/n/backlogQuota?backlogQuotaType=destination_storage",
+        {"limitSize": 1 << 30, "limitTime": -1, "policy": "consumer_backlog_eviction"},
+    )  # fmt: skip
+    assert _call(
+        "namespaces", "set-inactive-topic-policies", "t/n", "-e", "-t", "1h", "-m",
+        "delete_when_no_subscriptions",
+    )[2] == {
+        "inactiveTopicDeleteMode": "delete_when_no_subscriptions",
+        "maxInactiveDurationSeconds": 3600,
+        "deleteWhileInactive": True,
+    }  # fmt: skip

@@ -11,7 +11,10 @@
 - ``GET|POST|DELETE /admin/v2/namespaces/{tenant}/{namespace}/{policy}`` one policy, for
   ``retention``, ``messageTTL``, ``deduplication``, ``autoTopicCreation``,
   ``maxProducersPerTopic``, ``maxConsumersPerTopic``, ``maxConsumersPerSubscription``,
-  ``maxUnackedMessagesPerConsumer``, ``maxUnackedMessagesPerSubscription`` (see ``policies``)
+  ``maxUnackedMessagesPerConsumer``, ``maxUnackedMessagesPerSubscription``,
+  ``inactiveTopicPolicies`` (see ``policies``)
+- ``POST|DELETE .../backlogQuota?backlogQuotaType=destination_storage|message_age`` (body:
+  ``{"limitSize", "limitTime", "policy"}``), ``GET .../backlogQuotaMap``
 """
 
 from __future__ import annotations
@@ -54,6 +57,10 @@ POLICY_FIELDS: dict[str, tuple[str, Callable[[Any, TopicSettings], Any]]] = {
             ("maxUnackedMessagesPerSubscription", "max_unacked_messages_per_subscription"),
         )
     },
+    "inactiveTopicPolicies": (
+        "inactive_topic_policies",
+        lambda v, _: policies.check_inactive_topics(v),
+    ),
     "autoTopicCreation": (
         "autoTopicCreationOverride",
         lambda v, limits: policies.check_auto_topic_creation(
@@ -155,6 +162,34 @@ def add_namespace_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None
     @routes.get("/admin/v2/namespaces/{tenant}/{namespace}")
     async def get_policies(request: web.Request) -> web.Response:
         return web.json_response(policies.full_document(await _policy_document(broker, request)))
+
+    @routes.get("/admin/v2/namespaces/{tenant}/{namespace}/backlogQuotaMap")
+    async def backlog_quota_map(request: web.Request) -> web.Response:
+        document = await _policy_document(broker, request)
+        return web.json_response(document.get("backlog_quota_map") or {})
+
+    @routes.post("/admin/v2/namespaces/{tenant}/{namespace}/backlogQuota")
+    @routes.delete("/admin/v2/namespaces/{tenant}/{namespace}/backlogQuota")
+    async def backlog_quota(request: web.Request) -> web.Response:
+        namespace = requests.namespace(request)
+        kind = request.query.get("backlogQuotaType", "destination_storage")
+        if kind not in policies.QUOTA_TYPES:
+            raise AdminError(
+                412, f"backlogQuotaType must be one of {', '.join(policies.QUOTA_TYPES)}"
+            )
+        key = f"{NAMESPACES_PATH}/{namespace}"
+        found = await _policy_document(broker, request)
+        quotas = dict(found.get("backlog_quota_map") or {})
+        if request.method == "POST":
+            try:
+                quotas[kind] = policies.check_backlog_quota(await requests.json_body(request))
+            except PolicyError as e:
+                raise AdminError(400, f"backlogQuota: {e}") from None
+        else:
+            quotas.pop(kind, None)
+        await _update_policies(broker, key, "backlog_quota_map", quotas or None)
+        broker.policies_changed()
+        return web.Response(status=204)
 
     @routes.get("/admin/v2/namespaces/{tenant}/{namespace}/{policy}")
     async def get_policy(request: web.Request) -> web.Response:

@@ -12,6 +12,9 @@ A namespace's policies are the JSON document at its key in the metadata store
 - ``max_producers_per_topic``, ``max_consumers_per_topic``, ``max_consumers_per_subscription``:
   N (0 or absent: no limit), ``max_unacked_messages_per_consumer``,
   ``max_unacked_messages_per_subscription``: N (absent: the broker's setting; 0: no bound)
+- ``backlog_quota_map``: ``{"destination_storage"|"message_age": {"limitSize": bytes,
+  "limitTime": seconds, "policy": ...}}``; ``inactive_topic_policies``:
+  ``{"inactiveTopicDeleteMode", "maxInactiveDurationSeconds", "deleteWhileInactive"}``
 - ``auth_policies``: the namespace's grants, ``{"namespace_auth": {role: [action]},
   "destination_auth": {topic: {role: [action]}}, "subscription_auth_roles": {sub: [role]}}``
   (read and written by ``authorization``; ``effective`` leaves it alone, and every writer of
@@ -115,6 +118,100 @@ class Policies:
     deduplication: bool
     auto_topic_creation: AutoTopicCreation
     limits: TopicLimits = field(default_factory=lambda: TopicLimits())
+    backlog_quota: BacklogQuota | None = None
+    inactive_topics: InactiveTopics | None = None
+
+
+#: Pulsar's RetentionPolicy names of a backlog quota.
+QUOTA_POLICIES = ("producer_request_hold", "producer_exception", "consumer_backlog_eviction")
+#: Pulsar's BacklogQuotaType names (the quota map's keys).
+QUOTA_TYPES = ("destination_storage", "message_age")
+INACTIVE_MODES = ("delete_when_no_subscriptions", "delete_when_subscriptions_caught_up")
+
+
+@dataclass(frozen=True, slots=True)
+class BacklogQuota:
+    """What a subscription may leave unacknowledged (Pulsar's BacklogQuota): ``limit_size``
+    bytes (destination_storage) and messages ``limit_time`` seconds old (message_age); -1: no
+    limit. Only ``consumer_backlog_eviction`` is enforced here: the slowest subscriptions lose
+    their oldest messages."""
+
+    limit_size: int = -1
+    limit_time: int = -1
+    policy: str = "producer_request_hold"
+
+
+@dataclass(frozen=True, slots=True)
+class InactiveTopics:
+    """Pulsar's InactiveTopicPolicies: a topic with no producer and no consumer for
+    ``max_inactive_seconds`` (and no subscription, or every subscription caught up, by
+    ``mode``) is deleted when ``delete_while_inactive``."""
+
+    mode: str
+    max_inactive_seconds: int
+    delete_while_inactive: bool
+
+
+def check_backlog_quota(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise PolicyError('expected {"limitSize": bytes, "limitTime": seconds, "policy": ...}')
+    result: dict[str, Any] = {}
+    for key in ("limitSize", "limitTime"):
+        number = value.get(key, -1)
+        if not isinstance(number, int) or isinstance(number, bool) or number < -1:
+            raise PolicyError(f"{key} must be a number, -1 (no limit) or more; got {number!r}")
+        result[key] = number
+    policy = value.get("policy", "producer_request_hold")
+    if policy not in QUOTA_POLICIES:
+        raise PolicyError(f"policy must be one of {', '.join(QUOTA_POLICIES)}; got {policy!r}")
+    result["policy"] = policy
+    return result
+
+
+def check_inactive_topics(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise PolicyError(
+            'expected {"inactiveTopicDeleteMode": ..., "maxInactiveDurationSeconds": N, '
+            '"deleteWhileInactive": true|false}'
+        )
+    mode = value.get("inactiveTopicDeleteMode", "delete_when_no_subscriptions")
+    if mode not in INACTIVE_MODES:
+        raise PolicyError(f"inactiveTopicDeleteMode must be one of {', '.join(INACTIVE_MODES)}")
+    seconds = value.get("maxInactiveDurationSeconds", 60)
+    if not isinstance(seconds, int) or isinstance(seconds, bool) or seconds < 1:
+        raise PolicyError(f"maxInactiveDurationSeconds must be 1 or more, got {seconds!r}")
+    delete = value.get("deleteWhileInactive", False)
+    if not isinstance(delete, bool):
+        raise PolicyError(f"deleteWhileInactive must be true or false, got {delete!r}")
+    return {
+        "inactiveTopicDeleteMode": mode,
+        "maxInactiveDurationSeconds": seconds,
+        "deleteWhileInactive": delete,
+    }
+
+
+def _backlog_quota(document: dict[str, Any]) -> BacklogQuota | None:
+    quotas = document.get("backlog_quota_map") or {}
+    size = quotas.get("destination_storage") or {}
+    age = quotas.get("message_age") or {}
+    if not size and not age:
+        return None
+    return BacklogQuota(
+        int(size.get("limitSize", -1)),
+        int(age.get("limitTime", size.get("limitTime", -1))),
+        str(size.get("policy") or age.get("policy") or "producer_request_hold"),
+    )
+
+
+def _inactive_topics(document: dict[str, Any]) -> InactiveTopics | None:
+    found = document.get("inactive_topic_policies")
+    if not isinstance(found, dict):
+        return None
+    return InactiveTopics(
+        str(found.get("inactiveTopicDeleteMode", "delete_when_no_subscriptions")),
+        int(found.get("maxInactiveDurationSeconds", 60)),
+        bool(found.get("deleteWhileInactive", False)),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +325,8 @@ def effective(document: dict[str, Any], defaults: TopicSettings) -> Policies:
                 if isinstance(document.get(key), int)
             }
         ),
+        backlog_quota=_backlog_quota(document),
+        inactive_topics=_inactive_topics(document),
     )
 
 

@@ -110,6 +110,8 @@ class NonPersistentTopic:
         self.producers = ProducerSet()
         self.deduplication = None  # not for a topic that stores nothing
         self.loaded_at = time.monotonic()
+        #: When a message was last published or a client last seen (inactive-topic deletion).
+        self.last_active = self.loaded_at
         #: Counters as PersistentTopic's (entries, bytes, messages in; messages, bytes out).
         self.msg_in = 0
         self.bytes_in = 0
@@ -136,6 +138,7 @@ class NonPersistentTopic:
         self.msg_in += 1
         self.bytes_in += len(stored)
         self.messages_in += count
+        self.last_active = time.monotonic()
         self.producers.count(producer_name, count, len(stored))
         for subscription in list(self.subscriptions.values()):
             subscription.deliver(position, stored, metadata, count)
@@ -175,6 +178,10 @@ class NonPersistentTopic:
         if self.subscriptions.get(name) is subscription:
             del self.subscriptions[name]
         await subscription.close()
+
+    def is_inactive(self, mode: str) -> bool:
+        """No producer and no consumer (a non-persistent subscription lives with its consumers)."""
+        return not len(self.producers) and not any(s.consumers for s in self.subscriptions.values())
 
     def apply_limits(self, limits: TopicLimits) -> None:
         """The namespace's limits on producers and consumers."""

@@ -16,7 +16,7 @@ from magnetar.broker.model.entry import entry_metadata, message_count
 from magnetar.broker.model.message_id import LATEST, from_wire, to_wire
 from magnetar.broker.model.position import Position
 from magnetar.broker.model.topic_name import TopicName
-from magnetar.broker.namespace.policies import Policies, TopicLimits
+from magnetar.broker.namespace.policies import BacklogQuota, Policies, TopicLimits
 from magnetar.broker.topics.consumer import Consumer
 from magnetar.broker.topics.deduplication import Deduplication, DuplicateStatus
 from magnetar.broker.topics.dispatch_limits import DispatchLimits
@@ -73,6 +73,8 @@ class PersistentTopic:
         self.producers = ProducerSet()
         self.producers.topic_epoch = int(ml.properties.get(TOPIC_EPOCH_PROPERTY, "0"))
         self.loaded_at = time.monotonic()
+        #: When a message was last published or a client last seen (inactive-topic deletion).
+        self.last_active = self.loaded_at
         #: Plain counters since the topic was loaded (metrics and load reports take rates from
         #: their deltas): entries and bytes stored, messages stored (a batch counts each of its
         #: messages), messages and bytes dispatched to consumers (redeliveries included).
@@ -122,6 +124,7 @@ class PersistentTopic:
                 return done
         future = self.ml.add_entry_async(stored)
         self._last_publish = future
+        self.last_active = time.monotonic()
         self.msg_in += 1
         self.bytes_in += len(stored)
         count = message_count(stored) if messages is None else messages
@@ -315,8 +318,49 @@ class PersistentTopic:
                             subscription.name,
                             policies.message_ttl_seconds,
                         )
+        if policies.backlog_quota is not None:
+            await self.evict_backlog(policies.backlog_quota)
         retention = policies.retention
         await self.ml.trim_retained(retention.time_minutes, retention.size_mb)
+
+    async def evict_backlog(self, quota: BacklogQuota) -> None:
+        """Pulsar's consumer_backlog_eviction: a subscription over the quota loses its oldest
+        messages, by age (``limit_time``) and then by size (``limit_size``, the backlog's bytes
+        estimated at the topic's average entry size). Other quota policies act on producers and
+        are not enforced here."""
+        if quota.policy != "consumer_backlog_eviction":
+            return
+        entry_size = (
+            self.ml.total_size / self.ml.number_of_entries if self.ml.number_of_entries else 0
+        )
+        for subscription in list(self.subscriptions.values()):
+            if not subscription.durable:
+                continue
+            evicted = 0
+            if quota.limit_time >= 0:
+                cutoff_ms = int(time.time() * 1000) - quota.limit_time * 1000
+                evicted += await subscription.expire_before(cutoff_ms)
+            if quota.limit_size >= 0 and entry_size > 0:
+                excess = subscription.cursor.backlog - int(quota.limit_size // entry_size)
+                if excess > 0:
+                    evicted += subscription.skip(excess)
+            if evicted:
+                log.info(
+                    "topic %s: %d entries evicted from subscription %s (backlog quota %s)",
+                    self.name,
+                    evicted,
+                    subscription.name,
+                    quota,
+                )
+
+    def is_inactive(self, mode: str) -> bool:
+        """No producer, no consumer, and (by Pulsar's InactiveTopicDeleteMode) no subscription
+        or every subscription caught up."""
+        if len(self.producers) or any(s.consumers for s in self.subscriptions.values()):
+            return False
+        if mode == "delete_when_no_subscriptions":
+            return not self.subscriptions
+        return all(s.cursor.backlog == 0 for s in self.subscriptions.values())
 
     async def create_subscription(self, name: str, start: pb.MessageIdData | None) -> None:
         """Admin ``PUT .../subscription/{name}``: a durable subscription with no consumer,

@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
 from magnetar.broker.cluster.bundles import BundleRange, topic_hash
 from magnetar.broker.config import BrokerConfig
-from magnetar.broker.errors import TopicNotFoundError
+from magnetar.broker.errors import TopicBusyError, TopicNotFoundError
 from magnetar.broker.ledger.ledger_info import ManagedLedgerConfig
 from magnetar.broker.ledger.managed_ledger import ManagedLedger
 from magnetar.broker.model.keys import MANAGED_LEDGERS_PATH, decode_name, managed_ledger_key
 from magnetar.broker.model.topic_name import TopicName
 from magnetar.broker.namespace.policies import (
+    InactiveTopics,
     PartitionCountError,
     PartitionedMetadataError,
     PartitionedTopicRecord,
@@ -375,8 +377,33 @@ class TopicService:
                 continue
             try:
                 await topic.apply_policies(policies)
+                if policies.inactive_topics is not None:
+                    await self._delete_if_inactive(topic, policies.inactive_topics)
             except Exception as e:
                 log.warning("topic %s: policies not applied: %s", topic.name, e)
+
+    async def _delete_if_inactive(self, topic: Topic, inactive: InactiveTopics) -> None:
+        """Pulsar's inactive-topic deletion: a non-partitioned topic inactive (``is_inactive``)
+        with nothing published for ``max_inactive_seconds`` is deleted (its data too). Activity
+        is seen by publishes and by this check finding clients."""
+        now = time.monotonic()
+        if not topic.is_inactive(inactive.mode):
+            topic.last_active = now
+            return
+        if not inactive.delete_while_inactive or topic.name.partition_index >= 0:
+            return
+        if now - topic.last_active < inactive.max_inactive_seconds:
+            return
+        try:
+            await self.delete_topic(topic.name, force=False)
+        except TopicBusyError:
+            return  # a client came meanwhile
+        log.info(
+            "topic %s deleted: inactive for %d s (%s)",
+            topic.name,
+            inactive.max_inactive_seconds,
+            inactive.mode,
+        )
 
     # -- what clients and the admin API are told -------------------------------------------------
 
