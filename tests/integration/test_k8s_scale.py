@@ -126,7 +126,7 @@ def bk(runner: PodRunner, pod_name: str, *args: str) -> subprocess.CompletedProc
     pod = runner.pods[pod_name]
     return subprocess.run(
         [*ENTRYPOINT, "bk", *args],
-        env=runner._process_env(pod),
+        env=runner.process_env(pod),
         capture_output=True,
         text=True,
         timeout=120,
@@ -182,8 +182,11 @@ def test_scale_bookies_and_brokers_from_the_manifests(runner: PodRunner) -> None
             probe.send(b"x")
 
         def on_new_bookie() -> bool:
-            # Each new topic opens a ledger; writers choose among all writable bookies.
-            with closing(client.create_producer(f"k8s-new-{time.monotonic_ns()}")) as p:
+            # Each new topic opens a ledger; writers choose among all writable bookies. The
+            # subscription keeps the topic (and its ledger) from being deleted as inactive.
+            topic = f"k8s-new-{time.monotonic_ns()}"
+            client.subscribe(topic, "keep").close()
+            with closing(client.create_producer(topic)) as p:
                 p.send(b"x")
             return any(
                 new_address in f.bookies
@@ -235,6 +238,13 @@ def test_scale_bookies_and_brokers_from_the_manifests(runner: PodRunner) -> None
         # A bookie that is not leaving (a restart, an upgrade) passes its preStop at once.
         restart = bk(runner, "bookie-0", "prestop", "--timeout", "5")
         assert restart.returncode == 0 and "not being decommissioned" in restart.stdout, restart
+        on_leaving = [
+            i
+            for i, m in store.ledgers().items()
+            if any(new_address in f.bookies for f in m.fragments)
+        ]
+        assert on_leaving, "the leaving bookie holds ledgers: the decommission has work to do"
+        figures["bookies 4->3: ledgers copied off the leaving bookie"] = len(on_leaving)
         marked = bk(runner, "bookie-0", "decommissionbookie", new_address, "--no-wait")
         assert marked.returncode == 0, marked
         runner.scale("StatefulSet", "bookie", 3)

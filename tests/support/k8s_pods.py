@@ -1,6 +1,6 @@
 """Pods of rendered manifests run as local processes, the way the kubelet would run them.
 
-Each pod gets its own loopback address (127.31.0.N) standing in for its pod IP, so every pod
+Each pod gets its own loopback address (127.A.B.N, A.B drawn per run) standing in for its pod IP, so every pod
 listens on the very ports its manifest names. A container runs exactly its manifest's command
 and arguments (the image's entrypoint ``magnetar`` when it has no ``command``) with exactly its
 environment: ``envFrom`` ConfigMaps, then ``env`` with the downward API (pod name, namespace,
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import random
 import re
 import shutil
 import signal
@@ -30,8 +31,6 @@ from typing import Any
 from tests.support.etcd import find_etcd
 from tests.support.k8s import Manifests
 
-#: Pod IPs: a loopback /24 of our own, so fixed ports never meet another test's.
-POD_NETWORK = "127.31.0."
 #: The image's ENTRYPOINT (the Dockerfile's), as a local command.
 ENTRYPOINT = [sys.executable, "-m", "magnetar"]
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
@@ -95,6 +94,9 @@ class PodRunner:
             o["metadata"]["namespace"] for o in manifests.objects if "namespace" in o["metadata"]
         )
         self.pods: dict[str, Pod] = {}
+        # A loopback /24 of this run's own: the manifests' fixed ports meet no other test's,
+        # nor another run of this one.
+        self.pod_network = f"127.{random.randint(32, 250)}.{random.randint(0, 255)}."
         self._ips: dict[str, str] = {}
         self._next_ip = itertools.count(2)
         self._deployment_pods = itertools.count()
@@ -103,7 +105,7 @@ class PodRunner:
 
     def ip_of(self, pod_name: str) -> str:
         if pod_name not in self._ips:
-            self._ips[pod_name] = f"{POD_NETWORK}{next(self._next_ip)}"
+            self._ips[pod_name] = f"{self.pod_network}{next(self._next_ip)}"
         return self._ips[pod_name]
 
     def _dns(self) -> list[tuple[str, str]]:
@@ -166,7 +168,7 @@ class PodRunner:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         return Pod(name, workload, ip, env, argv, log_path)
 
-    def _process_env(self, pod: Pod) -> dict[str, str]:
+    def process_env(self, pod: Pod) -> dict[str, str]:
         # The container's environment only, plus what a local Python needs to run.
         base = {
             k: v
@@ -179,7 +181,7 @@ class PodRunner:
         with open(pod.log_path, "ab") as log:
             pod.process = subprocess.Popen(
                 pod.argv,
-                env=self._process_env(pod),
+                env=self.process_env(pod),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.base_dir,
@@ -255,7 +257,7 @@ class PodRunner:
                 log.flush()
                 hook_done = subprocess.run(
                     command,
-                    env=self._process_env(pod),
+                    env=self.process_env(pod),
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     timeout=grace,
