@@ -29,7 +29,14 @@ def render(overlay: str) -> tuple[dict[str, Any], ...]:
         timeout=60,
         check=False,
     )
-    assert done.returncode == 0, f"kubectl kustomize {overlay}: {done.stderr}"
+    if done.returncode != 0:
+        version = subprocess.run(
+            ["kubectl", "version", "--client"], capture_output=True, text=True, check=False
+        ).stdout
+        raise AssertionError(
+            f"kubectl kustomize {overlay}: {done.stderr}\n{version}(the manifests need the "
+            "kustomize of kubectl 1.27 or later: `replicas`, `labels`, `patches`)"
+        )
     return tuple(doc for doc in yaml.safe_load_all(done.stdout) if doc)
 
 
