@@ -20,11 +20,16 @@ the same Spark session and on the same backlog:
   read back and counted (a check).
 
 Each line gives the standalone's CPU during that step (its broker and its bookie are one
-process) and the 1-minute load average at its end. A Spark session is started (and warmed
+process) and the 1-minute load average at its end. With ``--cluster`` the same steps run
+against etcd, one bookie and one broker in their own processes (``tests.support.cluster``;
+journal fsync on, ledgers on the one bookie), and each line gives the broker's and the
+bookie's CPU apart: what a storage read leaves to the broker. Every step after the backlog
+is run ``--rounds`` times, the paths in turn (a machine shared with other work moves single
+figures by 2x), and the medians and their ratios are printed at the end. A Spark session is started (and warmed
 with a small read) before anything is timed, so the figures do not include the JVM start.
 The numbers are printed; nothing is asserted.
 
-    python bench/spark_bench.py [--messages 1000000] [--partitions 4]
+    python bench/spark_bench.py [--messages 1000000] [--partitions 4] [--rounds 3] [--cluster]
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import json
 import logging
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -105,10 +111,9 @@ class Standalone:
             text = answer.read()
         return json.loads(text) if text else None
 
-    def cpu_seconds(self) -> float:
-        """CPU time of the standalone process (user + system) from /proc."""
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU time of the standalone process (user + system)."""
+        return {"standalone": process_cpu_seconds(self.process.pid)}
 
     def close(self) -> None:
         self.process.terminate()
@@ -119,23 +124,73 @@ class Standalone:
             self.process.wait(10)
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """CPU time of a process (user + system) from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Cluster:
+    """etcd, one bookie and one broker, each its own process (``--cluster``)."""
+
+    def __init__(self, workdir: Path) -> None:
+        from tests.support.cluster import MagnetarCluster
+
+        self.cluster = MagnetarCluster(
+            workdir,
+            bookies=1,
+            brokers=1,
+            broker_settings={
+                "ensemble_size": 1,
+                "write_quorum": 1,
+                "ack_quorum": 1,
+                "default_retention_time_minutes": -1,
+                "default_retention_size_mb": -1,
+            },
+            bookie_settings={"journal_sync": True},
+        )
+        self.cluster.start()
+        self.cluster.create_namespace("public", "default")
+        broker = self.cluster.brokers[0]
+        self.url = broker.url
+        self.admin_url = f"http://127.0.0.1:{broker.http_port}"
+        self.metadata_url = self.cluster.url
+
+    def admin(self, method: str, path: str, body: object = None) -> object:
+        return self.cluster.admin_json(method, f"/admin/v2/{path}", body)
+
+    def cpu_seconds(self) -> dict[str, float]:
+        broker, bookie = self.cluster.brokers[0], self.cluster.bookies[0]
+        assert broker.pid is not None and bookie.process is not None
+        return {
+            "broker": process_cpu_seconds(broker.pid),
+            "bookie": process_cpu_seconds(bookie.process.pid),
+        }
+
+    def close(self) -> None:
+        self.cluster.close()
+
+
 @contextmanager
-def timed(what: str, rows: int, standalone: Standalone) -> Iterator[dict[str, float]]:
-    """Prints ``what``: rows, seconds, rows/s, the standalone's CPU and the load average."""
+def timed(what: str, rows: int, node: Standalone | Cluster) -> Iterator[dict[str, float]]:
+    """Prints ``what``: rows, seconds, rows/s, the CPU of the node's processes, the load."""
     out: dict[str, float] = {}
-    cpu, start = standalone.cpu_seconds(), time.monotonic()
+    cpu, start = node.cpu_seconds(), time.monotonic()
     yield out
     seconds = time.monotonic() - start
     counted = int(out.get("rows", rows))
+    used = "".join(
+        f"   {name} CPU {spent - cpu[name]:5.1f} s" for name, spent in node.cpu_seconds().items()
+    )
+    out["rate"] = counted / seconds
     print(
         f"{what:<34} {counted:>10,} rows in {seconds:7.1f} s = {counted / seconds:>9,.0f} rows/s"
-        f"   standalone CPU {standalone.cpu_seconds() - cpu:6.1f} s"
-        f"   load {os.getloadavg()[0]:.1f}",
+        f"{used}   load {os.getloadavg()[0]:.1f}",
         flush=True,
     )
 
 
-def produce_backlog(standalone: Standalone, topic: str, messages: int) -> None:
+def produce_backlog(standalone: Standalone | Cluster, topic: str, messages: int) -> None:
     quiet = logging.getLogger("pulsar-client")
     quiet.setLevel(logging.WARNING)
     client = pulsar.Client(standalone.url, operation_timeout_seconds=60, logger=quiet)
@@ -181,14 +236,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3, help="times every step is run")
+    parser.add_argument(
+        "--cluster", action="store_true", help="etcd, a bookie and a broker as separate processes"
+    )
     args = parser.parse_args()
     n, partitions = args.messages, args.partitions
 
     with tempfile.TemporaryDirectory(prefix="spark-bench-") as tmp:
         workdir = Path(tmp)
-        standalone = Standalone(workdir)
+        standalone = Cluster(workdir) if args.cluster else Standalone(workdir)
         try:
             print(
+                f"{'cluster' if args.cluster else 'standalone'}: "
                 f"{n:,} messages of {PAYLOAD_BYTES} bytes, {partitions} partitions, Spark "
                 f"local[2], {os.cpu_count()} CPUs, load average at start "
                 f"{os.getloadavg()[0]:.1f}",
@@ -217,55 +277,78 @@ def main() -> None:
                 ("batch read, broker, Arrow", {"readFromStorage": "never"}),
                 ("batch read, storage, Arrow", {**storage, "readFromStorage": "always"}),
             )
-            for what, extra in reads:
-                with timed(what, n, standalone) as out:
-                    out["rows"] = (
-                        spark.read.format("pulsar")
-                        .options(**options, **extra)
-                        .option("topic", source)
-                        .load()
-                        .count()
-                    )
-
-            with timed("streaming, AvailableNow, storage", n, standalone) as out:
-                query = (
-                    spark.readStream.format("pulsar")
-                    .options(**options, **storage)
-                    .option("topic", source)
-                    .option("startingOffsets", "earliest")
-                    .load()
-                    .writeStream.format("noop")
-                    .option("checkpointLocation", str(workdir / "checkpoint"))
-                    .trigger(availableNow=True)
-                    .start()
-                )
-                query.awaitTermination()
-                out["rows"] = sum(p["numInputRows"] for p in query.recentProgress)
-
             value = f"rpad(format_string('%012d', id), {PAYLOAD_BYTES}, '.')"
             rows = spark.range(0, n, 1, partitions).selectExpr(f"CAST({value} AS BINARY) AS value")
-            for arrow, target in (("false", "bench-written-rows"), ("true", "bench-written-arrow")):
-                standalone.admin(
-                    "PUT", f"persistent/public/default/{target}/partitions", partitions
-                )
-                writer = (
-                    rows.write.format("pulsar")
-                    .option("service.url", standalone.url)
-                    .option("topic", f"persistent://public/default/{target}")
-                    .option("arrow", arrow)
-                    .mode("append")
-                )
-                kind = "Arrow" if arrow == "true" else "rows"
-                with timed(f"sink, df.write, {kind}", n, standalone):
-                    writer.save()
-                with timed(f"  check: read of {target}", n, standalone) as out:
-                    out["rows"] = (
+            rates: dict[str, list[float]] = {}
+            for round_ in range(args.rounds):
+                print(f"-- round {round_ + 1} of {args.rounds}", flush=True)
+                for what, extra in reads:
+                    with timed(what, n, standalone) as out:
+                        out["rows"] = (
+                            spark.read.format("pulsar")
+                            .options(**options, **extra)
+                            .option("topic", source)
+                            .load()
+                            .count()
+                        )
+                    rates.setdefault(what, []).append(out["rate"])
+
+                what = "streaming, AvailableNow, storage"
+                with timed(what, n, standalone) as out:
+                    query = (
+                        spark.readStream.format("pulsar")
+                        .options(**options, **storage)
+                        .option("topic", source)
+                        .option("startingOffsets", "earliest")
+                        .load()
+                        .writeStream.format("noop")
+                        .option("checkpointLocation", str(workdir / f"checkpoint-{round_}"))
+                        .trigger(availableNow=True)
+                        .start()
+                    )
+                    query.awaitTermination()
+                    out["rows"] = sum(p["numInputRows"] for p in query.recentProgress)
+                rates.setdefault(what, []).append(out["rate"])
+
+                for arrow in ("false", "true"):
+                    kind = "Arrow" if arrow == "true" else "rows"
+                    target = f"bench-written-{kind.lower()}-{round_}"
+                    standalone.admin(
+                        "PUT", f"persistent/public/default/{target}/partitions", partitions
+                    )
+                    writer = (
+                        rows.write.format("pulsar")
+                        .option("service.url", standalone.url)
+                        .option("topic", f"persistent://public/default/{target}")
+                        .option("arrow", arrow)
+                        .mode("append")
+                    )
+                    what = f"sink, df.write, {kind}"
+                    with timed(what, n, standalone) as out:
+                        writer.save()
+                    rates.setdefault(what, []).append(out["rate"])
+                    written = (
                         spark.read.format("pulsar")
                         .options(**options)
                         .option("topic", target)
                         .load()
                         .count()
                     )
+                    if written != n:
+                        print(f"   check: {target} holds {written:,} messages, not {n:,}")
+
+            print(f"-- median of {args.rounds} rounds", flush=True)
+            medians = {what: statistics.median(found) for what, found in rates.items()}
+            for what, rate in medians.items():
+                print(f"{what:<34} {rate:>10,.0f} rows/s", flush=True)
+            base_read = medians["batch read, broker, tuples"]
+            base_sink = medians["sink, df.write, rows"]
+            for what in ("batch read, broker, Arrow", "batch read, storage, Arrow"):
+                print(f"{what:<34} {medians[what] / base_read:>9.1f}x the broker with tuples")
+            print(
+                f"{'sink, df.write, Arrow':<34} "
+                f"{medians['sink, df.write, Arrow'] / base_sink:>9.1f}x the row sink"
+            )
             spark.stop()
         finally:
             standalone.close()
