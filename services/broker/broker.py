@@ -39,7 +39,7 @@ from magnetar.common.auth.settings import names
 from magnetar.common.cluster.broker_info import BrokerInfo
 from magnetar.common.ledger.client import LedgerClient
 from magnetar.common.metadata import MetadataStore, open_store
-from magnetar.common.net import AddressInUseError, listen_error
+from magnetar.common.net import listen_binary, listen_http
 from magnetar.common.tls import ServerTls
 
 log = logging.getLogger(__name__)
@@ -216,37 +216,24 @@ class Broker:
     async def _listen_http(self, setting: str, port: int, tls: ServerTls | None) -> int:
         """Serve the admin app on ``port`` (HTTPS with ``tls``); the port bound."""
         assert self._http is not None
-        host = self.config.bind_address
-        # reuse_port off: a port another process listens on must fail the bind, not be shared.
-        site = web.TCPSite(
-            self._http,
-            host,
-            port,
-            reuse_port=False,
-            ssl_context=tls.context if tls else None,
+        context = tls.context if tls else None
+        site, bound = await listen_http(
+            self._http, self.config.bind_address, port, setting, context
         )
-        try:
-            await site.start()
-        except OSError as e:
-            raise AddressInUseError(listen_error(setting, host, port, e)) from None
         self._sites.append(site)
-        return site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr,no-any-return]
+        return bound
 
     async def _listen_binary(self, setting: str, port: int, tls: ServerTls | None) -> int:
         """Serve the Pulsar protocol on ``port`` (over TLS with ``tls``); the port bound."""
-        host = self.config.bind_address
-        try:
-            server = await asyncio.get_running_loop().create_server(
-                lambda: ServerConnection(self),
-                host,
-                port,
-                reuse_port=False,
-                ssl=tls.context if tls else None,
-            )
-        except OSError as e:
-            raise AddressInUseError(listen_error(setting, host, port, e)) from None
+        server, bound = await listen_binary(
+            lambda: ServerConnection(self),
+            self.config.bind_address,
+            port,
+            setting,
+            tls.context if tls else None,
+        )
         self._servers.append(server)
-        return server.sockets[0].getsockname()[1]  # type: ignore[no-any-return]
+        return bound
 
     async def _check_credentials(self) -> None:
         """Every ``authentication_refresh_check_seconds``: connections whose credentials

@@ -17,7 +17,7 @@ from magnetar.common.auth.service import AuthenticationService
 from magnetar.common.cluster.broker_info import BrokerInfo
 from magnetar.common.config import ConfigError
 from magnetar.common.metadata import MetadataStore, open_store
-from magnetar.common.net import AddressInUseError, listen_error
+from magnetar.common.net import listen_binary, listen_http
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
 from magnetar.common.tls import ServerTls, client_context
@@ -188,31 +188,23 @@ class Proxy:
 
     async def _listen_http(self, setting: str, port: int, tls: ServerTls | None) -> int:
         assert self._http is not None
-        host = self.config.bind_address
-        site = web.TCPSite(
-            self._http, host, port, reuse_port=False, ssl_context=tls.context if tls else None
+        context = tls.context if tls else None
+        site, bound = await listen_http(
+            self._http, self.config.bind_address, port, setting, context
         )
-        try:
-            await site.start()
-        except OSError as e:
-            raise AddressInUseError(listen_error(setting, host, port, e)) from None
         self._sites.append(site)
-        return site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr,no-any-return]
+        return bound
 
     async def _listen_binary(self, setting: str, port: int, tls: ServerTls | None) -> int:
-        host = self.config.bind_address
-        try:
-            server = await asyncio.get_running_loop().create_server(
-                lambda: ProxyConnection(self),
-                host,
-                port,
-                reuse_port=False,
-                ssl=tls.context if tls else None,
-            )
-        except OSError as e:
-            raise AddressInUseError(listen_error(setting, host, port, e)) from None
+        server, bound = await listen_binary(
+            lambda: ProxyConnection(self),
+            self.config.bind_address,
+            port,
+            setting,
+            tls.context if tls else None,
+        )
         self._servers.append(server)
-        return server.sockets[0].getsockname()[1]  # type: ignore[no-any-return]
+        return bound
 
     # -- connections ------------------------------------------------------------------------------
 
