@@ -324,9 +324,12 @@ class ProxyConnection(FrameConnection):
             return
         flags = pb.FeatureFlags()
         flags.CopyFrom(body.feature_flags)
-        # The broker must not challenge the proxy's connection for the client's credentials:
-        # expired client credentials close the relay instead (Proxy.check_credentials).
-        flags.supports_auth_refresh = False
+        if not proxy.config.forward_authorization_credentials:
+            # The broker holds only the proxy's credentials, which the client cannot refresh:
+            # expired client credentials close the relay instead (Proxy._check_credentials).
+            # With the client's credentials forwarded, the broker challenges the client
+            # through the relay (its flag kept) and checks the answer itself.
+            flags.supports_auth_refresh = False
         base = pb.CommandConnect(
             client_version=body.client_version or SERVER_VERSION,
             protocol_version=body.protocol_version,

@@ -305,8 +305,9 @@ class Proxy:
 
     async def _check_credentials(self) -> None:
         """Every ``authentication_refresh_check_seconds``: client connections whose credentials
-        expired are closed; the client connects again with fresh ones. (The proxy does not
-        challenge: the broker on a relay sees the proxy's credentials, not the client's.)"""
+        expired are closed; the client connects again with fresh ones. A relay that forwarded
+        the client's credentials is left to the broker, which checks those and challenges the
+        client through the relay."""
         while True:
             await asyncio.sleep(self.config.authentication_refresh_check_seconds)
             now = time.time()
@@ -314,6 +315,12 @@ class Proxy:
                 expires_at = connection.identity.expires_at
                 if expires_at is None or now < expires_at:
                     continue
+                relayed_with_credentials = (
+                    connection.phase is Phase.RELAYING
+                    and self.config.forward_authorization_credentials
+                )
+                if relayed_with_credentials:
+                    continue  # the broker challenges the client through the relay
                 if connection.phase in (Phase.LOOKUP, Phase.RELAYING):
                     log.info(
                         "connection %s: credentials of %r expired; closing",

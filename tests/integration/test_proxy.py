@@ -134,6 +134,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         "broker_client_authentication_parameters": "token:"
         + jwt.encode({"sub": BROKER_ROLE}, secret, "HS256"),
         "broker_session_ttl_seconds": SESSION_TTL,
+        "authentication_refresh_check_seconds": 1,
     }
     pki = make_pki(base / "pki")
     broker_settings.update(
@@ -698,6 +699,45 @@ def test_tls_from_clients_to_the_proxy_and_from_the_proxy_to_brokers(
     for line in relayed:
         port = int(line.split("relaying to broker ")[1].split()[0].rsplit(":", 1)[1])
         assert port in deployment.broker_tls_ports, line
+
+
+def test_a_forwarded_token_is_refreshed_through_the_relay(deployment: Deployment) -> None:
+    """The TLS proxy forwards client credentials: the broker checks the client's token, and
+    when it expires challenges the client through the relay; a token supplier answers and
+    nothing is lost."""
+    made: list[str] = []
+
+    def supplier() -> str:
+        made.append(
+            jwt.encode({"sub": ALICE, "exp": int(time.time()) + 3}, deployment.secret, "HS256")
+        )
+        return made[-1]
+
+    client = pulsar.Client(
+        f"pulsar+ssl://127.0.0.1:{deployment.tls_port}",
+        authentication=pulsar.AuthenticationToken(supplier),
+        tls_trust_certs_file_path=str(deployment.pki.ca.certificate),
+        operation_timeout_seconds=30,
+    )
+    name = topic("forwarded-refresh")
+    try:
+        consumer = client.subscribe(name, "sub")
+        producer = client.create_producer(name, batching_enabled=False)
+        sent = 0
+        deadline = time.monotonic() + 8  # beyond two lifetimes of a token
+        while time.monotonic() < deadline:
+            producer.send(f"r-{sent}".encode())
+            sent += 1
+            time.sleep(0.1)
+        assert drain([consumer], sent) == [f"r-{n}" for n in range(sent)]
+    finally:
+        client.close()
+    refreshed = [
+        line
+        for broker in deployment.cluster.running_brokers()
+        for line in broker.log_lines(f"credentials of '{ALICE}' refreshed")
+    ]
+    assert refreshed, "no broker refreshed the forwarded credentials"
 
 
 # -- identity ----------------------------------------------------------------------------------

@@ -15,7 +15,10 @@ Credentials that expire (a token's ``exp``) are checked every
 ``authentication_refresh_check_seconds``: a client that announced ``supports_auth_refresh`` is
 sent AUTH_CHALLENGE with Pulsar's ``PulsarAuthRefresh`` data and answers with fresh credentials
 of the same role; one that cannot refresh, leaves a challenge unanswered until the next check,
-or answers with another role is disconnected.
+or answers with another role is disconnected. On a connection a proxy relays with the client's
+credentials forwarded, those are the ones checked and challenged: the proxy passes the
+challenge to the client and its answer back, undecoded, and the answer must name the same
+client.
 """
 
 from __future__ import annotations
@@ -43,7 +46,15 @@ REFRESH_CHALLENGE = b"PulsarAuthRefresh"
 class Identity:
     """The roles a connection acts as, once CONNECT is accepted."""
 
-    __slots__ = ("can_refresh", "challenged", "expires_at", "method", "original_principal", "role")
+    __slots__ = (
+        "can_refresh",
+        "challenged",
+        "expires_at",
+        "forwarded",
+        "method",
+        "original_principal",
+        "role",
+    )
 
     def __init__(self) -> None:
         #: None while authentication is off (every check passes).
@@ -53,6 +64,9 @@ class Identity:
         self.expires_at: float | None = None
         self.can_refresh = False
         self.challenged = False
+        #: The relayed client's own credentials were forwarded and checked: ``method`` and
+        #: ``expires_at`` are theirs, and refreshing them is the client's to answer.
+        self.forwarded = False
 
 
 def connect(conn: ServerConnection, body: pb.CommandConnect, frame: codec.Frame) -> None:
@@ -110,6 +124,10 @@ async def _original_principal(
             if principal is not None and principal != forwarded.role:
                 raise AuthenticationError("Invalid roles.")
             principal = forwarded.role
+            identity = conn.identity
+            identity.forwarded = True
+            identity.method = body.original_auth_method
+            identity.expires_at = forwarded.expires_at
         if principal is None or principal in proxy_roles:
             raise AuthenticationError("Invalid roles.")
         return principal
@@ -149,11 +167,12 @@ async def _check_response(conn: ServerConnection, body: pb.CommandAuthResponse) 
     except AuthenticationError as e:
         _refuse(conn, "refreshed credentials", str(e))
         return
-    if found.role != identity.role:
+    expected = identity.original_principal if identity.forwarded else identity.role
+    if found.role != expected:
         _refuse(conn, "refreshed credentials", "the refreshed credentials name another role")
         return
     identity.expires_at, identity.challenged = found.expires_at, False
-    log.info("connection %s: credentials of %r refreshed", conn.peer, identity.role)
+    log.info("connection %s: credentials of %r refreshed", conn.peer, expected)
 
 
 def check_expiry(conn: ServerConnection, now: float | None = None) -> None:
