@@ -354,6 +354,16 @@ def _inactive_topics(args: argparse.Namespace) -> tuple[str, str, Any]:
     return "POST", _policy("inactiveTopicPolicies")(args), body
 
 
+def _properties(args: argparse.Namespace) -> dict[str, str]:
+    found = {}
+    for item in args.property:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"not a property: {item!r} (key=value)")
+        found[key] = value
+    return found
+
+
 def _tenant_body(args: argparse.Namespace) -> dict[str, list[str]]:
     def names(text: str | None) -> list[str]:
         return [n for n in (text or "").split(",") if n]
@@ -405,6 +415,88 @@ def _limit_verbs() -> dict[str, Verb]:
             lambda a, path=path: ("DELETE", path(a), None),
             (),
             ("namespace",),
+        )
+    return verbs
+
+
+def _topic_policy_verbs() -> dict[str, Verb]:
+    """``topics set-|get-|remove-...`` for a topic's own policies, with pulsar-admin's flags."""
+    verbs: dict[str, Verb] = {}
+    numbers = (
+        ("max-producers", "maxProducers", ("-p", "--max-producers")),
+        ("max-consumers", "maxConsumers", ("-c", "--max-consumers")),
+        (
+            "max-consumers-per-subscription",
+            "maxConsumersPerSubscription",
+            ("-c", "--max-consumers-per-subscription"),
+        ),
+        (
+            "max-unacked-messages-on-consumer",
+            "maxUnackedMessagesOnConsumer",
+            ("-m", "--maxNum"),
+        ),
+        (
+            "max-unacked-messages-on-subscription",
+            "maxUnackedMessagesOnSubscription",
+            ("-m", "--maxNum"),
+        ),
+    )
+    for name, segment, flag in numbers:
+        dest = flag[1].removeprefix("--").replace("-", "_")
+        verbs[f"set-{name}"] = Verb(
+            f"the topic's own {name.replace('-', ' ')} (0: no limit)",
+            lambda a, s=segment, d=dest: ("POST", _topic(a, f"/{s}"), getattr(a, d)),
+            (_flag(*flag, dest=dest, type=int, required=True),),
+            ("topic",),
+        )
+    verbs["set-retention"] = Verb(
+        "the topic's own retention",
+        lambda a: (
+            "POST",
+            _topic(a, "/retention"),
+            {
+                "retentionTimeInMinutes": max(seconds(a.time) // 60, -1),
+                "retentionSizeInMB": max(size_bytes(a.size) // (1 << 20), -1),
+            },
+        ),
+        (
+            _flag("-s", "--size", required=True, help="e.g. 100M, 1G; -1: no limit"),
+            _flag("-t", "--time", required=True, help="e.g. 3h, 3d; -1: no limit"),
+        ),
+        ("topic",),
+    )
+    verbs["set-message-ttl"] = Verb(
+        "the topic's own message TTL",
+        lambda a: ("POST", _topic(a, f"/messageTTL?messageTTL={seconds(a.ttl)}"), None),
+        (_flag("-t", "--ttl", required=True, help="e.g. 3600, 1h"),),
+        ("topic",),
+    )
+    verbs["set-deduplication"] = Verb(
+        "the topic's own deduplication",
+        lambda a: ("POST", _topic(a, "/deduplicationEnabled"), _enable(a)),
+        (
+            _flag("-e", "--enable", action="store_true"),
+            _flag("-d", "--disable", action="store_true"),
+        ),
+        ("topic",),
+    )
+    every = [(n, s) for n, s, _ in numbers] + [
+        ("retention", "retention"),
+        ("message-ttl", "messageTTL"),
+        ("deduplication", "deduplicationEnabled"),
+    ]
+    for name, segment in every:
+        verbs[f"get-{name}"] = Verb(
+            f"the topic's own {name.replace('-', ' ')} (null: the namespace's applies)",
+            lambda a, s=segment: ("GET", _topic(a, f"/{s}"), None),
+            (),
+            ("topic",),
+        )
+        verbs[f"remove-{name}"] = Verb(
+            f"back to the namespace's {name.replace('-', ' ')}",
+            lambda a, s=segment: ("DELETE", _topic(a, f"/{s}"), None),
+            (),
+            ("topic",),
         )
     return verbs
 
@@ -603,6 +695,24 @@ VERBS: dict[str, dict[str, Verb]] = {
             ("namespace",),
         ),
         **_limit_verbs(),
+        "get-properties": Verb(
+            "the namespace's properties",
+            lambda a: ("GET", _policy("properties")(a), None),
+            (),
+            ("namespace",),
+        ),
+        "set-properties": Verb(
+            "add or change properties",
+            lambda a: ("PUT", _policy("properties")(a), _properties(a)),
+            (_flag("-p", "--property", action="append", required=True, help="key=value"),),
+            ("namespace",),
+        ),
+        "clear-properties": Verb(
+            "remove every property",
+            lambda a: ("DELETE", _policy("properties")(a), None),
+            (),
+            ("namespace",),
+        ),
         "set-backlog-quota": Verb(
             "what a subscription may leave unacknowledged, and what happens over it",
             _backlog_quota,
@@ -736,6 +846,12 @@ VERBS: dict[str, dict[str, Verb]] = {
             "add partitions",
             lambda a: ("POST", _topic(a, "/partitions"), a.partitions),
             (_flag("-p", "--partitions", type=int, required=True),),
+            ("topic",),
+        ),
+        "create-missed-partitions": Verb(
+            "store every partition not stored yet",
+            lambda a: ("POST", _topic(a, "/createMissedPartitions"), None),
+            (),
             ("topic",),
         ),
         "get-partitioned-topic-metadata": Verb(
@@ -878,6 +994,41 @@ VERBS: dict[str, dict[str, Verb]] = {
             "the first message published at or after a time",
             _get_message_id,
             (_flag("-d", "--datetime", required=True, help="ISO 8601, e.g. 2024-05-01T10:00:00"),),
+            ("topic",),
+        ),
+        **_topic_policy_verbs(),
+        "bundle-range": Verb(
+            "the bundle serving a topic",
+            lambda a: ("GET", _topic(a, "/bundle"), None),
+            (),
+            ("topic",),
+        ),
+        "get-properties": Verb(
+            "a topic's properties",
+            lambda a: ("GET", _topic(a, "/properties"), None),
+            (),
+            ("topic",),
+        ),
+        "update-properties": Verb(
+            "add or change a topic's properties",
+            lambda a: ("PUT", _topic(a, "/properties"), _properties(a)),
+            (_flag("-p", "--property", action="append", required=True, help="key=value"),),
+            ("topic",),
+        ),
+        "remove-properties": Verb(
+            "remove a topic's property",
+            lambda a: (
+                "DELETE",
+                _topic(a, "/properties?key=" + urllib.parse.quote(a.key, safe="")),
+                None,
+            ),
+            (_flag("-k", "--key", required=True),),
+            ("topic",),
+        ),
+        "trim-topic": Verb(
+            "delete the ledgers retention no longer keeps, now",
+            lambda a: ("POST", _topic(a, "/trim"), None),
+            (),
             ("topic",),
         ),
         "unload": Verb(

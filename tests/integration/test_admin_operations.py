@@ -483,3 +483,154 @@ def test_inactive_topics_deleted(node: StandaloneProcess, pc: pulsar.Client) -> 
 
     eventually(deleted, "the idle topic deleted, the one with a consumer kept")
     consumer.close()
+
+
+def test_topic_bundle_properties_and_trim(node: StandaloneProcess, pc: pulsar.Client) -> None:
+    base = "/persistent/public/default/housekept"
+    produce(pc, "housekept", ["x"])
+    bundle = ok(node, "GET", f"{base}/bundle")
+    bundles = ok(node, "GET", "/namespaces/public/default/bundles")["boundaries"]
+    assert bundle in {f"{low}_{high}" for low, high in itertools.pairwise(bundles)}
+    assert ok(node, "GET", f"{base}/properties") == {}  # Magnetar's own are not shown
+    assert call(node, "PUT", f"{base}/properties", {"owner": "billing", "tier": "1"})[0] == 204
+    assert call(node, "PUT", f"{base}/properties", {"tier": "2"})[0] == 204
+    assert ok(node, "GET", f"{base}/properties") == {"owner": "billing", "tier": "2"}
+    assert call(node, "DELETE", f"{base}/properties?key=owner")[0] == 204
+    assert ok(node, "GET", f"{base}/properties") == {"tier": "2"}
+    assert call(node, "PUT", f"{base}/properties", ["not", "a", "map"])[0] == 412
+    assert call(node, "POST", f"{base}/trim")[0] == 204
+    assert ok(node, "GET", f"{base}/stats")["msgInCounter"] == 1
+    # Kept with the topic: unloaded and loaded again, the properties are still there.
+    assert call(node, "PUT", f"{base}/unload")[0] == 204
+    assert ok(node, "GET", f"{base}/properties") == {"tier": "2"}
+
+
+def test_namespace_properties(node: StandaloneProcess) -> None:
+    assert call(node, "PUT", "/namespaces/public/props")[0] == 204
+    base = "/namespaces/public/props"
+    assert ok(node, "GET", f"{base}/properties") == {}
+    assert call(node, "PUT", f"{base}/properties", {"team": "payments"})[0] == 204
+    assert call(node, "PUT", f"{base}/properties", {"tier": "gold"})[0] == 204
+    assert ok(node, "GET", f"{base}/properties") == {"team": "payments", "tier": "gold"}
+    assert ok(node, "GET", base)["properties"] == {"team": "payments", "tier": "gold"}
+    assert call(node, "PUT", f"{base}/properties", {"n": 1})[0] == 412
+    assert call(node, "DELETE", f"{base}/properties")[0] == 204
+    assert ok(node, "GET", f"{base}/properties") == {}
+
+
+def refused_producer(pc: pulsar.Client, topic: str) -> bool:
+    """Whether one more producer is refused as over the limit (ProducerBusy)."""
+    try:
+        pc.create_producer(topic).close()
+    except pulsar.ProducerBusy:
+        return True
+    return False
+
+
+def test_topic_policies_over_the_namespaces(node: StandaloneProcess, pc: pulsar.Client) -> None:
+    assert call(node, "PUT", "/namespaces/public/tp")[0] == 204
+    assert call(node, "POST", "/namespaces/public/tp/maxProducersPerTopic", 1)[0] == 204
+    base = "/persistent/public/tp/own"
+    assert call(node, "GET", f"{base}/maxProducers")[0] == 404  # no such topic
+    assert call(node, "PUT", base)[0] == 204
+    assert ok(node, "GET", f"{base}/maxProducers") is None  # none of its own
+    first = pc.create_producer("persistent://public/tp/own")
+    assert refused_producer(pc, "persistent://public/tp/own")  # the namespace's limit
+    assert call(node, "POST", f"{base}/maxProducers", 2)[0] == 204
+    assert ok(node, "GET", f"{base}/maxProducers") == 2
+    eventually(
+        lambda: not refused_producer(pc, "persistent://public/tp/own"),
+        "the topic's own limit (2) over the namespace's (1)",
+    )
+    assert call(node, "POST", f"{base}/maxProducers", -2)[0] == 400
+    assert call(node, "DELETE", f"{base}/maxProducers")[0] == 204
+    eventually(
+        lambda: refused_producer(pc, "persistent://public/tp/own"),
+        "the namespace's limit again",
+    )
+    first.close()
+    retention = {"retentionTimeInMinutes": 60, "retentionSizeInMB": 10}
+    assert call(node, "POST", f"{base}/retention", retention)[0] == 204
+    assert ok(node, "GET", f"{base}/retention") == retention
+    assert call(node, "POST", f"{base}/messageTTL?messageTTL=120")[0] == 204
+    assert ok(node, "GET", f"{base}/messageTTL") == 120
+    quota = {"limitSize": 10, "limitTime": -1, "policy": "consumer_backlog_eviction"}
+    assert call(node, "POST", f"{base}/backlogQuota", quota)[0] == 204
+    assert ok(node, "GET", f"{base}/backlogQuotaMap") == {"destination_storage": quota}
+    # Deleted with the topic: a new topic of that name starts with none.
+    assert call(node, "DELETE", base)[0] == 204
+    assert call(node, "PUT", base)[0] == 204
+    assert ok(node, "GET", f"{base}/retention") is None
+
+
+def test_partitioned_topic_policies_apply_to_partitions(
+    node: StandaloneProcess, pc: pulsar.Client
+) -> None:
+    base = "/persistent/public/default/limited"
+    assert call(node, "PUT", f"{base}/partitions", 2)[0] == 204
+    assert call(node, "POST", f"{base}/maxProducers", 1)[0] == 204
+    assert ok(node, "GET", f"{base}/maxProducers") == 1
+    producer = pc.create_producer("persistent://public/default/limited")
+    with pytest.raises(pulsar.ProducerBusy):
+        pc.create_producer("persistent://public/default/limited")
+    producer.close()
+
+
+INTERNAL_STATS = {
+    "entriesAddedCounter": int, "numberOfEntries": int, "totalSize": int,
+    "currentLedgerEntries": int, "currentLedgerSize": int, "lastLedgerCreatedTimestamp": str,
+    "waitingCursorsCount": int, "pendingAddEntriesCount": int, "lastConfirmedEntry": str,
+    "state": str, "ledgers": list, "cursors": dict,
+}  # fmt: skip
+CURSOR_STATS = {
+    "markDeletePosition": str, "readPosition": str, "messagesConsumedCounter": int,
+    "cursorLedger": int, "individuallyDeletedMessages": str, "state": str,
+    "totalNonContiguousDeletedMessagesRange": int, "properties": dict,
+}  # fmt: skip
+
+
+def test_internal_stats_have_pulsars_shape(node: StandaloneProcess, pc: pulsar.Client) -> None:
+    topic = "persistent://public/default/internals"
+    consumer = pc.subscribe(topic, "gaps")
+    ids = produce(pc, "internals", [f"m{i}" for i in range(6)])
+    received = {consumer.receive(10_000).message_id().entry_id(): None for _ in range(6)}
+    assert len(received) == 6
+    # Acknowledge the 2nd and 4th..5th only: two ranges past the mark-delete position.
+    for index in (1, 3, 4):
+        consumer.acknowledge(ids[index])
+    base = "/persistent/public/default/internals/internalStats"
+
+    def two_ranges() -> bool:
+        cursor = ok(node, "GET", base)["cursors"]["gaps"]
+        return cursor["totalNonContiguousDeletedMessagesRange"] == 2
+
+    eventually(two_ranges, "the acknowledgements stored as two ranges")
+    stats = ok(node, "GET", base)
+    conforms(stats, INTERNAL_STATS)
+    assert stats["numberOfEntries"] == 6 and stats["state"] == "LedgerOpened"
+    [ledger] = stats["ledgers"]
+    assert ledger["entries"] == 6 and ledger["size"] == stats["totalSize"] > 0
+    assert stats["currentLedgerEntries"] == 6 and stats["currentLedgerSize"] == stats["totalSize"]
+    cursor = stats["cursors"]["gaps"]
+    conforms(cursor, CURSOR_STATS)
+    lid, first = ids[0].ledger_id(), ids[0].entry_id()
+    assert cursor["markDeletePosition"] == f"{lid}:{first - 1}"
+    assert cursor["individuallyDeletedMessages"] == (
+        f"[({lid}:{first}..{lid}:{first + 1}], ({lid}:{first + 2}..{lid}:{first + 4}]]"
+    )
+    consumer.close()
+
+
+def test_create_missed_partitions(node: StandaloneProcess) -> None:
+    base = "/persistent/public/default/lazy"
+    assert call(node, "POST", f"{base}/createMissedPartitions")[0] == 404
+    assert call(node, "PUT", f"{base}/partitions", 3)[0] == 204
+
+    def served() -> set[str]:
+        tree = ok(node, "GET", "/broker-stats/topics").get("public/default", {})
+        return {t for b in tree.values() for t in b.get("persistent", {}) if "/lazy-" in t}
+
+    assert served() == set()  # partitions are stored when first used
+    assert call(node, "POST", f"{base}/createMissedPartitions")[0] == 204
+    assert served() == {f"persistent://public/default/lazy-partition-{i}" for i in range(3)}
+    assert call(node, "POST", f"{base}/createMissedPartitions")[0] == 204  # none missing now

@@ -93,3 +93,26 @@ def test_backlog_quota_and_inactive_topic_verbs() -> None:
         "maxInactiveDurationSeconds": 3600,
         "deleteWhileInactive": True,
     }  # fmt: skip
+
+
+def test_property_verbs() -> None:
+    assert _call("topics", "update-properties", "t/n/x", "-p", "a=1", "-p", "b=x=y") == (
+        "PUT", "persistent/t/n/x/properties", {"a": "1", "b": "x=y"},
+    )  # fmt: skip
+    assert _call("topics", "remove-properties", "t/n/x", "-k", "a b")[1] == (
+        "persistent/t/n/x/properties?key=a%20b"
+    )
+    with pytest.raises(UsageError):
+        _call("namespaces", "set-properties", "t/n", "-p", "novalue")
+
+
+def test_topic_policy_verbs() -> None:
+    assert _call("topics", "set-max-producers", "t/n/x", "-p", "2") == (
+        "POST", "persistent/t/n/x/maxProducers", 2,
+    )  # fmt: skip
+    assert _call("topics", "set-message-ttl", "t/n/x", "-t", "1h")[1] == (
+        "persistent/t/n/x/messageTTL?messageTTL=3600"
+    )
+    assert _call("topics", "remove-retention", "t/n/x") == (
+        "DELETE", "persistent/t/n/x/retention", None,
+    )  # fmt: skip

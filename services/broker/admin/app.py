@@ -11,6 +11,8 @@ subset), built from one route adder per resource group:
 - ``topics``: non-partitioned topics, their stats and subscriptions
 - ``subscriptions``: creating, skipping, expiring and resetting a subscription
 - ``messages``: peeking and examining messages, by position, id and time
+- ``topic_housekeeping``: a topic's bundle, properties and trimming
+- ``topic_policies``: a topic's own policies, over its namespace's
 - ``partitioned``: partitioned topics (their delete goes to each partition's owner)
 - ``partitioned_stats``: their stats, each partition's from its owner, added up
 
@@ -41,6 +43,8 @@ from magnetar.broker.admin.permissions import add_permission_routes
 from magnetar.broker.admin.schemas import add_schema_routes
 from magnetar.broker.admin.status import add_health_routes, add_metrics_routes
 from magnetar.broker.admin.subscriptions import add_subscription_routes
+from magnetar.broker.admin.topic_housekeeping import add_topic_housekeeping_routes
+from magnetar.broker.admin.topic_policies import add_topic_policy_routes
 from magnetar.broker.admin.topics import add_topic_routes
 
 if TYPE_CHECKING:
@@ -62,6 +66,8 @@ def build_app(broker: AdminBroker) -> web.Application:
         add_topic_routes,
         add_subscription_routes,
         add_message_routes,
+        add_topic_housekeeping_routes,
+        add_topic_policy_routes,
         add_partitioned_routes,
         add_partitioned_stats_routes,
         add_metrics_routes,

@@ -13,6 +13,8 @@
   ``maxProducersPerTopic``, ``maxConsumersPerTopic``, ``maxConsumersPerSubscription``,
   ``maxUnackedMessagesPerConsumer``, ``maxUnackedMessagesPerSubscription``,
   ``inactiveTopicPolicies`` (see ``policies``)
+- ``GET|PUT|DELETE .../properties``: the namespace's properties (PUT adds or changes some,
+  DELETE clears them)
 - ``POST|DELETE .../backlogQuota?backlogQuotaType=destination_storage|message_age`` (body:
   ``{"limitSize", "limitTime", "policy"}``), ``GET .../backlogQuotaMap``
 """
@@ -162,6 +164,25 @@ def add_namespace_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None
     @routes.get("/admin/v2/namespaces/{tenant}/{namespace}")
     async def get_policies(request: web.Request) -> web.Response:
         return web.json_response(policies.full_document(await _policy_document(broker, request)))
+
+    @routes.get("/admin/v2/namespaces/{tenant}/{namespace}/properties")
+    async def get_properties(request: web.Request) -> web.Response:
+        return web.json_response((await _policy_document(broker, request)).get("properties") or {})
+
+    @routes.put("/admin/v2/namespaces/{tenant}/{namespace}/properties")
+    @routes.delete("/admin/v2/namespaces/{tenant}/{namespace}/properties")
+    async def set_properties(request: web.Request) -> web.Response:
+        namespace = requests.namespace(request)
+        merged = None
+        if request.method == "PUT":
+            body = await requests.json_body(request)
+            if not isinstance(body, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in body.items()
+            ):
+                raise AdminError(412, 'expected the properties as {"key": "value", ...}')
+            merged = {**((await _policy_document(broker, request)).get("properties") or {}), **body}
+        await _update_policies(broker, f"{NAMESPACES_PATH}/{namespace}", "properties", merged)
+        return web.Response(status=204)
 
     @routes.get("/admin/v2/namespaces/{tenant}/{namespace}/backlogQuotaMap")
     async def backlog_quota_map(request: web.Request) -> web.Response:

@@ -5,6 +5,8 @@
 - ``GET    /admin/v2/{domain}/{tenant}/{namespace}/{topic}/partitions`` -> ``{"partitions": N}``
 - ``DELETE /admin/v2/{domain}/{tenant}/{namespace}/{topic}/partitions`` (``?force``): every
   partition's data, at the broker serving it, then the metadata (``delete_partitioned_topic``)
+- ``POST   /admin/v2/{domain}/{tenant}/{namespace}/{topic}/createMissedPartitions``: each
+  partition not stored yet is created where it is served
 - ``GET    /admin/v2/{domain}/{tenant}/{namespace}/partitioned`` lists partitioned topics
 
 Partitioned-topic metadata lives in the metadata store at
@@ -39,6 +41,7 @@ from magnetar.broker.namespace.policies import (
     PolicyError,
 )
 from magnetar.broker.namespace.records import (
+    delete_topic_policies,
     partitioned_key,
     partitioned_topics,
     read_partitioned,
@@ -100,6 +103,18 @@ def add_partitioned_routes(routes: web.RouteTableDef, broker: AdminBroker) -> No
             done.set()
         return web.Response(status=204)
 
+    @routes.post(base + "/{topic}/createMissedPartitions")
+    async def create_missed_partitions(request: web.Request) -> web.Response:
+        name = requests.topic(request)
+        await requests.require_namespace(broker, name.namespace_name)
+        assert broker.store is not None
+        record = await read_partitioned(broker.store, name)
+        if record is None or record.deleted:
+            raise AdminError(404, f"Partitioned Topic not found: {name}")
+        if name.persistent:
+            await create_missed_partitions_of(broker, name, record.partitions)
+        return web.Response(status=204)
+
     @routes.get(base + "/partitioned")
     async def list_partitioned(request: web.Request) -> web.Response:
         m = request.match_info
@@ -144,6 +159,36 @@ async def create_partitioned_topic(broker: AdminBroker, name: TopicName, partiti
             ) from None
         raise AdminError(409, f"Partitioned topic already exists: {name}") from None
     log.info("partitioned topic %s created (%d partitions)", name, partitions)
+
+
+async def create_missed_partitions_of(broker: AdminBroker, name: TopicName, count: int) -> None:
+    """Pulsar's createMissedPartitions: every partition not stored yet is created where it is
+    served (here, or by a PUT at its owner)."""
+    async with ClientSession(
+        timeout=ClientTimeout(total=PARTITION_DELETE_TIMEOUT_S),
+        headers=broker.client_credentials.http_headers(),
+    ) as http:
+        for index in range(count):
+            partition = name.partition(index)
+            if await requests.stored_or_loaded(broker, partition):
+                continue
+            served_by = (await lookup(broker, partition, authoritative=True)).broker
+            if served_by.broker_id == broker.info.broker_id:
+                await broker.get_topic(partition)
+                continue
+            try:
+                async with http.put(_topic_url(served_by, partition)) as response:
+                    if response.status not in (204, 409):  # created, or there already
+                        raise AdminError(
+                            503,
+                            f"partition {partition} not created at {served_by.broker_id} "
+                            f"(HTTP {response.status}: {await _reason(response)})",
+                        )
+            except (ClientError, TimeoutError) as e:
+                raise AdminError(
+                    503, f"partition {partition}: {served_by.broker_id} did not answer ({e!r})"
+                ) from None
+        log.info("partitioned topic %s: missing partitions created", name)
 
 
 async def update_partitioned_topic(broker: AdminBroker, name: TopicName, partitions: int) -> None:
@@ -243,6 +288,7 @@ async def delete_partitioned_topic(broker: AdminBroker, name: TopicName, *, forc
         # partition after that partition was looked at: look once more before the record goes.
         for partition in await _partitions_to_delete(broker, name, 0):
             await _delete_partition(broker, http, name, partition, force)
+    await delete_topic_policies(broker.store, name)
     await broker.store.delete(key)
     log.info("partitioned topic %s deleted (%d partitions)", name, len(partitions))
 

@@ -20,7 +20,11 @@ from aiohttp import web
 from magnetar.broker.admin import requests
 from magnetar.broker.admin.errors import AdminError
 from magnetar.broker.errors import SubscriptionBusyError, SubscriptionNotFoundError, TopicBusyError
-from magnetar.broker.namespace.records import partitioned_key, read_partitioned
+from magnetar.broker.namespace.records import (
+    delete_topic_policies,
+    partitioned_key,
+    read_partitioned,
+)
 from magnetar.broker.topics.persistent import PersistentTopic
 
 if TYPE_CHECKING:
@@ -56,6 +60,8 @@ def add_topic_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None:
             await broker.delete_topic(name, force=requests.flag(request, "force"))
         except TopicBusyError as e:
             raise AdminError(412, str(e)) from None
+        if name.partition_index < 0:
+            await delete_topic_policies(broker.store, name)
         return web.Response(status=204)
 
     @routes.put(base + "/{topic}")

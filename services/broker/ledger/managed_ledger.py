@@ -222,18 +222,25 @@ class ManagedLedger(LedgerPositions):
 
     async def set_property(self, key: str, value: str) -> None:
         """Store a property in the metadata (CAS, like every metadata change)."""
+        await self.update_properties({key: value})
+
+    async def update_properties(self, changes: dict[str, str | None]) -> None:
+        """Set properties (a None value removes one) in one metadata write; on a fenced write
+        the properties are as they were."""
         async with self._meta_lock:
             if self._error is not None:
                 raise self._error
-            old = self.properties.get(key)
-            self.properties[key] = value
+            before = dict(self.properties)
+            for key, value in changes.items():
+                if value is None:
+                    self.properties.pop(key, None)
+                else:
+                    self.properties[key] = value
             try:
                 await self._write_metadata()
             except ManagedLedgerFencedError:
-                if old is None:
-                    self.properties.pop(key, None)
-                else:
-                    self.properties[key] = old
+                self.properties.clear()
+                self.properties.update(before)
                 raise
 
     def _fence(self, why: str) -> ManagedLedgerFencedError:

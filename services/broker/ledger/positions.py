@@ -27,6 +27,21 @@ class LedgerPositions:
             return current.last_add_confirmed + 1
         return info.entries
 
+    def ledger_sizes(self) -> list[tuple[LedgerInfo, int, int]]:
+        """(ledger, readable entries, bytes) of every ledger, in order; the open ledger's bytes
+        are what its writer has stored so far."""
+        current = self._current
+        return [
+            (
+                info,
+                self._readable(info),
+                current.length
+                if current is not None and info.ledger_id == current.ledger_id
+                else info.size,
+            )
+            for info in self._ledgers
+        ]
+
     def ledger_extents(self) -> list[tuple[int, int]]:
         """(ledger id, readable entry count) of every ledger, in order."""
         return [(i.ledger_id, self._readable(i)) for i in self._ledgers]

@@ -11,6 +11,7 @@ Partitioned-topic metadata lives at
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from magnetar.broker.config import TopicSettings
 from magnetar.broker.errors import NamespaceNotFoundError
@@ -21,9 +22,12 @@ from magnetar.broker.namespace.policies import (
     effective,
     parse_document,
 )
-from magnetar.common.metadata import NOT_EXISTS, BadVersionError, MetadataStore
+from magnetar.common.metadata import NOT_EXISTS, BadVersionError, MetadataStore, NoSuchKeyError
 
 PARTITIONED_PATH = "/magnetar/admin/partitioned-topics"
+#: Topic-level policies: ``<tenant>/<namespace>/<domain>/<topic>``, the namespace document's
+#: fields that a topic may set for itself (a partitioned topic's apply to its partitions).
+TOPIC_POLICIES_PATH = "/magnetar/admin/topic-policies"
 TENANTS_PATH = "/magnetar/admin/tenants"
 NAMESPACES_PATH = "/magnetar/admin/namespaces"
 
@@ -57,6 +61,58 @@ async def namespace_policies(
             f"namespace {namespace} does not exist (create it with the admin API)"
         )
     return effective(parse_document(found.value), defaults)
+
+
+def topic_policies_key(name: TopicName) -> str:
+    base = name.partitioned_topic_name
+    return f"{TOPIC_POLICIES_PATH}/{base.tenant}/{base.namespace}/{base.domain}/{base.local_name}"
+
+
+async def namespace_document(store: MetadataStore, namespace: str) -> dict[str, Any]:
+    found = await store.get(f"{NAMESPACES_PATH}/{namespace}")
+    if found is None:
+        raise NamespaceNotFoundError(
+            f"namespace {namespace} does not exist (create it with the admin API)"
+        )
+    return parse_document(found.value)
+
+
+async def topic_documents(store: MetadataStore, namespace: str) -> dict[str, dict[str, Any]]:
+    """Every topic-level policy document of ``namespace``, by full topic name."""
+    prefix = f"{TOPIC_POLICIES_PATH}/{namespace}/"
+    found: dict[str, dict[str, Any]] = {}
+    for key, value in (await store.scan(prefix)).items():
+        domain, _, local = key.removeprefix(prefix).partition("/")
+        try:
+            found[f"{domain}://{namespace}/{local}"] = parse_document(value.value)
+        except ValueError:
+            continue  # unreadable: the namespace's policies apply
+    return found
+
+
+def topic_effective(
+    namespace_doc: dict[str, Any], topic_doc: dict[str, Any] | None, defaults: TopicSettings
+) -> Policies:
+    """Pulsar's resolution: the topic's policy, else the namespace's, else the broker's."""
+    return effective({**namespace_doc, **(topic_doc or {})}, defaults)
+
+
+async def topic_policies(
+    store: MetadataStore, name: TopicName, defaults: TopicSettings
+) -> Policies:
+    """The policies in force for topic ``name``."""
+    namespace_doc = await namespace_document(store, name.namespace_name)
+    found = await store.get(topic_policies_key(name))
+    topic_doc = parse_document(found.value) if found is not None else None
+    return topic_effective(namespace_doc, topic_doc, defaults)
+
+
+async def delete_topic_policies(store: MetadataStore, name: TopicName) -> None:
+    """A deleted topic's own policies go with it (a new topic of that name starts without)."""
+    try:
+        await store.delete(topic_policies_key(name))
+    except NoSuchKeyError:
+        pass
 
 
 def partitioned_key(name: TopicName) -> str:

@@ -23,7 +23,7 @@ from magnetar.broker.topics.dispatch_limits import DispatchLimits
 from magnetar.broker.topics.instruments import UNCOUNTED, TopicInstruments
 from magnetar.broker.topics.limits import check_consumers, dispatch_limits
 from magnetar.broker.topics.producers import ProducerSet
-from magnetar.broker.topics.stats import TopicRates, persistent_stats
+from magnetar.broker.topics.stats import TopicRates, internal_stats, persistent_stats
 from magnetar.broker.topics.subscription import (
     Subscription,
     SubscriptionExistsError,
@@ -229,27 +229,9 @@ class PersistentTopic:
         return persistent_stats(self, self.rates)
 
     def internal_stats(self) -> dict[str, object]:
-        """Storage view in the shape of Pulsar's ``.../internalStats``: ledgers and cursors."""
-        ml = self.ml
-        return {
-            "numberOfEntries": ml.number_of_entries,
-            "totalSize": ml.total_size,
-            "lastConfirmedEntry": str(ml.last_confirmed_position),
-            "ledgers": [
-                {"ledgerId": ledger_id, "entries": entries}
-                for ledger_id, entries in ml.ledger_extents()
-            ],
-            "cursors": {
-                name: {
-                    "markDeletePosition": str(sub.cursor.mark_delete_position),
-                    "readPosition": str(sub.cursor.read_position),
-                    "messagesConsumedCounter": ml.number_of_entries - sub.cursor.backlog,
-                    **sub.cursor.persistence_stats(),
-                }
-                for name, sub in self.subscriptions.items()
-                if sub.durable
-            },
-        }
+        """Storage view in the shape of Pulsar's PersistentTopicInternalStats
+        (``stats.internal_stats``)."""
+        return internal_stats(self)
 
     async def stop_publishing(self) -> None:
         """Refuse new sends and wait until those in flight are stored (or failed), so every

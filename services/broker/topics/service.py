@@ -32,10 +32,14 @@ from magnetar.broker.namespace.policies import (
     check_partition_count,
 )
 from magnetar.broker.namespace.records import (
+    namespace_document,
     namespace_policies,
     partitioned_key,
     partitioned_topics,
     read_partitioned,
+    topic_documents,
+    topic_effective,
+    topic_policies,
 )
 from magnetar.broker.topics.deduplication import Deduplication
 from magnetar.broker.topics.dispatch_limits import DispatchLimits
@@ -148,7 +152,7 @@ class TopicService:
         await self._host.check_owner(name)
         ledger_client, store = self._host.ledger_client, self._host.store
         assert ledger_client is not None and store is not None
-        policies = await self.namespace_policies(name.namespace_name)
+        policies = await topic_policies(self._store, name, self._host.config)
         if auto and not policies.auto_topic_creation.allow and not await self.topic_exists(name):
             raise TopicNotFoundError(
                 f"topic {name} does not exist and namespace {name.namespace_name} does not allow "
@@ -362,19 +366,26 @@ class TopicService:
             await self.apply_policies()
 
     async def apply_policies(self) -> None:
-        """Retention, TTL and deduplication of every loaded topic, by its namespace's policies."""
-        found: dict[str, Policies | None] = {}
+        """Retention, TTL, deduplication, limits, quotas and inactivity of every loaded topic,
+        by its policies: its own over its namespace's over the broker's."""
+        found: dict[str, tuple[dict[str, Any], dict[str, dict[str, Any]]] | None] = {}
         for topic in list(self.topics.values()):
             namespace = topic.name.namespace_name
             if namespace not in found:
                 try:
-                    found[namespace] = await self.namespace_policies(namespace)
+                    found[namespace] = (
+                        await namespace_document(self._store, namespace),
+                        await topic_documents(self._store, namespace),
+                    )
                 except Exception as e:  # a deleted namespace, a store hiccup: next round
                     log.warning("namespace %s: policies not read: %s", namespace, e)
                     found[namespace] = None
-            policies = found[namespace]
-            if policies is None or self.topics.get(str(topic.name)) is not topic:
+            documents = found[namespace]
+            if documents is None or self.topics.get(str(topic.name)) is not topic:
                 continue
+            namespace_doc, topic_docs = documents
+            own = topic_docs.get(str(topic.name.partitioned_topic_name))
+            policies = topic_effective(namespace_doc, own, self._host.config)
             try:
                 await topic.apply_policies(policies)
                 if policies.inactive_topics is not None:

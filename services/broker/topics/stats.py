@@ -5,6 +5,7 @@ present, rates are over the last interval (:mod:`rates`). Both topic kinds build
 
 from __future__ import annotations
 
+import datetime
 from typing import TYPE_CHECKING, Any
 
 from magnetar.broker.topics.dispatchers.failover import active_consumer
@@ -203,3 +204,75 @@ def nonpersistent_stats(topic: NonPersistentTopic, rates: TopicRates) -> dict[st
         for name, sub in topic.subscriptions.items()
     }
     return {**_topic_stats(topic, rates, subscriptions, 0, 0), "msgDropRate": 0.0}
+
+
+def _iso(ms: int) -> str:
+    moment = datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def deleted_ranges(ranges: list[tuple[int, int, int]]) -> str:
+    """Individually acknowledged ranges as Pulsar prints them: ``[(3:4..3:7], (5:-1..5:2]]``,
+    each open below and closed above."""
+    return (
+        "[" + ", ".join(f"({lid}:{first - 1}..{lid}:{last}]" for lid, first, last in ranges) + "]"
+    )
+
+
+def internal_stats(topic: PersistentTopic) -> dict[str, Any]:
+    """PersistentTopicInternalStats: the managed ledger's ledgers (entries, bytes), its state,
+    and each durable cursor's positions and individually deleted ranges."""
+    ml = topic.ml
+    ledgers = ml.ledger_sizes()
+    current = ledgers[-1] if ledgers and not ledgers[-1][0].closed else None
+    cursors = {}
+    for name, sub in topic.subscriptions.items():
+        if not sub.durable:
+            continue
+        cursor = sub.cursor
+        acked = cursor.individually_acked
+        persistence = cursor.persistence_stats()
+        cursors[name] = {
+            "markDeletePosition": str(cursor.mark_delete_position),
+            "readPosition": str(cursor.read_position),
+            "waitingReadOp": False,
+            "pendingReadOps": 0,
+            "messagesConsumedCounter": ml.number_of_entries - cursor.backlog,
+            "cursorLedger": persistence["cursorLedger"],
+            "cursorLedgerLastEntry": -1,
+            "individuallyDeletedMessages": deleted_ranges(acked.ranges()),
+            "lastLedgerSwitchTimestamp": "",
+            "state": "Open",
+            "numberOfEntriesSinceFirstNotAckedMessage": max(
+                ml.entries_after(cursor.mark_delete_position)
+                - ml.entries_after(cursor.read_position)
+                + 1,
+                0,
+            ),
+            "totalNonContiguousDeletedMessagesRange": acked.range_count,
+            "properties": {},
+            **persistence,
+        }
+    return {
+        "entriesAddedCounter": topic.msg_in,
+        "numberOfEntries": ml.number_of_entries,
+        "totalSize": ml.total_size,
+        "currentLedgerEntries": current[1] if current else 0,
+        "currentLedgerSize": current[2] if current else 0,
+        "lastLedgerCreatedTimestamp": _iso(current[0].ctime_ms) if current else "",
+        "waitingCursorsCount": 0,
+        "pendingAddEntriesCount": 0,
+        "lastConfirmedEntry": str(ml.last_confirmed_position),
+        "state": "Fenced" if ml.is_fenced else ("LedgerOpened" if current else "ClosedLedger"),
+        "ledgers": [
+            {
+                "ledgerId": info.ledger_id,
+                "entries": entries,
+                "size": size,
+                "offloaded": False,
+                "underReplicated": False,
+            }
+            for info, entries, size in ledgers
+        ],
+        "cursors": cursors,
+    }
