@@ -32,7 +32,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from magnetar.spark.arrow import ARROW_BATCH_ROWS
+from magnetar.spark.arrow import ARROW_BATCH_ROWS, collecting_less
 from magnetar.spark.options import SinkOptions
 
 log = logging.getLogger("magnetar.spark")
@@ -209,7 +209,8 @@ class PulsarBatchArrowWriter(DataSourceArrowWriter):
         self.options = options
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WrittenMessages:
-        return write_batches(self.options, iterator)
+        with collecting_less():
+            return write_batches(self.options, iterator)
 
 
 class PulsarBatchWriter(DataSourceWriter):
@@ -245,4 +246,5 @@ class PulsarStreamArrowWriter(DataSourceStreamArrowWriter, PulsarStreamWriter):
     ``PulsarStreamWriter`` does."""
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WrittenMessages:  # type: ignore[override]
-        return write_batches(self.options, iterator)
+        with collecting_less():
+            return write_batches(self.options, iterator)

@@ -32,7 +32,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import BinaryType, StructField, StructType
 
 from magnetar.spark.admin import Admin, LedgerStats, TopicName
-from magnetar.spark.arrow import ARROW_BATCH_ROWS, RowBuffer, micros
+from magnetar.spark.arrow import ARROW_BATCH_ROWS, RowBuffer, collecting_less, micros
 from magnetar.spark.offsets import (
     EARLIEST,
     DataLossError,
@@ -231,10 +231,15 @@ def read_partition(
     assert isinstance(partition, RangePartition)
     schema = UNTYPED if schema is None else schema
     if partition.segments:
-        return read_from_storage(partition, schema)
+        return _collecting_less(read_from_storage(partition, schema))
     if partition.options.arrow:
-        return read_range_arrow(partition, schema)
+        return _collecting_less(read_range_arrow(partition, schema))
     return read_range(partition)
+
+
+def _collecting_less(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    with collecting_less():
+        yield from batches
 
 
 #: What a reader's broker call can meet while its topic moves to another broker (the broker
