@@ -61,7 +61,7 @@ from magnetar.common.ledger.underreplication import (
     update_settings,
 )
 from magnetar.common.metadata import MetadataStore, open_store
-from magnetar.common.metadata.etcd import EtcdTls
+from magnetar.common.metadata.etcd_settings import EtcdTlsSettings
 from magnetar.common.proto import bookie_pb2 as pb
 
 DEFAULT_METADATA_URL = "etcd://127.0.0.1:2379"
@@ -149,7 +149,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 @dataclass(slots=True)
-class ShellTls:
+class ShellTls(EtcdTlsSettings):
     """The broker's client TLS settings (same names and meaning), read from MAGNETAR_* variables."""
 
     bookkeeper_tls_enabled: bool = setting(False, "reach bookies over TLS")
@@ -159,10 +159,6 @@ class ShellTls:
     bookkeeper_tls_trust_certs_file_path: str = setting("", "CAs of the bookies' certificates")
     bookkeeper_tls_certificate_file_path: str = setting("", "client certificate for bookies")
     bookkeeper_tls_key_file_path: str = setting("", "its key")
-    etcd_use_tls: bool = setting(False, "reach etcd over TLS")
-    etcd_tls_trust_certs_file_path: str = setting("", "CAs of etcd's certificate")
-    etcd_tls_certificate_file_path: str = setting("", "client certificate for etcd")
-    etcd_tls_key_file_path: str = setting("", "its key")
 
     @classmethod
     def from_environ(cls, environ: dict[str, str] | None = None) -> ShellTls:
@@ -179,15 +175,6 @@ class ShellTls:
             trust_certs_file=self.bookkeeper_tls_trust_certs_file_path,
             certificate_file=self.bookkeeper_tls_certificate_file_path if show else "",
             key_file=self.bookkeeper_tls_key_file_path if show else "",
-        )
-
-    def etcd_tls(self) -> EtcdTls | None:
-        if not self.etcd_use_tls:
-            return None
-        return EtcdTls(
-            trust_certs_file=self.etcd_tls_trust_certs_file_path,
-            certificate_file=self.etcd_tls_certificate_file_path,
-            key_file=self.etcd_tls_key_file_path,
         )
 
 

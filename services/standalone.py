@@ -38,6 +38,7 @@ class StandaloneConfig(TopicSettings):
 
     def validate(self) -> None:
         self.validate_topic_settings()
+        self.validate_etcd_tls("local://")  # its metadata is in its data directory
 
 
 class Standalone:

@@ -1,12 +1,13 @@
 """Security settings under Pulsar's ``broker.conf`` names (snake_case), shared by the broker, the
-standalone and the proxy: TLS ports and files, authentication providers and their keys,
-authorization, proxy roles, and how a broker authenticates to other brokers."""
+standalone and the proxy: TLS to etcd, TLS ports and files, authentication providers and their
+keys, authorization, proxy roles, and how a broker authenticates to other brokers."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from magnetar.common.config import ConfigError, setting
+from magnetar.common.metadata.etcd_settings import EtcdTlsSettings
 
 #: Provider names accepted in ``authentication_providers``, with Pulsar's class names for them.
 PROVIDER_NAMES = {
@@ -25,7 +26,7 @@ def names(value: str) -> list[str]:
 
 
 @dataclass(slots=True)
-class SecuritySettings:
+class SecuritySettings(EtcdTlsSettings):
     # -- TLS -------------------------------------------------------------------------------------
     broker_service_port_tls: int = setting(
         -1, "Pulsar protocol port over TLS, pulsar+ssl:// (-1: off; Pulsar's is 6651)"

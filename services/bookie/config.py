@@ -7,16 +7,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from magnetar.common.config import ConfigError, setting
+from magnetar.common.metadata.etcd_settings import EtcdTlsSettings
 
 if TYPE_CHECKING:
     from magnetar.common.ledger.bookie_client import BookieTls
-    from magnetar.common.metadata.etcd import EtcdTls
 
 MiB = 1024 * 1024
 
 
 @dataclass(slots=True)
-class BookieConfig:
+class BookieConfig(EtcdTlsSettings):
     metadata_url: str = setting(
         "etcd://127.0.0.1:2379", "metadata store URL (etcd://h:p[,h:p] or local:///path/meta.db)"
     )
@@ -140,21 +140,6 @@ class BookieConfig:
         "(BookKeeper's tlsClientAuthentication); this bookie's autorecovery then shows "
         "tls_certificate_path to other bookies, so it needs the clientAuth key usage too",
     )
-    # -- TLS to etcd (off by default) --
-    etcd_use_tls: bool = setting(
-        False, "reach the etcd of metadata_url over TLS (etcd's https:// client URLs)"
-    )
-    etcd_tls_trust_certs_file_path: str = setting(
-        "",
-        "PEM CA certificates etcd's certificate must chain to (empty: gRPC's public roots); "
-        "that certificate must name the host given in metadata_url",
-    )
-    etcd_tls_certificate_file_path: str = setting(
-        "", "PEM client certificate shown to etcd (for etcd's --client-cert-auth)"
-    )
-    etcd_tls_key_file_path: str = setting(
-        "", "PEM unencrypted private key of etcd_tls_certificate_file_path"
-    )
 
     def validate(self) -> None:
         for name in ("port", "http_port"):
@@ -198,22 +183,7 @@ class BookieConfig:
                 "tls_trust_store is set but TLS is off: set tls_certificate_path and "
                 "tls_key_store too"
             )
-        etcd_files = (
-            self.etcd_tls_trust_certs_file_path,
-            self.etcd_tls_certificate_file_path,
-            self.etcd_tls_key_file_path,
-        )
-        if any(etcd_files) and not self.etcd_use_tls:
-            raise ConfigError("etcd_tls_* files are set but etcd_use_tls is off: turn it on")
-        if self.etcd_use_tls and not self.metadata_url.startswith("etcd://"):
-            raise ConfigError(
-                f"etcd_use_tls applies to an etcd:// metadata_url, not {self.metadata_url}"
-            )
-        if bool(self.etcd_tls_certificate_file_path) != bool(self.etcd_tls_key_file_path):
-            raise ConfigError(
-                "an etcd client certificate needs both etcd_tls_certificate_file_path and "
-                "etcd_tls_key_file_path"
-            )
+        self.validate_etcd_tls(self.metadata_url)
 
     @property
     def tls_enabled(self) -> bool:
@@ -233,18 +203,6 @@ class BookieConfig:
             trust_certs_file=self.tls_trust_store,
             certificate_file=self.tls_certificate_path if show else "",
             key_file=self.tls_key_store if show else "",
-        )
-
-    def etcd_tls(self) -> EtcdTls | None:
-        """TLS to etcd, or None when etcd_use_tls is off."""
-        if not self.etcd_use_tls:
-            return None
-        from magnetar.common.metadata.etcd import EtcdTls
-
-        return EtcdTls(
-            trust_certs_file=self.etcd_tls_trust_certs_file_path,
-            certificate_file=self.etcd_tls_certificate_file_path,
-            key_file=self.etcd_tls_key_file_path,
         )
 
     def resolved_address(self) -> str:

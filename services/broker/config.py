@@ -10,7 +10,6 @@ from magnetar.common.config import ConfigError, setting
 
 if TYPE_CHECKING:
     from magnetar.common.ledger.bookie_client import BookieTls
-    from magnetar.common.metadata.etcd import EtcdTls
 
 AUTO_CREATION_TYPES = ("non-partitioned", "partitioned")
 
@@ -229,21 +228,6 @@ class BrokerConfig(TopicSettings):
         "PEM unencrypted private key of bookkeeper_tls_certificate_file_path "
         "(Pulsar's bookkeeperTLSKeyFilePath, PEM only)",
     )
-    # -- TLS to etcd (the useTls/tls* keys of Pulsar's etcd metadata store config; off) --
-    etcd_use_tls: bool = setting(
-        False, "reach the etcd of metadata_url over TLS (etcd's https:// client URLs)"
-    )
-    etcd_tls_trust_certs_file_path: str = setting(
-        "",
-        "PEM CA certificates etcd's certificate must chain to (empty: gRPC's public roots); "
-        "that certificate must name the host given in metadata_url",
-    )
-    etcd_tls_certificate_file_path: str = setting(
-        "", "PEM client certificate shown to etcd (for etcd's --client-cert-auth)"
-    )
-    etcd_tls_key_file_path: str = setting(
-        "", "PEM unencrypted private key of etcd_tls_certificate_file_path"
-    )
 
     def bookkeeper_tls(self) -> BookieTls | None:
         """TLS of the ledger client to bookies, or None when off."""
@@ -256,18 +240,6 @@ class BrokerConfig(TopicSettings):
             trust_certs_file=self.bookkeeper_tls_trust_certs_file_path,
             certificate_file=self.bookkeeper_tls_certificate_file_path if show else "",
             key_file=self.bookkeeper_tls_key_file_path if show else "",
-        )
-
-    def etcd_tls(self) -> EtcdTls | None:
-        """TLS to etcd, or None when etcd_use_tls is off."""
-        if not self.etcd_use_tls:
-            return None
-        from magnetar.common.metadata.etcd import EtcdTls
-
-        return EtcdTls(
-            trust_certs_file=self.etcd_tls_trust_certs_file_path,
-            certificate_file=self.etcd_tls_certificate_file_path,
-            key_file=self.etcd_tls_key_file_path,
         )
 
     def _validate_internal_tls(self) -> None:
@@ -291,22 +263,7 @@ class BrokerConfig(TopicSettings):
                 "bookkeeper_tls_certificate_file_path/bookkeeper_tls_key_file_path are shown to "
                 "bookies only under bookkeeper_tls_client_authentication: turn it on"
             )
-        etcd_files = (
-            self.etcd_tls_trust_certs_file_path,
-            self.etcd_tls_certificate_file_path,
-            self.etcd_tls_key_file_path,
-        )
-        if any(etcd_files) and not self.etcd_use_tls:
-            raise ConfigError("etcd_tls_* files are set but etcd_use_tls is off: turn it on")
-        if self.etcd_use_tls and not self.metadata_url.startswith("etcd://"):
-            raise ConfigError(
-                f"etcd_use_tls applies to an etcd:// metadata_url, not {self.metadata_url}"
-            )
-        if bool(self.etcd_tls_certificate_file_path) != bool(self.etcd_tls_key_file_path):
-            raise ConfigError(
-                "an etcd client certificate needs both etcd_tls_certificate_file_path and "
-                "etcd_tls_key_file_path"
-            )
+        self.validate_etcd_tls(self.metadata_url)
 
     def validate(self) -> None:
         for name in ("port", "http_port"):

@@ -154,6 +154,7 @@ class ProxyConfig(SecuritySettings):
         for name in ("port", "http_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise ConfigError(f"{name} must be a TCP port (0-65535), got {getattr(self, name)}")
+        self.validate_etcd_tls(self.metadata_url)
         if not -1 <= self.service_port_tls <= 65535:
             raise ConfigError(
                 f"service_port_tls must be -1 (off) or a TCP port, got {self.service_port_tls}"

@@ -132,7 +132,9 @@ class Proxy:
                 config.tls_require_trusted_client_cert_on_connect,
                 config.tls_cert_refresh_check_duration_sec,
             )
-        self.store = await open_store(config.metadata_url, session_ttl=SESSION_TTL_SECONDS)
+        self.store = await open_store(
+            config.metadata_url, session_ttl=SESSION_TTL_SECONDS, tls=config.etcd_tls()
+        )
         self._directory = BrokerDirectory(self.store)
         self._directory.on_gone(self._broker_gone)
         await self._directory.start()

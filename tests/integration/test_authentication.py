@@ -558,6 +558,7 @@ def test_http_credentials(strict_node: Secured, open_node: Secured) -> None:
     bearer = {"Authorization": f"Bearer {strict_node.token('admin')}"}
     assert _get(http + tenants, bearer) == 200
     assert _get(http + "/metrics") == 200  # scrapers carry no credentials
+    assert _get(http + "/admin/v2/brokers/ready") == 200  # nor do Kubernetes probes
     basic = "Basic " + base64.b64encode(b"admin:123456").decode()
     open_http = f"http://127.0.0.1:{open_node.node.http_port}"
     assert _get(open_http + tenants, {"Authorization": basic}) == 200
