@@ -501,6 +501,47 @@ def _topic_policy_verbs() -> dict[str, Verb]:
     return verbs
 
 
+def _rate_verbs(path: Callable[[argparse.Namespace, str], str], what: str) -> dict[str, Verb]:
+    """``set-|get-|remove-(subscription-)dispatch-rate`` with pulsar-admin's flags."""
+    verbs: dict[str, Verb] = {}
+    for name, segment in (
+        ("dispatch-rate", "dispatchRate"),
+        ("subscription-dispatch-rate", "subscriptionDispatchRate"),
+    ):
+        verbs[f"set-{name}"] = Verb(
+            f"the {name.replace('-', ' ')} of {what}",
+            lambda a, s=segment: (
+                "POST",
+                path(a, s),
+                {
+                    "dispatchThrottlingRateInMsg": a.msg_dispatch_rate,
+                    "dispatchThrottlingRateInByte": a.byte_dispatch_rate,
+                    "ratePeriodInSecond": a.dispatch_rate_period,
+                    "relativeToPublishRate": False,
+                },
+            ),
+            (
+                _flag("-md", "--msg-dispatch-rate", type=int, default=-1),
+                _flag("-bd", "--byte-dispatch-rate", type=int, default=-1),
+                _flag("-dt", "--dispatch-rate-period", type=int, default=1),
+            ),
+            ("namespace" if what == "a namespace" else "topic",),
+        )
+        verbs[f"get-{name}"] = Verb(
+            f"the {name.replace('-', ' ')}",
+            lambda a, s=segment: ("GET", path(a, s), None),
+            (),
+            ("namespace" if what == "a namespace" else "topic",),
+        )
+        verbs[f"remove-{name}"] = Verb(
+            f"no {name.replace('-', ' ')}",
+            lambda a, s=segment: ("DELETE", path(a, s), None),
+            (),
+            ("namespace" if what == "a namespace" else "topic",),
+        )
+    return verbs
+
+
 VERBS: dict[str, dict[str, Verb]] = {
     "clusters": {
         "list": Verb("list the clusters", lambda a: ("GET", "clusters", None)),
@@ -695,6 +736,7 @@ VERBS: dict[str, dict[str, Verb]] = {
             ("namespace",),
         ),
         **_limit_verbs(),
+        **_rate_verbs(lambda a, s: _policy(s)(a), "a namespace"),
         "get-properties": Verb(
             "the namespace's properties",
             lambda a: ("GET", _policy("properties")(a), None),
@@ -997,6 +1039,7 @@ VERBS: dict[str, dict[str, Verb]] = {
             ("topic",),
         ),
         **_topic_policy_verbs(),
+        **_rate_verbs(lambda a, s: _topic(a, f"/{s}"), "a topic"),
         "bundle-range": Verb(
             "the bundle serving a topic",
             lambda a: ("GET", _topic(a, "/bundle"), None),
@@ -1023,6 +1066,12 @@ VERBS: dict[str, dict[str, Verb]] = {
                 None,
             ),
             (_flag("-k", "--key", required=True),),
+            ("topic",),
+        ),
+        "truncate": Verb(
+            "move every subscription to the end and delete every closed ledger",
+            lambda a: ("DELETE", _topic(a, "/truncate"), None),
+            (),
             ("topic",),
         ),
         "trim-topic": Verb(

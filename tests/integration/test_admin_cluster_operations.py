@@ -50,8 +50,6 @@ def loaded(cluster: MagnetarCluster) -> Iterator[pulsar.Client]:
         for i in range(5):
             producer.send(f"{topic[-2:]}-{i}".encode())
         producer.close()
-    owners = {cluster.owner_of_topic(t) for t in TOPICS}
-    assert len(owners) >= 2, owners  # the calls below cross brokers
     try:
         yield client
     finally:
@@ -117,13 +115,14 @@ def test_topic_calls_are_redirected_to_the_owner(
 def test_namespace_calls_reach_every_bundle_owner(
     cluster: MagnetarCluster, loaded: pulsar.Client
 ) -> None:
-    status, body = cluster.brokers[0].http(
+    # Asked where at least one topic is not served: that bundle's owner is asked in turn.
+    status, body = not_owner(cluster, TOPICS[0]).http(
         "POST", f"/admin/v2/namespaces/{NAMESPACE}/clearBacklog/b"
     )
     assert status == 204, body
     assert [backlog(cluster, t, "b") for t in TOPICS] == [0] * len(TOPICS)
     assert all(backlog(cluster, t, "a") > 0 for t in TOPICS)
-    status, body = cluster.brokers[1].http(
+    status, body = not_owner(cluster, TOPICS[1]).http(
         "POST", f"/admin/v2/namespaces/{NAMESPACE}/unsubscribe/b"
     )
     assert status == 204, body
@@ -149,8 +148,7 @@ def test_partitioned_stats_gather_every_partition(
     for i in range(60):
         producer.send(b"x", partition_key=f"k{i}")
     producer.close()
-    owners = {cluster.owner_of_topic(f"{topic}-partition-{i}") for i in range(6)}
-    assert len(owners) >= 2, owners
+    # Asked at every broker: each asks the owners of the partitions it does not serve.
     for broker in cluster.brokers:
         stats = json.loads(broker.http("GET", f"{path_of(topic)}/partitioned-stats")[1])
         assert stats["msgInCounter"] == 60 and len(stats["partitions"]) == 6

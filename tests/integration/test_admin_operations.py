@@ -634,3 +634,63 @@ def test_create_missed_partitions(node: StandaloneProcess) -> None:
     assert call(node, "POST", f"{base}/createMissedPartitions")[0] == 204
     assert served() == {f"persistent://public/default/lazy-partition-{i}" for i in range(3)}
     assert call(node, "POST", f"{base}/createMissedPartitions")[0] == 204  # none missing now
+
+
+def test_truncate(node: StandaloneProcess, pc: pulsar.Client) -> None:
+    base = "/persistent/public/default/truncated"
+    pc.subscribe("persistent://public/default/truncated", "s").close()
+    produce(pc, "truncated", ["a", "b", "c"])
+    assert call(node, "PUT", f"{base}/unload")[0] == 204  # its ledger closed
+    produce(pc, "truncated", ["d", "e"])
+    before = ok(node, "GET", f"{base}/internalStats")
+    assert len(before["ledgers"]) >= 2 and before["numberOfEntries"] == 5
+    assert backlog(node, "truncated", "s") == 5
+    assert call(node, "DELETE", f"{base}/truncate")[0] == 204
+    after = ok(node, "GET", f"{base}/internalStats")
+    assert backlog(node, "truncated", "s") == 0
+    assert [ledger["ledgerId"] for ledger in after["ledgers"]] == [
+        before["ledgers"][-1]["ledgerId"]
+    ]  # only the ledger being written is left
+    assert call(node, "DELETE", "/non-persistent/public/default/truncated/truncate")[0] in (
+        404,
+        405,
+    )
+
+
+def test_dispatch_rates_hold_consumers_back(node: StandaloneProcess, pc: pulsar.Client) -> None:
+    assert call(node, "PUT", "/namespaces/public/rated")[0] == 204
+    base = "/namespaces/public/rated"
+    rate = {
+        "dispatchThrottlingRateInMsg": 10,
+        "dispatchThrottlingRateInByte": -1,
+        "ratePeriodInSecond": 1,
+        "relativeToPublishRate": False,
+    }
+    assert ok(node, "GET", f"{base}/dispatchRate") is None
+    assert call(node, "POST", f"{base}/dispatchRate", {**rate, "ratePeriodInSecond": 0})[0] == 400
+    assert call(node, "POST", f"{base}/dispatchRate", rate)[0] == 204
+    assert ok(node, "GET", f"{base}/dispatchRate") == rate
+    topic = "persistent://public/rated/t"
+    consumer = pc.subscribe(topic, "s")
+    produce_to = pc.create_producer(topic, batching_enabled=False)
+    for i in range(30):
+        produce_to.send(f"m{i}".encode())
+    started = time.monotonic()
+    got = [consumer.receive(10_000).data() for _ in range(30)]
+    # Ten a second: the thirty need three windows (a lower bound, not a timing measurement).
+    assert got == [f"m{i}".encode() for i in range(30)]
+    assert time.monotonic() - started >= 1.5
+    # The topic's own subscription rate, over the namespace's: one subscription at 5 a window.
+    assert call(node, "DELETE", f"{base}/dispatchRate")[0] == 204
+    per_sub = {**rate, "dispatchThrottlingRateInMsg": 5}
+    path = "/persistent/public/rated/t/subscriptionDispatchRate"
+    assert call(node, "POST", path, per_sub)[0] == 204
+    assert ok(node, "GET", path) == per_sub
+    time.sleep(1.1)  # the policy applied, a fresh window
+    for i in range(10):
+        produce_to.send(f"n{i}".encode())
+    started = time.monotonic()
+    assert len([consumer.receive(10_000) for _ in range(10)]) == 10
+    assert time.monotonic() - started >= 0.8
+    produce_to.close()
+    consumer.close()

@@ -116,3 +116,19 @@ def test_topic_policy_verbs() -> None:
     assert _call("topics", "remove-retention", "t/n/x") == (
         "DELETE", "persistent/t/n/x/retention", None,
     )  # fmt: skip
+
+
+def test_dispatch_rate_verbs() -> None:
+    assert _call("namespaces", "set-dispatch-rate", "t/n", "-md", "100", "-dt", "2") == (
+        "POST",
+        "namespaces/t/n/dispatchRate",
+        {
+            "dispatchThrottlingRateInMsg": 100,
+            "dispatchThrottlingRateInByte": -1,
+            "ratePeriodInSecond": 2,
+            "relativeToPublishRate": False,
+        },
+    )
+    assert _call("topics", "get-subscription-dispatch-rate", "t/n/x") == (
+        "GET", "persistent/t/n/x/subscriptionDispatchRate", None,
+    )  # fmt: skip

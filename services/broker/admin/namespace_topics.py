@@ -29,7 +29,11 @@ from magnetar.broker.admin.errors import AdminError
 from magnetar.broker.admin.partitioned import delete_partitioned_topic
 from magnetar.broker.errors import SubscriptionBusyError, TopicBusyError, TopicNotOwnedError
 from magnetar.broker.model.topic_name import TopicName
-from magnetar.broker.namespace.records import NAMESPACES_PATH, partitioned_topics
+from magnetar.broker.namespace.records import (
+    NAMESPACES_PATH,
+    TOPIC_POLICIES_PATH,
+    partitioned_topics,
+)
 from magnetar.broker.topics.persistent import PersistentTopic
 from magnetar.common.metadata import NoSuchKeyError
 
@@ -159,6 +163,11 @@ def add_namespace_topic_routes(routes: web.RouteTableDef, broker: AdminBroker) -
                 ) from None
             except TopicBusyError as e:
                 raise AdminError(412, str(e)) from None
+        for key in await broker.store.scan(f"{TOPIC_POLICIES_PATH}/{namespace}/"):
+            try:  # topics' own policies left by topics deleted outside the admin API
+                await broker.store.delete(key)
+            except NoSuchKeyError:
+                pass
         try:
             await broker.store.delete(f"{NAMESPACES_PATH}/{namespace}")
         except NoSuchKeyError:

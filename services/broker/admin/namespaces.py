@@ -13,6 +13,8 @@
   ``maxProducersPerTopic``, ``maxConsumersPerTopic``, ``maxConsumersPerSubscription``,
   ``maxUnackedMessagesPerConsumer``, ``maxUnackedMessagesPerSubscription``,
   ``inactiveTopicPolicies`` (see ``policies``)
+- ``GET|POST|DELETE .../dispatchRate`` and ``.../subscriptionDispatchRate``: Pulsar's
+  DispatchRate for each topic, and each subscription, of the namespace
 - ``GET|PUT|DELETE .../properties``: the namespace's properties (PUT adds or changes some,
   DELETE clears them)
 - ``POST|DELETE .../backlogQuota?backlogQuotaType=destination_storage|message_age`` (body:
@@ -69,6 +71,13 @@ POLICY_FIELDS: dict[str, tuple[str, Callable[[Any, TopicSettings], Any]]] = {
             v, limits.max_num_partitions_per_partitioned_topic
         ),
     ),
+}
+
+
+#: Admin path segment -> the policy field holding ``{cluster: DispatchRate}``.
+DISPATCH_RATES = {
+    "dispatchRate": "topicDispatchRate",
+    "subscriptionDispatchRate": "subscriptionDispatchRate",
 }
 
 
@@ -164,6 +173,32 @@ def add_namespace_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None
     @routes.get("/admin/v2/namespaces/{tenant}/{namespace}")
     async def get_policies(request: web.Request) -> web.Response:
         return web.json_response(policies.full_document(await _policy_document(broker, request)))
+
+    for segment, field in DISPATCH_RATES.items():
+
+        async def get_rate(request: web.Request, field: str = field) -> web.Response:
+            found = (await _policy_document(broker, request)).get(field) or {}
+            return web.json_response(next(iter(found.values()), None))
+
+        async def set_rate(
+            request: web.Request, field: str = field, segment: str = segment
+        ) -> web.Response:
+            namespace = requests.namespace(request)
+            await _policy_document(broker, request)  # 404 for a missing namespace
+            value = None
+            if request.method == "POST":
+                try:
+                    rate = policies.check_dispatch_rate(await requests.json_body(request))
+                except PolicyError as e:
+                    raise AdminError(400, f"{segment}: {e}") from None
+                value = {broker.config.cluster_name: rate}
+            await _update_policies(broker, f"{NAMESPACES_PATH}/{namespace}", field, value)
+            broker.policies_changed()
+            return web.Response(status=204)
+
+        routes.get(f"/admin/v2/namespaces/{{tenant}}/{{namespace}}/{segment}")(get_rate)
+        routes.post(f"/admin/v2/namespaces/{{tenant}}/{{namespace}}/{segment}")(set_rate)
+        routes.delete(f"/admin/v2/namespaces/{{tenant}}/{{namespace}}/{segment}")(set_rate)
 
     @routes.get("/admin/v2/namespaces/{tenant}/{namespace}/properties")
     async def get_properties(request: web.Request) -> web.Response:

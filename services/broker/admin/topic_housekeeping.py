@@ -7,6 +7,8 @@
   topic's managed ledger (persistent topics only), beside Magnetar's own, which are not shown.
 - ``POST   {topic}/trim``: ledgers every subscription is done with and that retention no longer
   keeps are deleted now, instead of at the next policy round
+- ``DELETE {topic}/truncate``: every subscription moves to the end and every closed ledger is
+  deleted (the one being written stays), as Pulsar's truncate
 """
 
 from __future__ import annotations
@@ -69,4 +71,10 @@ def add_topic_housekeeping_routes(routes: web.RouteTableDef, broker: AdminBroker
         topic = await persistent_topic(broker, request)
         retention = (await broker.namespace_policies(topic.name.namespace_name)).retention
         await topic.ml.trim_retained(retention.time_minutes, retention.size_mb)
+        return web.Response(status=204)
+
+    @routes.delete(TOPIC_PATH + "/truncate")
+    async def truncate(request: web.Request) -> web.Response:
+        topic = await persistent_topic(broker, request)
+        await topic.truncate()
         return web.Response(status=204)

@@ -9,6 +9,7 @@ sets for all its topics, and Pulsar's resolution applies, topic over namespace o
   ``.../maxConsumersPerSubscription``, ``.../maxUnackedMessagesOnConsumer``,
   ``.../maxUnackedMessagesOnSubscription`` (N)
 - ``GET|POST|DELETE {topic}/inactiveTopicPolicies``
+- ``GET|POST|DELETE {topic}/dispatchRate``, ``.../subscriptionDispatchRate`` (DispatchRate)
 - ``POST|DELETE {topic}/backlogQuota?backlogQuotaType=...``, ``GET {topic}/backlogQuotaMap``
 
 GET answers the topic's own value (null: none, the namespace's applies). A partitioned topic's
@@ -27,6 +28,7 @@ from aiohttp import web
 
 from magnetar.broker.admin import requests
 from magnetar.broker.admin.errors import AdminError
+from magnetar.broker.admin.namespaces import DISPATCH_RATES
 from magnetar.broker.admin.subscriptions import TOPIC_PATH
 from magnetar.broker.model.topic_name import TopicName
 from magnetar.broker.namespace import policies
@@ -140,6 +142,31 @@ def add_topic_policy_routes(routes: web.RouteTableDef, broker: AdminBroker) -> N
         routes.get(f"{TOPIC_PATH}/{segment}")(get_policy)
         routes.post(f"{TOPIC_PATH}/{segment}")(set_policy)
         routes.delete(f"{TOPIC_PATH}/{segment}")(set_policy)
+
+    for segment, field in DISPATCH_RATES.items():
+
+        async def get_rate(request: web.Request, field: str = field) -> web.Response:
+            name = await _existing(broker, request)
+            found = (await _document(broker, name)).get(field) or {}
+            return web.json_response(next(iter(found.values()), None))
+
+        async def set_rate(
+            request: web.Request, field: str = field, segment: str = segment
+        ) -> web.Response:
+            name = await _existing(broker, request)
+            value = None
+            if request.method == "POST":
+                try:
+                    rate = policies.check_dispatch_rate(await requests.json_body(request))
+                except PolicyError as e:
+                    raise AdminError(400, f"{segment}: {e}") from None
+                value = {broker.config.cluster_name: rate}
+            await _update(broker, name, field, value)
+            return web.Response(status=204)
+
+        routes.get(f"{TOPIC_PATH}/{segment}")(get_rate)
+        routes.post(f"{TOPIC_PATH}/{segment}")(set_rate)
+        routes.delete(f"{TOPIC_PATH}/{segment}")(set_rate)
 
     @routes.get(TOPIC_PATH + "/backlogQuotaMap")
     async def backlog_quota_map(request: web.Request) -> web.Response:

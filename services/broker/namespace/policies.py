@@ -12,6 +12,8 @@ A namespace's policies are the JSON document at its key in the metadata store
 - ``max_producers_per_topic``, ``max_consumers_per_topic``, ``max_consumers_per_subscription``:
   N (0 or absent: no limit), ``max_unacked_messages_per_consumer``,
   ``max_unacked_messages_per_subscription``: N (absent: the broker's setting; 0: no bound)
+- ``topicDispatchRate``, ``subscriptionDispatchRate``: ``{cluster: {"dispatchThrottlingRateInMsg",
+  "dispatchThrottlingRateInByte", "ratePeriodInSecond"}}``
 - ``backlog_quota_map``: ``{"destination_storage"|"message_age": {"limitSize": bytes,
   "limitTime": seconds, "policy": ...}}``; ``inactive_topic_policies``:
   ``{"inactiveTopicDeleteMode", "maxInactiveDurationSeconds", "deleteWhileInactive"}``
@@ -120,6 +122,9 @@ class Policies:
     limits: TopicLimits = field(default_factory=lambda: TopicLimits())
     backlog_quota: BacklogQuota | None = None
     inactive_topics: InactiveTopics | None = None
+    #: (messages, bytes, period seconds) a topic, and each subscription, may dispatch.
+    dispatch_rate: tuple[int, int, int] | None = None
+    subscription_dispatch_rate: tuple[int, int, int] | None = None
 
 
 #: Pulsar's RetentionPolicy names of a backlog quota.
@@ -150,6 +155,46 @@ class InactiveTopics:
     mode: str
     max_inactive_seconds: int
     delete_while_inactive: bool
+
+
+def check_dispatch_rate(value: Any) -> dict[str, Any]:
+    """Pulsar's DispatchRate: ``dispatchThrottlingRateInMsg``, ``dispatchThrottlingRateInByte``
+    (-1: no limit), ``ratePeriodInSecond`` (1 or more), ``relativeToPublishRate`` (false only)."""
+    if not isinstance(value, dict):
+        raise PolicyError(
+            'expected {"dispatchThrottlingRateInMsg": N, "dispatchThrottlingRateInByte": N, '
+            '"ratePeriodInSecond": S}'
+        )
+    result: dict[str, Any] = {}
+    for key, default, lowest in (
+        ("dispatchThrottlingRateInMsg", -1, -1),
+        ("dispatchThrottlingRateInByte", -1, -1),
+        ("ratePeriodInSecond", 1, 1),
+    ):
+        number = value.get(key, default)
+        if not isinstance(number, int) or isinstance(number, bool) or number < lowest:
+            raise PolicyError(f"{key} must be a number, {lowest} or more; got {number!r}")
+        result[key] = number
+    if value.get("relativeToPublishRate", False):
+        raise PolicyError("relativeToPublishRate is not supported")
+    result["relativeToPublishRate"] = False
+    return result
+
+
+def _dispatch_rate(document: dict[str, Any], field: str) -> tuple[int, int, int] | None:
+    """The rate of the (single) cluster in a ``{cluster: DispatchRate}`` policy field."""
+    by_cluster = document.get(field)
+    if not isinstance(by_cluster, dict) or not by_cluster:
+        return None
+    rate = next(iter(by_cluster.values()))
+    if not isinstance(rate, dict):
+        return None
+    found = (
+        int(rate.get("dispatchThrottlingRateInMsg", -1)),
+        int(rate.get("dispatchThrottlingRateInByte", -1)),
+        max(int(rate.get("ratePeriodInSecond", 1)), 1),
+    )
+    return None if found[0] <= 0 and found[1] <= 0 else found
 
 
 def check_backlog_quota(value: Any) -> dict[str, Any]:
@@ -327,6 +372,8 @@ def effective(document: dict[str, Any], defaults: TopicSettings) -> Policies:
         ),
         backlog_quota=_backlog_quota(document),
         inactive_topics=_inactive_topics(document),
+        dispatch_rate=_dispatch_rate(document, "topicDispatchRate"),
+        subscription_dispatch_rate=_dispatch_rate(document, "subscriptionDispatchRate"),
     )
 
 

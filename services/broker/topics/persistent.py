@@ -20,6 +20,7 @@ from magnetar.broker.namespace.policies import BacklogQuota, Policies, TopicLimi
 from magnetar.broker.topics.consumer import Consumer
 from magnetar.broker.topics.deduplication import Deduplication, DuplicateStatus
 from magnetar.broker.topics.dispatch_limits import DispatchLimits
+from magnetar.broker.topics.dispatch_rate import DispatchRate, RateLimiter
 from magnetar.broker.topics.instruments import UNCOUNTED, TopicInstruments
 from magnetar.broker.topics.limits import check_consumers, dispatch_limits
 from magnetar.broker.topics.producers import ProducerSet
@@ -87,6 +88,10 @@ class PersistentTopic:
         self.rates = TopicRates()
         self.base_limits = self.limits
         self.client_limits = TopicLimits()
+        #: The namespace's (or topic's) dispatch rates: the topic's limiter, shared by its
+        #: subscriptions, and the rate each subscription gets a limiter of its own for.
+        self.dispatch_limiter: RateLimiter | None = None
+        self.subscription_dispatch_rate: DispatchRate | None = None
         self._subscribe_lock = asyncio.Lock()
         #: Unloading: new sends are refused while those in flight get their receipts.
         self.unloading = False
@@ -280,9 +285,24 @@ class PersistentTopic:
         for subscription in self.subscriptions.values():
             subscription.limits = self.limits
 
+    def apply_dispatch_rates(self, policies: Policies) -> None:
+        """The dispatch rates in force; a limiter is kept while its rate is unchanged."""
+        rate = DispatchRate(*policies.dispatch_rate) if policies.dispatch_rate else None
+        if rate is None:
+            self.dispatch_limiter = None
+        elif self.dispatch_limiter is None or self.dispatch_limiter.rate != rate:
+            self.dispatch_limiter = RateLimiter(rate)
+        per_subscription = policies.subscription_dispatch_rate
+        self.subscription_dispatch_rate = (
+            DispatchRate(*per_subscription) if per_subscription else None
+        )
+        for subscription in self.subscriptions.values():
+            subscription.dispatcher.wake()
+
     async def apply_policies(self, policies: Policies) -> None:
         """Bring the topic in line with its namespace's policies (run periodically)."""
         self.apply_limits(policies.limits)
+        self.apply_dispatch_rates(policies)
         if policies.deduplication and self.deduplication is None:
             self.deduplication = await Deduplication.load(self.ml)
         elif not policies.deduplication:
@@ -334,6 +354,16 @@ class PersistentTopic:
                     subscription.name,
                     quota,
                 )
+
+    async def truncate(self) -> list[int]:
+        """Admin ``truncate`` (Pulsar's): every subscription moves to the end of the topic and
+        every closed ledger is deleted; the ledger being written stays. Returns the deleted
+        ledgers' ids."""
+        for subscription in list(self.subscriptions.values()):
+            subscription.clear_backlog()
+        deleted = await self.ml.trim(self.ml.next_position(self.ml.last_confirmed_position))
+        log.info("topic %s truncated: ledgers %s deleted", self.name, deleted)
+        return deleted
 
     def is_inactive(self, mode: str) -> bool:
         """No producer, no consumer, and (by Pulsar's InactiveTopicDeleteMode) no subscription

@@ -185,6 +185,7 @@ class TopicService:
             self._instruments,
         )
         topic.apply_limits(policies.limits)
+        topic.apply_dispatch_rates(policies)
         if policies.deduplication:
             topic.deduplication = await Deduplication.load(ml)
         self.topics[str(name)] = topic

@@ -14,6 +14,7 @@ from magnetar.broker.model.position import Position
 from magnetar.broker.topics import dispatchers
 from magnetar.broker.topics.consumer import Consumer, acked_from_bit_set
 from magnetar.broker.topics.dispatch_limits import DispatchLimits
+from magnetar.broker.topics.dispatch_rate import RateLimiter
 from magnetar.common.proto import pulsar_api_pb2 as pb
 
 if TYPE_CHECKING:
@@ -89,6 +90,7 @@ class Subscription:
         #: Entries expired (TTL or the admin's expireMessages), and when last (ms, 0: never).
         self.expired = 0
         self.last_expired_ms = 0
+        self._rate_limiter: RateLimiter | None = None
         # Without a mode yet, an idle dispatcher holds the place: with no consumer it never
         # reads, and the first consumer replaces it with its own mode's.
         self.dispatcher = dispatchers.for_mode(
@@ -97,6 +99,21 @@ class Subscription:
 
     def __str__(self) -> str:
         return f"{self.topic.name}/{self.name}"
+
+    def rate_limiters(self) -> list[RateLimiter]:
+        """The dispatch rate limiters this subscription's dispatcher answers to: the topic's
+        and its own (empty without dispatch rate policies)."""
+        found = []
+        if self.topic.dispatch_limiter is not None:
+            found.append(self.topic.dispatch_limiter)
+        rate = self.topic.subscription_dispatch_rate
+        if rate is None:
+            self._rate_limiter = None
+        else:
+            if self._rate_limiter is None or self._rate_limiter.rate != rate:
+                self._rate_limiter = RateLimiter(rate)
+            found.append(self._rate_limiter)
+        return found
 
     @property
     def type_name(self) -> str:

@@ -79,6 +79,10 @@ class Dispatcher(abc.ABC):
         backoff = RETRY_FIRST_S
         while self.consumers:
             self._wake.clear()
+            throttled = self._throttled()
+            if throttled > 0:  # over a dispatch rate: the next window
+                await asyncio.sleep(throttled)
+                continue
             try:
                 progressed = await self.dispatch_round()
             except asyncio.CancelledError:
@@ -141,8 +145,17 @@ class Dispatcher(abc.ABC):
             self.replay.discard(error.position)
         return True
 
+    def _throttled(self) -> float:
+        """Seconds to wait before dispatching more (0: now), by the dispatch rate limits."""
+        return max((limiter.delay() for limiter in self.subscription.rate_limiters()), default=0.0)
+
     def entries_to_read(self, permits: int) -> int:
-        """Entries to read for ``permits`` messages, at the average batch size seen so far."""
+        """Entries to read for ``permits`` messages, at the average batch size seen so far
+        (fewer when a dispatch rate allows fewer)."""
+        for limiter in self.subscription.rate_limiters():
+            allowed = limiter.available()
+            if allowed is not None:
+                permits = min(permits, max(allowed, 1))
         per_entry = max(self.subscription.messages_per_entry, 1.0)
         return max(1, min(math.ceil(permits / per_entry), self.subscription.dispatch_batch))
 
@@ -161,6 +174,8 @@ class Dispatcher(abc.ABC):
         sub.bytes_out += len(stored)
         sub.topic.msg_out += count
         sub.topic.bytes_out += len(stored)
+        for limiter in sub.rate_limiters():
+            limiter.consume(count, len(stored))
         consumer.send(
             position,
             stored,
