@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -164,3 +165,26 @@ def test_magnetar_admin_follows_redirects(cluster: MagnetarCluster, loaded: puls
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert backlog(cluster, topic, "a") == 4
+
+
+def test_topic_policies_are_set_at_the_owner(
+    cluster: MagnetarCluster, loaded: pulsar.Client
+) -> None:
+    topic = TOPICS[2]
+    owner = cluster.broker(cluster.owner_of_topic(topic) or "")
+    other = not_owner(cluster, topic)
+    status, headers = raw(f"{other.http_url}{path_of(topic)}/maxProducers", "GET")
+    assert status == 307 and headers["Location"].startswith(owner.http_url)
+    status, body = other.http("POST", f"{path_of(topic)}/maxProducers", 1)
+    assert status == 204, body
+    producer = loaded.create_producer(topic)
+    deadline = time.monotonic() + 10  # applied by the owner's next policy round, woken now
+    while True:
+        try:
+            loaded.create_producer(topic).close()
+        except pulsar.ProducerBusy:
+            break
+        assert time.monotonic() < deadline, "the topic's maxProducers never applied"
+        time.sleep(0.1)
+    producer.close()
+    assert json.loads(other.http("GET", f"{path_of(topic)}/maxProducers")[1]) == 1
