@@ -17,6 +17,13 @@ class _Service:
     async def is_tenant_admin(self, tenant: str, role: str | None, fresh: bool = False) -> bool:
         return role == f"{tenant}-admin"
 
+    async def can_consume(self, topic: object, role: str | None, subscription: str | None) -> bool:
+        # "reader" consumes everything; "billing-reader" only subscription "billing"
+        return role == "reader" or (role == "billing-reader" and subscription in (None, "billing"))
+
+    async def can_lookup(self, topic: object, role: str | None) -> bool:
+        return role in ("reader", "billing-reader", "writer")
+
 
 def _allowed(path: str, role: str, method: str = "GET") -> bool:
     broker = SimpleNamespace(authorization=_Service())
@@ -38,10 +45,37 @@ def test_broker_stats_and_bookies_are_for_superusers() -> None:
         assert not _allowed(path, "acme-admin")
 
 
-def test_subscription_operations_are_the_tenant_admins() -> None:
-    path = "/admin/v2/persistent/acme/ns/t/subscription/s/skip/5"
-    assert _allowed(path, "acme-admin", "POST")
-    assert not _allowed(path, "other-admin", "POST")
+def test_subscription_operations_are_the_tenant_admins_and_consumers() -> None:
+    """Pulsar lets a role that may consume skip, expire, reset and peek (its subscriptions)."""
+    for method, path in (
+        ("POST", "/admin/v2/persistent/acme/ns/t/subscription/billing/skip/5"),
+        ("POST", "/admin/v2/persistent/acme/ns/t/subscription/billing/skip_all"),
+        ("POST", "/admin/v2/persistent/acme/ns/t/subscription/billing/expireMessages/60"),
+        ("POST", "/admin/v2/persistent/acme/ns/t/subscription/billing/resetcursor/0"),
+        ("GET", "/admin/v2/persistent/acme/ns/t/subscription/billing/position/1"),
+        ("PUT", "/admin/v2/persistent/acme/ns/t/subscription/billing"),
+        ("DELETE", "/admin/v2/persistent/acme/ns/t/subscription/billing"),
+    ):
+        assert _allowed(path, "acme-admin", method)
+        assert _allowed(path, "reader", method)
+        assert _allowed(path, "billing-reader", method)
+        assert not _allowed(path, "writer", method)
+        assert not _allowed(path, "other-admin", method)
+    other = "/admin/v2/persistent/acme/ns/t/subscription/audit/skip/5"
+    assert not _allowed(other, "billing-reader", "POST")  # not its subscription
+    for path in (
+        "/admin/v2/persistent/acme/ns/t/examinemessage",
+        "/admin/v2/persistent/acme/ns/t/messageid/0",
+    ):
+        assert _allowed(path, "reader") and not _allowed(path, "writer")
+    for path in (
+        "/admin/v2/persistent/acme/ns/t/lastMessageId",
+        "/admin/v2/persistent/acme/ns/t/partitioned-internalStats",
+    ):
+        assert _allowed(path, "writer") and not _allowed(path, "nobody")
+    # Deleting or truncating the topic stays the tenant admins'.
+    assert not _allowed("/admin/v2/persistent/acme/ns/t", "reader", "DELETE")
+    assert not _allowed("/admin/v2/persistent/acme/ns/t/truncate", "reader", "DELETE")
 
 
 def test_runtime_configuration_masks_secrets() -> None:

@@ -5,7 +5,8 @@ resources check them:
 ============================================  ================================================
 call                                          who may
 ============================================  ================================================
-``/admin/v2/tenants...``, ``/brokers...``     superusers
+``/admin/v2/tenants...``, ``/brokers...``,    superusers
+``/broker-stats...``, ``/bookies...``
 ``GET /admin/v2/clusters...``                 any authenticated caller; other methods:
                                               superusers
 ``GET .../{t}/{ns}`` topic lists (namespaces  a namespace grant of produce or consume (Pulsar's
@@ -14,7 +15,10 @@ call                                          who may
 ``stats``, ``internalStats``,                 and GET_STATS: clients read partition counts
 ``partitioned-stats``; ``/lookup/v2/...``;    over HTTP), or the tenant's admins
 ``GET`` its schema
-``GET`` a topic's ``subscriptions``           consume on the topic, or the tenant's admins
+``GET`` a topic's ``subscriptions``; a        consume on the topic (and the subscription's
+subscription's create, delete, skip, expire,  roles, when it has some), or the tenant's admins
+reset and peek; ``examinemessage``, a
+message by id or by time
 everything else under a tenant                the tenant's admins (and superusers)
 ============================================  ================================================
 
@@ -43,7 +47,22 @@ NOT_ADMIN = "Don't have admin permission"
 NOT_SUPERUSER = "This operation requires super-user access"
 #: Topic reads a client with produce or consume may make (Pulsar's LOOKUP / GET_STATS).
 TOPIC_READS = frozenset(
-    {(), ("partitions",), ("stats",), ("internalStats",), ("partitioned-stats",)}
+    {
+        (),
+        ("partitions",),
+        ("stats",),
+        ("internalStats",),
+        ("partitioned-stats",),
+        ("partitioned-internalStats",),
+        ("lastMessageId",),
+    }
+)
+#: What follows a topic in the calls a consumer may make on it (Pulsar's SUBSCRIBE,
+#: UNSUBSCRIBE, SKIP, EXPIRE_MESSAGES, RESET_CURSOR, PEEK_MESSAGES): ``subscription/{sub}/...``,
+#: ``all_subscription/expireMessages/{s}``, ``examinemessage``, ``ledger/{l}/entry/{e}``,
+#: ``messageid/{timestamp}``.
+CONSUMER_CALLS = frozenset(
+    {"subscription", "all_subscription", "examinemessage", "ledger", "messageid"}
 )
 
 
@@ -75,13 +94,16 @@ def _requirement(broker: AdminBroker, method: str, parts: list[str]) -> tuple[Ch
 
         return or_admin(tenant, check, "Client is not authorized to GetTopicsOfNamespace")
 
-    def topic_read(name: TopicName, consume: bool) -> tuple[Check, str]:
+    def topic_read(
+        name: TopicName, consume: bool, subscription: str | None = None
+    ) -> tuple[Check, str]:
         async def check(role: str | None) -> bool:
             if consume:
-                return await service.can_consume(name, role)
+                return await service.can_consume(name, role, subscription)
             return await service.can_lookup(name, role)
 
-        return or_admin(name.tenant, check, "Client is not authorized to Lookup")
+        refusal = "Client is not authorized to " + ("Consume" if consume else "Lookup")
+        return or_admin(name.tenant, check, refusal)
 
     def topic(domain: str, tenant: str, namespace: str, local: str) -> TopicName:
         return TopicName.parse(f"{domain}://{tenant}/{namespace}/{local}")
@@ -105,6 +127,10 @@ def _requirement(broker: AdminBroker, method: str, parts: list[str]) -> tuple[Ch
     if group in ("persistent", "non-persistent"):
         if len(rest) == 2 and method == "GET":
             return listing(tenant, f"{tenant}/{rest[1]}")
+        if len(rest) >= 4 and rest[3] in CONSUMER_CALLS:
+            name = topic(group, tenant, rest[1], rest[2])
+            subscription = rest[4] if rest[3] == "subscription" and len(rest) > 4 else None
+            return topic_read(name, consume=True, subscription=subscription)
         if len(rest) >= 3 and method == "GET":
             name = topic(group, tenant, rest[1], rest[2])
             if tuple(rest[3:]) in TOPIC_READS:
