@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 import tomllib
 import typing
@@ -17,6 +18,9 @@ from collections.abc import Mapping
 from typing import Any
 
 ENV_PREFIX = "MAGNETAR_"
+PROPERTIES_SUFFIXES = (".conf", ".properties")
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -61,7 +65,11 @@ def _field_types(cls: type) -> dict[str, type]:
 def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     """Add ``--config`` and one option per field (default None, so unset options are visible)."""
     parser.add_argument(
-        "--config", metavar="FILE", help="TOML file with settings (keys as below, with underscores)"
+        "--config",
+        metavar="FILE",
+        help="settings file: TOML (keys as below), or Pulsar's/BookKeeper's properties format "
+        "(broker.conf, standalone.conf, bookkeeper.conf, proxy.conf; camelCase keys) when it ends "
+        "in .conf or .properties",
     )
     for field in dataclasses.fields(cls):
         kind = _field_types(cls)[field.name]
@@ -85,6 +93,49 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
             )
 
 
+def read_config_file(path: str, types: Mapping[str, type]) -> dict[str, Any]:
+    """The settings of a TOML file, or of a Java properties file (``.conf``, ``.properties``:
+    Pulsar's and BookKeeper's files). Keys may be ours, dashed, or Pulsar's camelCase names
+    (``pulsar_conf.translate``). An unknown key stops a TOML file (a typo in our own format); a
+    properties file is an operator's Pulsar file, full of settings Magnetar has no use for, so
+    its unknown keys are named in one warning."""
+    from magnetar.common import pulsar_conf
+
+    properties = path.endswith(PROPERTIES_SUFFIXES)
+    try:
+        with open(path, "rb") as f:
+            blob = f.read()
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    if properties:
+        pairs: list[tuple[str, Any]] = pulsar_conf.parse_properties(blob.decode("utf-8"))
+    else:
+        try:
+            pairs = list(tomllib.loads(blob.decode("utf-8")).items())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(
+                f"config file {path} is not valid TOML: {e} (Pulsar's .conf files must end in "
+                ".conf or .properties)"
+            ) from None
+    try:
+        translation = pulsar_conf.translate(pairs, types)
+    except ValueError as e:
+        raise ConfigError(f"config file {path}: {e}") from None
+    if translation.unknown:
+        if not properties:
+            raise ConfigError(f"config file {path}: unknown setting {translation.unknown[0]!r}")
+        log.warning(
+            "config file %s: %d keys are not Magnetar settings and were ignored: %s",
+            path,
+            len(translation.unknown),
+            ", ".join(translation.unknown),
+        )
+    return {
+        name: _parse(types[name], raw, f"config file {path}", name)
+        for name, raw in translation.values.items()
+    }
+
+
 def load_config(
     cls: type, args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None
 ) -> Any:
@@ -96,18 +147,7 @@ def load_config(
     path = getattr(args, "config", None) if args is not None else None
     path = path or environ.get(ENV_PREFIX + "CONFIG")
     if path:
-        try:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
-        except OSError as e:
-            raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
-        for key, raw in data.items():
-            name = key.replace("-", "_")
-            if name not in types:
-                raise ConfigError(f"config file {path}: unknown setting {key!r}")
-            values[name] = _parse(types[name], raw, f"config file {path}", name)
+        values.update(read_config_file(path, types))
 
     for name, kind in types.items():
         env = ENV_PREFIX + name.upper()

@@ -25,9 +25,19 @@ INTRO = """# Configuration reference
 Every service reads its settings, later sources winning, from: built-in defaults, a TOML file
 given by `--config FILE` (or `MAGNETAR_CONFIG`; keys as in the first column), environment
 variables (`MAGNETAR_` + the key in upper case, the Kubernetes way), and command-line options
-(`--key-with-dashes`). A value of the wrong type, an unknown key in the file, or an invalid
+(`--key-with-dashes`). A value of the wrong type, an unknown key in a TOML file, or an invalid
 combination stops the service with a message naming the setting. `magnetar <service> --help`
 prints the same list with the defaults.
+
+Pulsar's and BookKeeper's own files work as they are: a `--config` file ending in `.conf` or
+`.properties` (`broker.conf`, `standalone.conf`, `bookkeeper.conf`, `proxy.conf`) is read as Java
+properties. A camelCase key is the setting of the same words (`maxMessageSize` is
+`max_message_size`, `bookkeeperTLSKeyFilePath` is `bookkeeper_tls_key_file_path`); where Pulsar's
+name or unit differs, `common/pulsar_conf.py` maps it (`brokerServicePort`, `webServicePort`,
+`metadataStoreUrl`/`metadataServiceUri` as `etcd:http://h:p`, `managedLedgerDefault*`,
+`loadBalancer*Minutes`, `journalDirectories`, `dbStorage_*Mb`, `gcWaitTime` in ms, ...). Empty
+values mean the default; keys Magnetar has no setting for are named in one warning at start and
+ignored. TOML files take the camelCase names too.
 
 `magnetar bk ...` tools take `--metadata-url` (or `MAGNETAR_METADATA_URL`).
 
