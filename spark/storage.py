@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from magnetar.common.ledger.client import LedgerClient
 from magnetar.common.ledger.errors import LedgerError, NoSuchEntryError, NoSuchLedgerError
-from magnetar.common.ledger.managed_ledger_list import ListedLedger, read_ledger_list
+from magnetar.common.ledger.managed_ledger_list import LedgerInfo, read_ledger_list
 from magnetar.common.metadata import MetadataError, MetadataStore, open_store
 from magnetar.common.metadata.readonly_local import ReadOnlyLocalStore
 from magnetar.common.protocol.stored_entry import schema_version, split_entry
@@ -85,7 +85,7 @@ async def closed_ledgers(url: str, topics: Sequence[str]) -> dict[str, frozenset
     try:
         out = {}
         for topic in topics:
-            listed: tuple[ListedLedger, ...] = await read_ledger_list(store, topic) or ()
+            listed: tuple[LedgerInfo, ...] = await read_ledger_list(store, topic) or ()
             out[topic] = frozenset(ledger.ledger_id for ledger in listed if ledger.closed)
         return out
     finally:

@@ -1,29 +1,33 @@
-"""A topic's ledger list read from the metadata store, for readers that go to the bookies
-without a broker (the Spark source's storage path). Read-only.
+"""A managed ledger's ledgers as stored: one ``LedgerInfo`` per ledger, in the record the
+metadata store keeps at the managed ledger's key (``managed_ledger_key``), as JSON::
 
-The broker's managed ledger of ``persistent://tenant/ns/topic`` is named
-``tenant/ns/persistent/topic`` (``magnetar.broker.model.topic_name.TopicName.
-managed_ledger_name``) and writes the list at ``managed_ledger_key(name)`` as JSON
-(``magnetar.broker.ledger.ledger_info.ManagedLedgerRecord``)::
+    {"name": "persistent://t/ns/topic",
+     "ledgers": [{"ledger_id": 7, "entries": 100, "size": 5120, "ctime_ms": ..., "closed": true},
+                 {"ledger_id": 9, "entries": 0, "size": 0, "ctime_ms": ..., "closed": false}],
+     "properties": {}}
 
-    {"name": ..., "ledgers": [{"ledger_id": 7, "entries": 100, "closed": true, ...}, ...], ...}
-
-Only the fields a reader needs are read here: which ledgers, in order, and which are closed
-with how many entries. The last ledger is usually the open one; its entries count only once
-it is closed, so its end is the broker's to tell.
+The broker writes it (its managed ledger); the bookie's GC reads which ledgers it lists, and
+the Spark source's storage path which ledgers a topic has and which are closed with how many
+entries. The last ledger is usually the open one: its entries count only once it is closed,
+so its end is the broker's to tell. A managed ledger of ``persistent://tenant/ns/topic`` is
+named ``tenant/ns/persistent/topic`` (``managed_ledger_name``).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from magnetar.common.ledger.managed_ledger_keys import managed_ledger_key
+from magnetar.common.ledger.metadata import LedgerMetadata
 from magnetar.common.metadata import MetadataStore
 
 __all__ = [
+    "LedgerInfo",
     "LedgerListError",
-    "ListedLedger",
+    "ManagedLedgerRecord",
     "managed_ledger_name",
     "parse_ledger_list",
     "read_ledger_list",
@@ -35,21 +39,78 @@ class LedgerListError(ValueError):
 
 
 @dataclass(slots=True, frozen=True)
-class ListedLedger:
-    """One ledger of a topic as its list records it."""
-
+class LedgerInfo:
     ledger_id: int
-    entries: int
-    closed: bool
+    entries: int = 0  # final count once closed; 0 for the ledger still open for writes
+    size: int = 0
+    ctime_ms: int = 0
+    closed: bool = False
+    closed_ms: int = 0  # when the broker closed it (0: unknown, use ctime_ms)
 
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ledger_id": self.ledger_id,
+            "entries": self.entries,
+            "size": self.size,
+            "ctime_ms": self.ctime_ms,
+            "closed": self.closed,
+            "closed_ms": self.closed_ms,
+        }
 
-def parse_ledger_list(data: bytes) -> tuple[ListedLedger, ...]:
-    try:
-        doc = json.loads(data)
-        return tuple(
-            ListedLedger(int(d["ledger_id"]), int(d["entries"]), bool(d["closed"]))
-            for d in doc["ledgers"]
+    def closed_as(self, metadata: LedgerMetadata) -> LedgerInfo:
+        """This ledger closed, with the end its (closed or recovered) metadata gives."""
+        return replace(
+            self,
+            entries=metadata.last_entry_id + 1,
+            size=metadata.length,
+            closed=True,
+            closed_ms=int(time.time() * 1000),
         )
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> LedgerInfo:
+        return cls(
+            int(d["ledger_id"]),
+            int(d["entries"]),
+            int(d["size"]),
+            int(d["ctime_ms"]),
+            bool(d["closed"]),
+            int(d.get("closed_ms", 0)),
+        )
+
+
+@dataclass(slots=True)
+class ManagedLedgerRecord:
+    """The managed ledger's stored record: its ledgers in order and its properties.
+
+    ``{"name": ..., "ledgers": [LedgerInfo.to_json(), ...], "properties": {...}}``"""
+
+    name: str
+    ledgers: list[LedgerInfo] = field(default_factory=list)
+    properties: dict[str, str] = field(default_factory=dict)
+
+    def to_bytes(self) -> bytes:
+        doc = {
+            "name": self.name,
+            "ledgers": [i.to_json() for i in self.ledgers],
+            "properties": self.properties,
+        }
+        return json.dumps(doc).encode()
+
+    @classmethod
+    def from_bytes(cls, name: str, data: bytes) -> ManagedLedgerRecord:
+        doc = json.loads(data)
+        return cls(
+            name,
+            [LedgerInfo.from_json(d) for d in doc["ledgers"]],
+            dict(doc.get("properties", {})),
+        )
+
+
+def parse_ledger_list(data: bytes) -> tuple[LedgerInfo, ...]:
+    """The ledgers a stored record lists, oldest first (``LedgerListError`` if it is not one)."""
+    try:
+        return tuple(LedgerInfo.from_json(d) for d in json.loads(data)["ledgers"])
     except (ValueError, KeyError, TypeError) as e:
         raise LedgerListError(f"not a managed ledger record: {e}") from None
 
@@ -65,7 +126,7 @@ def managed_ledger_name(topic: str) -> str:
     return f"{tenant}/{namespace}/{domain}/{local}"
 
 
-async def read_ledger_list(store: MetadataStore, topic: str) -> tuple[ListedLedger, ...] | None:
+async def read_ledger_list(store: MetadataStore, topic: str) -> tuple[LedgerInfo, ...] | None:
     """The ledgers ``topic`` (a full topic-partition name) lists, oldest first; None when the
     store has no list for it (never created, or deleted)."""
     found = await store.get(managed_ledger_key(managed_ledger_name(topic)))

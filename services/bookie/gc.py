@@ -51,7 +51,6 @@ cursor's record, not the list, and are not judged here.
 from __future__ import annotations
 
 import enum
-import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -60,6 +59,7 @@ from magnetar.bookie.ledger_storage import GcResult, LedgerStorage, StorageError
 from magnetar.bookie.metrics import BookieMetrics
 from magnetar.common.ledger.identity import read_instance_id
 from magnetar.common.ledger.managed_ledger_keys import managed_ledger_key
+from magnetar.common.ledger.managed_ledger_list import parse_ledger_list
 from magnetar.common.ledger.metadata import (
     LEDGER_ID_COUNTER,
     LEDGERS_PATH,
@@ -136,8 +136,7 @@ async def listed_ledgers(store: MetadataStore, name: str) -> set[int] | None:
     found = await store.get(managed_ledger_key(name))
     if found is None:
         return None
-    doc = json.loads(found.value)
-    return {int(info["ledger_id"]) for info in doc["ledgers"]}
+    return {info.ledger_id for info in parse_ledger_list(found.value)}
 
 
 async def find_unlisted(

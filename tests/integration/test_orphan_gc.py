@@ -23,6 +23,7 @@ from magnetar.common.ledger.bookie_client import (
 )
 from magnetar.common.ledger.client import LedgerClient, master_key_for
 from magnetar.common.ledger.entry import encode_entry
+from magnetar.common.ledger.managed_ledger_list import LedgerInfo, ManagedLedgerRecord
 from magnetar.common.ledger.metadata import (
     LEDGER_ID_COUNTER,
     Fragment,
@@ -255,12 +256,9 @@ async def test_a_ledger_its_topic_does_not_list_is_reported_and_kept(
         listed, lost_closed, lost_open = ids
         holders = [b for b in cluster.bookies if b.address in handle.metadata.fragments[0].bookies]
         assert len(holders) == 3
-        record = {
-            "name": name,
-            "ledgers": [{"ledger_id": listed, "entries": entries, "closed": True}],
-            "properties": {},
-        }
-        await client.store.put(managed_ledger_key(name), json.dumps(record).encode())
+        # The record as the broker writes it.
+        record = ManagedLedgerRecord(name, [LedgerInfo(listed, entries, closed=True)])
+        await client.store.put(managed_ledger_key(name), record.to_bytes())
         try:
             for bookie in holders:
                 assert run_gc(bookie)["orphan_ledgers"] == []
@@ -283,8 +281,8 @@ async def test_a_ledger_its_topic_does_not_list_is_reported_and_kept(
             await read_back(client, lost_closed, entries)
 
             # Adopted (listed again): no longer reported.
-            record["ledgers"] += [{"ledger_id": i} for i in (lost_closed, lost_open)]
-            await client.store.put(managed_ledger_key(name), json.dumps(record).encode())
+            record.ledgers += [LedgerInfo(i) for i in (lost_closed, lost_open)]
+            await client.store.put(managed_ledger_key(name), record.to_bytes())
             for bookie in holders:
                 run_gc(bookie)
                 assert metric(bookie, UNLISTED) == 0

@@ -18,9 +18,9 @@ from magnetar.bookie.gc import (
     managed_ledger_key,
 )
 from magnetar.bookie.ledger_storage import LedgerStorage, StorageError
-from magnetar.broker.ledger.ledger_info import LedgerInfo
 from magnetar.broker.model.keys import managed_ledger_key as brokers_managed_ledger_key
 from magnetar.common.ledger.identity import INSTANCE_ID_KEY
+from magnetar.common.ledger.managed_ledger_list import LedgerInfo
 from magnetar.common.ledger.metadata import (
     LEDGER_ID_COUNTER,
     Fragment,

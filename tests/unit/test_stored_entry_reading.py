@@ -11,8 +11,8 @@ import pytest
 
 from magnetar.common.ledger.managed_ledger_keys import managed_ledger_key
 from magnetar.common.ledger.managed_ledger_list import (
+    LedgerInfo,
     LedgerListError,
-    ListedLedger,
     managed_ledger_name,
     parse_ledger_list,
     read_ledger_list,
@@ -111,7 +111,10 @@ def test_ledger_list_names_and_records() -> None:
         b' "ctime_ms": 1, "closed": true}, {"ledger_id": 9, "entries": 0, "size": 0,'
         b' "ctime_ms": 2, "closed": false}], "properties": {}}'
     )
-    assert parse_ledger_list(record) == (ListedLedger(7, 3, True), ListedLedger(9, 0, False))
+    assert parse_ledger_list(record) == (
+        LedgerInfo(7, 3, 9, 1, True),
+        LedgerInfo(9, 0, 0, 2, False),
+    )
     with pytest.raises(LedgerListError):
         parse_ledger_list(b'{"ledgers": [{"ledger_id": 1}]}')
 
@@ -121,11 +124,15 @@ async def test_a_read_only_open_sees_the_owners_writes(tmp_path: Path) -> None:
     owner = await LocalMetadataStore.open(path)
     try:
         key = managed_ledger_key(managed_ledger_name("persistent://t/ns/x"))
-        await owner.put(key, b'{"ledgers": [{"ledger_id": 5, "entries": 2, "closed": true}]}')
+        await owner.put(
+            key,
+            b'{"ledgers": [{"ledger_id": 5, "entries": 2, "size": 4, "ctime_ms": 1,'
+            b' "closed": true}]}',
+        )
         reader = ReadOnlyLocalStore(path)
         try:
             assert await read_ledger_list(reader, "persistent://t/ns/x") == (
-                ListedLedger(5, 2, True),
+                LedgerInfo(5, 2, 4, 1, True),
             )
             assert await read_ledger_list(reader, "persistent://t/ns/y") is None
             await owner.put("/a/b/c", b"1")

@@ -9,11 +9,11 @@ import logging
 
 from magnetar.broker.ledger.entry_cache import EntryCache
 from magnetar.broker.ledger.errors import ManagedLedgerError, UnreadableEntryError
-from magnetar.broker.ledger.ledger_info import LedgerInfo
 from magnetar.broker.model.position import Position
 from magnetar.common.ledger.client import LedgerClient
 from magnetar.common.ledger.errors import EntryDigestError, LedgerError, NoSuchLedgerError
 from magnetar.common.ledger.handle import LedgerHandle
+from magnetar.common.ledger.managed_ledger_list import LedgerInfo
 
 log = logging.getLogger("magnetar.broker.ledger.managed_ledger")
 

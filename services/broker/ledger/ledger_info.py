@@ -1,97 +1,18 @@
-"""A managed ledger's ledgers as stored: one ``LedgerInfo`` per ledger, in the record the
-metadata store keeps at the managed ledger's key, as JSON::
-
-    {"name": "persistent://t/ns/topic",
-     "ledgers": [{"ledger_id": 7, "entries": 100, "size": 5120, "ctime_ms": ..., "closed": true},
-                 {"ledger_id": 9, "entries": 0, "size": 0, "ctime_ms": ..., "closed": false}],
-     "properties": {}}
-
-The settings a managed ledger is opened with (``ManagedLedgerConfig``) are here too.
+"""The settings a managed ledger is opened with (``ManagedLedgerConfig``) and arithmetic over
+its ledgers. The record it stores (``LedgerInfo``, ``ManagedLedgerRecord``) is common's
+(``common/ledger/managed_ledger_list.py``): the bookie's GC and the Spark source read it too.
 """
 
 from __future__ import annotations
 
-import json
-import time
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass
 
 from magnetar.broker.model.position import Position
-from magnetar.common.ledger.metadata import LedgerMetadata
 
 MiB = 1024 * 1024
 #: Waits between rollovers whose ledgers took no entry: the first, doubled up to the last.
 ROLL_BACKOFF_FIRST_S = 0.1
 ROLL_BACKOFF_MAX_S = 5.0
-
-
-@dataclass(slots=True, frozen=True)
-class LedgerInfo:
-    ledger_id: int
-    entries: int = 0  # final count once closed; 0 for the ledger still open for writes
-    size: int = 0
-    ctime_ms: int = 0
-    closed: bool = False
-    closed_ms: int = 0  # when the broker closed it (0: unknown, use ctime_ms)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "ledger_id": self.ledger_id,
-            "entries": self.entries,
-            "size": self.size,
-            "ctime_ms": self.ctime_ms,
-            "closed": self.closed,
-            "closed_ms": self.closed_ms,
-        }
-
-    def closed_as(self, metadata: LedgerMetadata) -> LedgerInfo:
-        """This ledger closed, with the end its (closed or recovered) metadata gives."""
-        return replace(
-            self,
-            entries=metadata.last_entry_id + 1,
-            size=metadata.length,
-            closed=True,
-            closed_ms=int(time.time() * 1000),
-        )
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> LedgerInfo:
-        return cls(
-            int(d["ledger_id"]),
-            int(d["entries"]),
-            int(d["size"]),
-            int(d["ctime_ms"]),
-            bool(d["closed"]),
-            int(d.get("closed_ms", 0)),
-        )
-
-
-@dataclass(slots=True)
-class ManagedLedgerRecord:
-    """The managed ledger's stored record: its ledgers in order and its properties.
-
-    ``{"name": ..., "ledgers": [LedgerInfo.to_json(), ...], "properties": {...}}``"""
-
-    name: str
-    ledgers: list[LedgerInfo] = field(default_factory=list)
-    properties: dict[str, str] = field(default_factory=dict)
-
-    def to_bytes(self) -> bytes:
-        doc = {
-            "name": self.name,
-            "ledgers": [i.to_json() for i in self.ledgers],
-            "properties": self.properties,
-        }
-        return json.dumps(doc).encode()
-
-    @classmethod
-    def from_bytes(cls, name: str, data: bytes) -> ManagedLedgerRecord:
-        doc = json.loads(data)
-        return cls(
-            name,
-            [LedgerInfo.from_json(d) for d in doc["ledgers"]],
-            dict(doc.get("properties", {})),
-        )
 
 
 @dataclass(slots=True)

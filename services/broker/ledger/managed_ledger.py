@@ -35,12 +35,7 @@ from magnetar.broker.ledger.errors import (
     ManagedLedgerFencedError,
     UnreadableEntryError,
 )
-from magnetar.broker.ledger.ledger_info import (
-    LedgerInfo,
-    ManagedLedgerConfig,
-    ManagedLedgerRecord,
-    roll_backoff,
-)
+from magnetar.broker.ledger.ledger_info import ManagedLedgerConfig, roll_backoff
 from magnetar.broker.ledger.positions import LedgerPositions
 from magnetar.broker.model.keys import decode_name, managed_ledger_key
 from magnetar.broker.model.position import Position
@@ -52,6 +47,7 @@ from magnetar.common.ledger.errors import (
     NoSuchLedgerError,
 )
 from magnetar.common.ledger.handle import LedgerHandle
+from magnetar.common.ledger.managed_ledger_list import LedgerInfo, ManagedLedgerRecord
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError, MetadataStore
 
 log = logging.getLogger(__name__)

@@ -4,9 +4,10 @@ the write handle's LAC; the managed ledger (a subclass) owns and changes both.""
 
 from __future__ import annotations
 
-from magnetar.broker.ledger.ledger_info import LedgerInfo, entries_after
+from magnetar.broker.ledger.ledger_info import entries_after
 from magnetar.broker.model.position import Position
 from magnetar.common.ledger.handle import LedgerHandle
+from magnetar.common.ledger.managed_ledger_list import LedgerInfo
 
 
 class LedgerPositions:

@@ -3,8 +3,9 @@ functions of its ledger list (the managed ledger applies them under its metadata
 
 from __future__ import annotations
 
-from magnetar.broker.ledger.ledger_info import LedgerInfo, MiB
+from magnetar.broker.ledger.ledger_info import MiB
 from magnetar.broker.model.position import Position
+from magnetar.common.ledger.managed_ledger_list import LedgerInfo
 
 
 def closed_before(
