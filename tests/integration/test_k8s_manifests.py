@@ -11,15 +11,12 @@ final stage (no container runtime runs here to build it)."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
-import yaml
 from kubernetes_validate.utils import latest_version
 
 from magnetar.bkshell import ShellTls
@@ -28,7 +25,7 @@ from magnetar.broker.admin.app import build_app
 from magnetar.broker.config import BrokerConfig
 from magnetar.cli import _COMMANDS
 from magnetar.proxy.config import ProxyConfig
-from tests.support.k8s import K8S, OVERLAYS, ROOT, WORKLOADS, Manifests, manifests, render
+from tests.support.k8s import OVERLAYS, ROOT, WORKLOADS, Manifests, manifests, render
 
 #: The settings each Magnetar command reads from MAGNETAR_* variables.
 SETTINGS = {
@@ -232,55 +229,6 @@ def test_dev_and_production_sizes_and_security() -> None:
     assert bookie_env["MAGNETAR_TLS_CERTIFICATE_PATH"].startswith("/etc/magnetar/tls/")
     assert len(prod.environment(prod.container(prod.get("StatefulSet", "etcd")))) > 10
     assert prod.get("Namespace", "magnetar")
-
-
-#: A second kubectl to render with (say Debian's 1.20 beside a current one): the manifests keep
-#: to what the kustomize of both understands, and both must render the same objects.
-ALT_KUBECTL = os.environ.get("MAGNETAR_TEST_KUBECTL_ALT")
-
-#: The generated ConfigMaps' hash suffix: each kustomize computes its own.
-_HASH_SUFFIX = re.compile(r"^((?:bookie|broker|proxy)-config)-[a-z0-9]{10}$")
-
-
-def _comparable(obj: Any) -> Any:
-    """``obj`` without what two kustomizes legitimately write differently: the ConfigMaps' hash
-    suffixes (wherever a name is given) and an empty ``annotations`` mapping (kustomize v2
-    writes one on a merged ConfigMap)."""
-    if isinstance(obj, dict):
-        return {k: _comparable(v) for k, v in obj.items() if not (k == "annotations" and v == {})}
-    if isinstance(obj, list):
-        return [_comparable(v) for v in obj]
-    if isinstance(obj, str):
-        return _HASH_SUFFIX.sub(r"\1-<hash>", obj)
-    return obj
-
-
-def _keyed(
-    objects: tuple[dict[str, Any], ...] | list[dict[str, Any]],
-) -> dict[tuple[str, str], Any]:
-    comparable = [_comparable(o) for o in objects]
-    keyed = {(o["kind"], o["metadata"]["name"]): o for o in comparable}
-    assert len(keyed) == len(comparable), "two objects of one kind and name"
-    return keyed
-
-
-@pytest.mark.skipif(not ALT_KUBECTL, reason="MAGNETAR_TEST_KUBECTL_ALT names no second kubectl")
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_a_second_kubectl_renders_the_same_objects(overlay: str) -> None:
-    assert ALT_KUBECTL
-    done = subprocess.run(
-        [ALT_KUBECTL, "kustomize", str(K8S / "overlays" / overlay)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, f"{ALT_KUBECTL} kustomize {overlay}: {done.stderr}"
-    other = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
-    ours, theirs = _keyed(render(overlay)), _keyed(other)
-    assert sorted(ours) == sorted(theirs)
-    for key, obj in ours.items():
-        assert obj == theirs[key], key
 
 
 def test_dockerfile_base_user_entrypoint() -> None:

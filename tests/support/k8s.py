@@ -34,8 +34,9 @@ def render(overlay: str) -> tuple[dict[str, Any], ...]:
             ["kubectl", "version", "--client"], capture_output=True, text=True, check=False
         ).stdout
         raise AssertionError(
-            f"kubectl kustomize {overlay}: {done.stderr}\n{version}(the manifests need the "
-            "kustomize of kubectl 1.27 or later: `replicas`, `labels`, `patches`)"
+            f"kubectl kustomize {overlay}: {done.stderr}\n{version}(the manifests keep to what "
+            "the kustomize of Debian's kubectl 1.20 reads: `bases`, `patchesStrategicMerge`, "
+            "`patchesJson6902`, `configMapGenerator`)"
         )
     return tuple(doc for doc in yaml.safe_load_all(done.stdout) if doc)
 
