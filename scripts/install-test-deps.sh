@@ -10,6 +10,8 @@ command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 # The security tests and docs make keys and hashes with openssl and call the admin API with curl.
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl ca-certificates)
+# Apache's htpasswd makes the basic provider's test hashes independently of our code.
+command -v htpasswd >/dev/null 2>&1 || need_apt+=(apache2-utils)
 # deploy/k8s is rendered with `kubectl kustomize` (Debian's kubectl: package kubernetes-client,
 # kubectl 1.20 with kustomize v2.0.3 on Debian 12; the manifests keep to what that reads, and a
 # current kubectl renders them the same). A kubectl already here is used as it is, if it has
