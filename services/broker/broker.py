@@ -28,10 +28,12 @@ from magnetar.broker.config import BrokerConfig
 from magnetar.broker.metrics import BrokerMetrics
 from magnetar.broker.model.topic_name import TopicName
 from magnetar.broker.namespace.authorization import AuthorizationService
+from magnetar.broker.namespace.clusters import ClusterData, read_cluster
 from magnetar.broker.namespace.policies import Policies
 from magnetar.broker.namespace.records import ensure_default_namespace
 from magnetar.broker.protocol.authentication import check_expiry
 from magnetar.broker.protocol.connection import ServerConnection
+from magnetar.broker.topics.replicator import ReplicationContext
 from magnetar.broker.topics.service import Topic, TopicService
 from magnetar.common.auth.client import ClientCredentials
 from magnetar.common.auth.service import AuthenticationService
@@ -61,6 +63,8 @@ class Broker:
         self.local_bookies = dict(local_bookies or {})
         #: Whether the metadata store was opened here (and so is reopened on a lost session).
         self.owns_store = store is None
+        #: The store shared by replicating clusters (``configuration_metadata_url``); None: local.
+        self.configuration_store: MetadataStore | None = None
         self.ledger_client: LedgerClient | None = None
         self.connections: set[ServerConnection] = set()
         self.metrics = BrokerMetrics()
@@ -107,6 +111,7 @@ class Broker:
             self.store = await open_store(
                 self.config.metadata_url, **self._store_options(), tls=self.config.etcd_tls()
             )
+        await self._start_replication()
         self.ledger_client = LedgerClient(self.store, tls=self.config.bookkeeper_tls())
         for address, client in self.local_bookies.items():
             self.ledger_client.add_local_bookie(address, client)
@@ -203,6 +208,8 @@ class Broker:
             await self.ledger_client.close()
         if self.owns_store and self.store is not None:
             await self.store.close()
+        if self.configuration_store is not None:
+            await self.configuration_store.close()
         log.info("broker stopped")
 
     async def _unload_owned(self) -> None:
@@ -242,6 +249,28 @@ class Broker:
             await asyncio.sleep(self.config.authentication_refresh_check_seconds)
             for connection in list(self.connections):
                 check_expiry(connection)
+
+    async def _start_replication(self) -> None:
+        """Geo-replication: the configuration store (registered clusters; the local store
+        unless ``configuration_metadata_url`` names a shared one) and what replicators share."""
+        if self.config.configuration_metadata_url and self.configuration_store is None:
+            self.configuration_store = await open_store(
+                self.config.configuration_metadata_url, tls=self.config.etcd_tls()
+            )
+
+        async def find_cluster(name: str) -> ClusterData | None:
+            store = self.configuration_store or self.store
+            assert store is not None
+            return await read_cluster(store, name)
+
+        credentials = self.client_credentials
+        self.topic_service.replication = ReplicationContext(
+            local_cluster=self.config.cluster_name,
+            find_cluster=find_cluster,
+            auth_method=credentials.method if credentials.method != "tls" else "",
+            auth_data=credentials.auth_data,
+            batch_size=self.config.replicator_batch_size,
+        )
 
     # -- the metadata session (membership replaces a lost one) ------------------------------------
 

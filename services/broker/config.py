@@ -150,6 +150,15 @@ class BrokerConfig(TopicSettings):
     metadata_url: str = setting(
         "etcd://127.0.0.1:2379", "metadata store URL (etcd://h:p[,h:p] or local:///path/meta.db)"
     )
+    configuration_metadata_url: str = setting(
+        "",
+        "configuration store URL shared by the clusters that replicate to each other (Pulsar's "
+        "configurationMetadataStoreUrl): the registered clusters live there (empty: the local "
+        "metadata store)",
+    )
+    replicator_batch_size: int = setting(
+        100, "entries a geo-replicator reads and sends before waiting for their receipts"
+    )
     bind_address: str = setting("0.0.0.0", "address the Pulsar protocol and HTTP servers listen on")
     advertised_address: str = setting("127.0.0.1", "host name or IP clients are told to connect to")
     port: int = setting(6650, "Pulsar binary protocol port")

@@ -6,6 +6,7 @@ subset), built from one route adder per resource group:
 - ``schemas``: the schema registry
 - ``status``: ``/health`` and ``/metrics``
 - ``namespaces``: tenants, namespaces and their policies
+- ``replication``: a namespace's replication clusters
 - ``namespace_topics``: a namespace's topics, deleting it, its (or a bundle's) backlog cleared
   and subscriptions removed
 - ``topics``: non-partitioned topics, their stats and subscriptions
@@ -40,6 +41,7 @@ from magnetar.broker.admin.namespaces import add_namespace_routes
 from magnetar.broker.admin.partitioned import add_partitioned_routes
 from magnetar.broker.admin.partitioned_stats import add_partitioned_stats_routes
 from magnetar.broker.admin.permissions import add_permission_routes
+from magnetar.broker.admin.replication import add_replication_routes
 from magnetar.broker.admin.schemas import add_schema_routes
 from magnetar.broker.admin.status import add_health_routes, add_metrics_routes
 from magnetar.broker.admin.subscriptions import add_subscription_routes
@@ -62,6 +64,7 @@ def build_app(broker: AdminBroker) -> web.Application:
         add_schema_routes,
         add_health_routes,
         add_namespace_topic_routes,  # before the namespace policies' ``.../{policy}``
+        add_replication_routes,  # before the namespace policies' ``.../{policy}``
         add_namespace_routes,
         add_topic_routes,
         add_subscription_routes,

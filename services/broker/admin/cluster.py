@@ -1,4 +1,5 @@
-"""Admin REST of the cluster, on Pulsar's paths and JSON shapes: clusters, brokers, the
+"""Admin REST of the cluster, on Pulsar's paths and JSON shapes: clusters (registered in the
+configuration store, Pulsar's ClusterData; the local one answered even if not registered), brokers, the
 leader, a namespace's bundles, unloading and splitting bundles, unloading a topic, and the HTTP
 lookup. Errors go through the admin app's one error middleware (``errors.py``)."""
 
@@ -12,6 +13,15 @@ from magnetar.broker.admin import requests
 from magnetar.broker.admin.errors import AdminError
 from magnetar.broker.cluster import bundles as bundle_math
 from magnetar.broker.cluster.lookup import LookupKind, lookup
+from magnetar.broker.namespace.clusters import (
+    ClusterData,
+    ClusterDataError,
+    cluster_key,
+    cluster_names,
+    read_cluster,
+)
+from magnetar.broker.namespace.records import valid_name
+from magnetar.common.metadata import NOT_EXISTS, BadVersionError, MetadataStore
 
 if TYPE_CHECKING:
     from magnetar.broker.admin.service import AdminBroker
@@ -33,14 +43,12 @@ def add_cluster_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None:
     def owner_url(info_http_url: str, request: web.Request) -> str:
         return f"{info_http_url}{request.path_qs}"
 
-    @routes.get("/admin/v2/clusters")
-    async def clusters(request: web.Request) -> web.Response:
-        return web.json_response([broker.config.cluster_name])
+    def configuration_store() -> MetadataStore:
+        store = getattr(broker, "configuration_store", None) or broker.store
+        assert store is not None
+        return store
 
-    @routes.get("/admin/v2/clusters/{cluster}")
-    async def cluster(request: web.Request) -> web.Response:
-        if request.match_info["cluster"] != broker.config.cluster_name:
-            raise AdminError(404, "Cluster does not exist")
+    def local_cluster() -> dict[str, object]:
         info = broker.info
         document: dict[str, object] = {
             "serviceUrl": info.http_url,
@@ -48,7 +56,67 @@ def add_cluster_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None:
         }
         if info.service_url_tls:
             document["brokerServiceUrlTls"] = info.service_url_tls
-        return web.json_response(document)
+        return document
+
+    @routes.get("/admin/v2/clusters")
+    async def clusters(request: web.Request) -> web.Response:
+        registered = await cluster_names(configuration_store())
+        return web.json_response(sorted({*registered, broker.config.cluster_name}))
+
+    @routes.get("/admin/v2/clusters/{cluster}")
+    async def cluster(request: web.Request) -> web.Response:
+        name = request.match_info["cluster"]
+        found = await read_cluster(configuration_store(), name)
+        if found is not None:
+            return web.json_response(found.to_json())
+        if name != broker.config.cluster_name:
+            raise AdminError(404, "Cluster does not exist")
+        return web.json_response(local_cluster())
+
+    async def cluster_body(request: web.Request) -> ClusterData:
+        try:
+            return ClusterData.from_json(await request.json())
+        except (ValueError, ClusterDataError) as e:
+            raise AdminError(400, f"Invalid ClusterData: {e}") from None
+
+    @routes.put("/admin/v2/clusters/{cluster}")
+    async def create_cluster(request: web.Request) -> web.Response:
+        name = request.match_info["cluster"]
+        if not valid_name(name):
+            raise AdminError(412, f"Invalid cluster name: {name!r}")
+        data = await cluster_body(request)
+        try:
+            await configuration_store().put(cluster_key(name), data.to_bytes(), NOT_EXISTS)
+        except BadVersionError:
+            raise AdminError(409, "Cluster already exists") from None
+        return web.Response(status=204)
+
+    @routes.post("/admin/v2/clusters/{cluster}")
+    async def update_cluster(request: web.Request) -> web.Response:
+        name = request.match_info["cluster"]
+        data = await cluster_body(request)
+        store = configuration_store()
+        found = await store.get(cluster_key(name))
+        if found is None:
+            raise AdminError(404, "Cluster does not exist")
+        try:
+            await store.put(cluster_key(name), data.to_bytes(), found.version)
+        except BadVersionError:
+            raise AdminError(409, "Cluster was changed meanwhile; try again") from None
+        return web.Response(status=204)
+
+    @routes.delete("/admin/v2/clusters/{cluster}")
+    async def delete_cluster(request: web.Request) -> web.Response:
+        name = request.match_info["cluster"]
+        store = configuration_store()
+        found = await store.get(cluster_key(name))
+        if found is None:
+            raise AdminError(404, "Cluster does not exist")
+        try:
+            await store.delete(cluster_key(name), found.version)
+        except BadVersionError:
+            raise AdminError(409, "Cluster was changed meanwhile; try again") from None
+        return web.Response(status=204)
 
     @routes.get("/admin/v2/brokers/leaderBroker")
     async def leader(request: web.Request) -> web.Response:

@@ -125,6 +125,8 @@ class Policies:
     #: (messages, bytes, period seconds) a topic, and each subscription, may dispatch.
     dispatch_rate: tuple[int, int, int] | None = None
     subscription_dispatch_rate: tuple[int, int, int] | None = None
+    #: Pulsar's ``replication_clusters``: the clusters the namespace's topics live in.
+    replication_clusters: tuple[str, ...] = ()
 
 
 #: Pulsar's RetentionPolicy names of a backlog quota.
@@ -374,6 +376,9 @@ def effective(document: dict[str, Any], defaults: TopicSettings) -> Policies:
         inactive_topics=_inactive_topics(document),
         dispatch_rate=_dispatch_rate(document, "topicDispatchRate"),
         subscription_dispatch_rate=_dispatch_rate(document, "subscriptionDispatchRate"),
+        replication_clusters=tuple(
+            c for c in document.get("replication_clusters") or () if isinstance(c, str)
+        ),
     )
 
 

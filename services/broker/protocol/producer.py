@@ -9,11 +9,13 @@ from typing import TYPE_CHECKING
 
 from magnetar.broker.errors import TopicUnloadingError
 from magnetar.broker.ledger.errors import EntryTooLargeForLedgerError, ManagedLedgerFencedError
+from magnetar.broker.model.entry import entry_metadata
 from magnetar.broker.model.message_id import EARLIEST
 from magnetar.broker.model.position import Position
 from magnetar.broker.protocol import errors
 from magnetar.broker.protocol.authorization import may_produce
 from magnetar.broker.protocol.schema import Answered, producer_schema_version
+from magnetar.broker.topics.replicator import is_replicator_cursor
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
 from magnetar.common.protocol.state import ConnectionState
@@ -154,11 +156,20 @@ def send_message(conn: ServerConnection, body: pb.CommandSend, frame: codec.Fram
         conn.send_error(body, pb.ServiceNotReady, "the broker's metadata session expired")
         return
     highest = body.highest_sequence_id if body.HasField("highest_sequence_id") else None
+    dedup_name, dedup_sequence, dedup_highest = producer_name, body.sequence_id, highest
+    if is_replicator_cursor(producer_name):
+        # A geo-replicator: deduplicate by the original producer and sequence id (Pulsar's
+        # rule for replicated messages), so a resend after a replicator restart is dropped.
+        metadata = entry_metadata(frame.headers_and_payload)
+        dedup_name, dedup_sequence = metadata.producer_name, metadata.sequence_id
+        dedup_highest = (
+            metadata.highest_sequence_id if metadata.HasField("highest_sequence_id") else None
+        )
     future = topic.publish(
         frame.headers_and_payload,
-        producer_name,
-        body.sequence_id,
-        -1 if highest is None else highest,
+        dedup_name,
+        dedup_sequence,
+        -1 if dedup_highest is None else dedup_highest,
         max(body.num_messages, 1),
     )
     producer_id, sequence_id = body.producer_id, body.sequence_id

@@ -24,6 +24,11 @@ from magnetar.broker.topics.dispatch_rate import DispatchRate, RateLimiter
 from magnetar.broker.topics.instruments import UNCOUNTED, TopicInstruments
 from magnetar.broker.topics.limits import check_consumers, dispatch_limits
 from magnetar.broker.topics.producers import ProducerSet
+from magnetar.broker.topics.replicator import (
+    ReplicationContext,
+    Replicator,
+    is_replicator_cursor,
+)
 from magnetar.broker.topics.stats import TopicRates, internal_stats, persistent_stats
 from magnetar.broker.topics.subscription import (
     Subscription,
@@ -51,9 +56,9 @@ class PersistentTopic:
     """A persistent topic. Every durable cursor of its managed ledger is a subscription from
     the moment the topic loads, consumers or not (Pulsar's PersistentTopic makes one per
     cursor it recovers): listed, in stats, in metrics, expired by TTL and removable. Pulsar
-    leaves out its internal cursors (deduplication's, replicators'); Magnetar has none: its
-    deduplication state lives in the managed ledger's properties and readers' cursors are
-    never stored."""
+    leaves out its internal cursors (deduplication's, replicators'); so does Magnetar: its
+    deduplication state lives in the managed ledger's properties, readers' cursors are never
+    stored, and replicators' cursors (``pulsar.repl.<remote>``) belong to ``replicators``."""
 
     def __init__(
         self,
@@ -70,7 +75,10 @@ class PersistentTopic:
         self.subscriptions: dict[str, Subscription] = {
             name: Subscription(self, name, cursor, None, self.limits)
             for name, cursor in ml.cursors.items()
+            if not is_replicator_cursor(name)
         }
+        #: One per remote cluster of the namespace's replication list (``apply_replication``).
+        self.replicators: dict[str, Replicator] = {}
         self.producers = ProducerSet()
         self.producers.topic_epoch = int(ml.properties.get(TOPIC_EPOCH_PROPERTY, "0"))
         self.loaded_at = time.monotonic()
@@ -157,6 +165,33 @@ class PersistentTopic:
         """A new entry is stored: every subscription may have something to send."""
         for subscription in self.subscriptions.values():
             subscription.dispatcher.wake()
+        for replicator in self.replicators.values():
+            replicator.wake()
+
+    async def apply_replication(
+        self, clusters: tuple[str, ...], context: ReplicationContext
+    ) -> None:
+        """One replicator per cluster of the replication list other than the local one;
+        those of clusters no longer listed stop and drop their cursors."""
+        wanted = (
+            {c for c in clusters if c != context.local_cluster} if self.name.persistent else set()
+        )
+        if self.unloading:
+            return
+        for remote in list(self.replicators):
+            if remote not in wanted:
+                await self.replicators.pop(remote).remove()
+                log.info("topic %s: replication to %s stopped", self.name, remote)
+        for remote in sorted(wanted - set(self.replicators)):
+            replicator = Replicator(self, remote, context)
+            self.replicators[remote] = replicator
+            replicator.start()
+            log.info("topic %s: replicating to cluster %s", self.name, remote)
+
+    async def stop_replicators(self) -> None:
+        for replicator in list(self.replicators.values()):
+            await replicator.stop()
+        self.replicators.clear()
 
     async def subscribe(
         self,
@@ -231,7 +266,9 @@ class PersistentTopic:
 
     def stats(self) -> dict[str, object]:
         """Topic stats in the shape of Pulsar's ``TopicStats`` (``stats.persistent_stats``)."""
-        return persistent_stats(self, self.rates)
+        stats = persistent_stats(self, self.rates)
+        stats["replication"] = {r: rep.stats() for r, rep in sorted(self.replicators.items())}
+        return stats
 
     def internal_stats(self) -> dict[str, object]:
         """Storage view in the shape of Pulsar's PersistentTopicInternalStats
@@ -270,6 +307,7 @@ class PersistentTopic:
                 f"topic {self.name} has {busy} producer(s)/consumer(s); use force=true"
             )
         self.producers.close_all()
+        await self.stop_replicators()
         for subscription in self.subscriptions.values():
             for consumer in list(subscription.dispatcher.consumers):
                 consumer.connection.close()
@@ -420,6 +458,7 @@ class PersistentTopic:
         await self.ml.delete_cursor(name)
 
     async def close(self) -> None:
+        await self.stop_replicators()
         for subscription in self.subscriptions.values():
             await subscription.close()
         if self.deduplication is not None:

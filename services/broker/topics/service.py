@@ -46,6 +46,7 @@ from magnetar.broker.topics.dispatch_limits import DispatchLimits
 from magnetar.broker.topics.instruments import TopicInstruments
 from magnetar.broker.topics.nonpersistent import NonPersistentTopic
 from magnetar.broker.topics.persistent import PersistentTopic
+from magnetar.broker.topics.replicator import ReplicationContext
 from magnetar.common.cluster.broker_info import BrokerInfo
 from magnetar.common.ledger.client import LedgerClient
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError, MetadataStore
@@ -83,6 +84,8 @@ class TopicService:
     def __init__(self, host: TopicsHost, instruments: TopicInstruments) -> None:
         self._host = host
         self._instruments = instruments
+        #: Geo-replication (set by the broker): replicators run for replicated namespaces.
+        self.replication: ReplicationContext | None = None
         self.topics: dict[str, Topic] = {}
         self._loading: dict[str, asyncio.Task[Topic]] = {}
         #: Topics being deleted from their stored records (not loaded): not loaded meanwhile;
@@ -189,6 +192,8 @@ class TopicService:
         if policies.deduplication:
             topic.deduplication = await Deduplication.load(ml)
         self.topics[str(name)] = topic
+        if self.replication is not None:
+            await topic.apply_replication(policies.replication_clusters, self.replication)
         log.info("topic %s loaded", name)
         return topic
 
@@ -389,6 +394,8 @@ class TopicService:
             policies = topic_effective(namespace_doc, own, self._host.config)
             try:
                 await topic.apply_policies(policies)
+                if self.replication is not None and isinstance(topic, PersistentTopic):
+                    await topic.apply_replication(policies.replication_clusters, self.replication)
                 if policies.inactive_topics is not None:
                     await self._delete_if_inactive(topic, policies.inactive_topics)
             except Exception as e:

@@ -1,0 +1,217 @@
+"""Geo-replication between real clusters (issue 25): clusters ``east`` and ``west``, each its own
+etcd, two bookies and a broker, sharing a configuration etcd where the clusters are registered.
+
+- clusters registered once are seen from both clusters (the shared configuration store);
+- a replication list naming a cluster the tenant does not allow is refused (403);
+- a namespace replicated both ways with the official client producing on each side and
+  consuming on the other: exact counts, no duplicates, nothing replicated back (no loops:
+  each side stores each message once); ``replication`` in topic stats;
+- the remote broker restarted while the local side keeps producing: the backlog is seen in the
+  local stats, drains when the remote returns, and the remote has every message once (the
+  remote's deduplication drops a resend of what it had stored); then the local broker
+  restarted in the middle of a stream: its replicator resumes from its durable cursor.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pulsar
+import pytest
+
+from tests.support.cluster import BrokerProcess, MagnetarCluster
+from tests.support.etcd import EtcdServer
+from tests.support.standalone import QUIET
+
+TENANT = "geo"
+NAMESPACE = f"{TENANT}/rep"
+CLUSTERS = ("east", "west")
+
+
+class Geo:
+    def __init__(self, config: EtcdServer, clusters: dict[str, MagnetarCluster]) -> None:
+        self.config = config
+        self.clusters = clusters
+
+    def broker(self, name: str) -> BrokerProcess:
+        return self.clusters[name].brokers[0]
+
+    def client(self, name: str) -> pulsar.Client:
+        return pulsar.Client(self.broker(name).url, operation_timeout_seconds=30, logger=QUIET)
+
+    def stats(self, name: str, topic: str) -> dict:
+        return self.clusters[name].admin_json("GET", f"/admin/v2/persistent/{topic}/stats")
+
+
+@pytest.fixture(scope="module")
+def geo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Geo]:
+    base: Path = tmp_path_factory.mktemp("geo")
+    config = EtcdServer(name="configuration").start()
+    clusters: dict[str, MagnetarCluster] = {}
+    try:
+        for name in CLUSTERS:
+            clusters[name] = MagnetarCluster(
+                base / name,
+                bookies=2,
+                brokers=1,
+                broker_settings={
+                    "cluster_name": name,
+                    "configuration_metadata_url": config.url,
+                    "policy_check_interval_seconds": 1,
+                },
+            ).start()
+        geo = Geo(config, clusters)
+        for name, cluster in clusters.items():
+            broker = cluster.brokers[0]
+            clusters["east"].admin_json(
+                "PUT",
+                f"/admin/v2/clusters/{name}",
+                {
+                    "serviceUrl": f"http://127.0.0.1:{broker.http_port}",
+                    "brokerServiceUrl": broker.url,
+                },
+            )
+        for cluster in clusters.values():
+            cluster.admin_json(
+                "PUT", f"/admin/v2/tenants/{TENANT}", {"allowedClusters": list(CLUSTERS)}
+            )
+            cluster.admin_json("PUT", f"/admin/v2/namespaces/{NAMESPACE}")
+            cluster.admin_json("POST", f"/admin/v2/namespaces/{NAMESPACE}/deduplication", True)
+            cluster.admin_json(
+                "POST", f"/admin/v2/namespaces/{NAMESPACE}/replication", list(CLUSTERS)
+            )
+        yield geo
+    finally:
+        for cluster in clusters.values():
+            cluster.close()
+        config.close()
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def receive_all(consumer: pulsar.Consumer, expected: int, timeout: float = 30.0) -> list[str]:
+    """Every message until ``expected`` arrived, then whatever comes in one more second."""
+    got: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        wait_ms = 1000 if len(got) >= expected else 2000
+        try:
+            message = consumer.receive(timeout_millis=wait_ms)
+        except pulsar.Timeout:
+            if len(got) >= expected:
+                break
+            continue
+        got.append(message.data().decode())
+        consumer.acknowledge(message)
+    return got
+
+
+def test_clusters_are_shared_and_replication_lists_are_checked(geo: Geo) -> None:
+    for cluster in geo.clusters.values():
+        assert cluster.admin_json("GET", "/admin/v2/clusters") == sorted(CLUSTERS)
+        west = cluster.admin_json("GET", "/admin/v2/clusters/west")
+        assert west["brokerServiceUrl"] == geo.broker("west").url
+    east = geo.clusters["east"]
+    assert east.admin("PUT", "/admin/v2/clusters/west", {"serviceUrl": "http://x:1"})[0] == 409
+    assert east.admin("GET", "/admin/v2/clusters/nowhere")[0] == 404
+    assert east.admin_json("GET", f"/admin/v2/namespaces/{NAMESPACE}/replication") == list(CLUSTERS)
+    east.admin_json("PUT", "/admin/v2/tenants/narrow", {"allowedClusters": ["east"]})
+    east.admin_json("PUT", "/admin/v2/namespaces/narrow/ns")
+    status, body = east.admin("POST", "/admin/v2/namespaces/narrow/ns/replication", CLUSTERS)
+    assert status == 403, body
+    assert east.admin_json("GET", "/admin/v2/namespaces/narrow/ns/replication") == []
+
+
+def test_both_ways_exactly_once_and_no_loops(geo: Geo) -> None:
+    topic = f"persistent://{NAMESPACE}/both-ways"
+    short = topic.removeprefix("persistent://")
+    east, west = geo.client("east"), geo.client("west")
+    try:
+        on_east = east.subscribe(topic, "app", initial_position=pulsar.InitialPosition.Earliest)
+        on_west = west.subscribe(topic, "app", initial_position=pulsar.InitialPosition.Earliest)
+        p_east, p_west = east.create_producer(topic), west.create_producer(topic)
+        for i in range(200):
+            p_east.send_async(f"east-{i}".encode(), None)
+        for i in range(100):
+            p_west.send_async(f"west-{i}".encode(), None)
+        p_east.flush()
+        p_west.flush()
+        got_west = receive_all(on_west, 300)
+        got_east = receive_all(on_east, 300)
+    finally:
+        east.close()
+        west.close()
+    expected = {f"east-{i}" for i in range(200)} | {f"west-{i}" for i in range(100)}
+    for got in (got_east, got_west):
+        assert len(got) == 300 and set(got) == expected
+    # Order per producer kept on the other side.
+    assert [m for m in got_west if m.startswith("east-")] == [f"east-{i}" for i in range(200)]
+    assert [m for m in got_east if m.startswith("west-")] == [f"west-{i}" for i in range(100)]
+    time.sleep(2)  # a loop would store more by now
+    for name, remote in (("east", "west"), ("west", "east")):
+        stats = geo.stats(name, short)
+        assert stats["msgInCounter"] == 300, stats
+        replication = stats["replication"][remote]
+        assert replication["connected"] is True
+        assert replication["replicationBacklog"] == 0
+        assert "pulsar.repl.west" not in stats["subscriptions"]
+        assert "pulsar.repl.east" not in stats["subscriptions"]
+
+
+def test_remote_restart_backlog_drains_and_local_restart_resumes(geo: Geo) -> None:
+    topic = f"persistent://{NAMESPACE}/restarts"
+    short = topic.removeprefix("persistent://")
+    west_cluster = geo.clusters["west"]
+    east = geo.client("east")
+    try:
+        producer = east.create_producer(topic)
+        west = geo.client("west")
+        west.subscribe(topic, "app", initial_position=pulsar.InitialPosition.Earliest).close()
+        west.close()
+        for i in range(100):
+            producer.send(f"m-{i}".encode())
+        wait_until(
+            lambda: geo.stats("east", short)["replication"]["west"]["replicationBacklog"] == 0,
+            "the first 100 replicated",
+        )
+        geo.broker("west").kill()
+        for i in range(100, 250):
+            producer.send(f"m-{i}".encode())
+        backlog = geo.stats("east", short)["replication"]["west"]
+        assert backlog["replicationBacklog"] > 0 and backlog["connected"] is False, backlog
+        geo.broker("west").start()
+        west_cluster.wait_for(
+            lambda: bool(west_cluster.registered()), what="west's broker registered again"
+        )
+        wait_until(
+            lambda: geo.stats("east", short)["replication"]["west"]["replicationBacklog"] == 0,
+            "the backlog drained after west returned",
+            timeout=60,
+        )
+        # East's broker restarted while its producer keeps sending.
+        for i in range(250, 300):
+            producer.send_async(f"m-{i}".encode(), None)
+        geo.broker("east").stop()
+        geo.broker("east").start()
+        for i in range(300, 400):
+            producer.send(f"m-{i}".encode())
+        producer.flush()
+    finally:
+        east.close()
+    west = geo.client("west")
+    try:
+        consumer = west.subscribe(topic, "app")
+        got = receive_all(consumer, 400, timeout=60)
+    finally:
+        west.close()
+    assert sorted(got, key=lambda m: int(m[2:])) == [f"m-{i}" for i in range(400)]
+    assert got == sorted(got, key=lambda m: int(m[2:])), "order per producer"
