@@ -1,11 +1,13 @@
-"""Geo-replication between real clusters (issue 25): clusters ``east`` and ``west``, each its own
-etcd, two bookies and a broker, sharing a configuration etcd where the clusters are registered.
+"""Geo-replication between real clusters (issue 25): clusters ``east``, ``west`` and ``north``, each
+its own etcd, two bookies and a broker, sharing a configuration etcd where the clusters are
+registered; the namespace is replicated in a full mesh.
 
 - clusters registered once are seen from both clusters (the shared configuration store);
 - a replication list naming a cluster the tenant does not allow is refused (403);
-- a namespace replicated both ways with the official client producing on each side and
-  consuming on the other: exact counts, no duplicates, nothing replicated back (no loops:
-  each side stores each message once); ``replication`` in topic stats;
+- a namespace replicated both ways with the official client producing on two sides and
+  consuming on all three: exact counts, no duplicates, nothing replicated back or around (no
+  loops: each cluster stores each message once); ``replication`` in topic stats;
+- per-message ``replication_clusters`` and ``disable_replication`` honoured;
 - the remote broker restarted while the local side keeps producing: the backlog is seen in the
   local stats, drains when the remote returns, and the remote has every message once (the
   remote's deduplication drops a resend of what it had stored); then the local broker
@@ -27,7 +29,7 @@ from tests.support.standalone import QUIET
 
 TENANT = "geo"
 NAMESPACE = f"{TENANT}/rep"
-CLUSTERS = ("east", "west")
+CLUSTERS = ("east", "west", "north")
 
 
 class Geo:
@@ -134,37 +136,64 @@ def test_clusters_are_shared_and_replication_lists_are_checked(geo: Geo) -> None
 def test_both_ways_exactly_once_and_no_loops(geo: Geo) -> None:
     topic = f"persistent://{NAMESPACE}/both-ways"
     short = topic.removeprefix("persistent://")
-    east, west = geo.client("east"), geo.client("west")
+    clients = {name: geo.client(name) for name in CLUSTERS}
     try:
-        on_east = east.subscribe(topic, "app", initial_position=pulsar.InitialPosition.Earliest)
-        on_west = west.subscribe(topic, "app", initial_position=pulsar.InitialPosition.Earliest)
-        p_east, p_west = east.create_producer(topic), west.create_producer(topic)
+        consumers = {
+            name: client.subscribe(topic, "app", initial_position=pulsar.InitialPosition.Earliest)
+            for name, client in clients.items()
+        }
+        p_east = clients["east"].create_producer(topic)
+        p_west = clients["west"].create_producer(topic)
         for i in range(200):
             p_east.send_async(f"east-{i}".encode(), None)
         for i in range(100):
             p_west.send_async(f"west-{i}".encode(), None)
         p_east.flush()
         p_west.flush()
-        got_west = receive_all(on_west, 300)
-        got_east = receive_all(on_east, 300)
+        received = {name: receive_all(consumer, 300) for name, consumer in consumers.items()}
     finally:
-        east.close()
-        west.close()
+        for client in clients.values():
+            client.close()
     expected = {f"east-{i}" for i in range(200)} | {f"west-{i}" for i in range(100)}
-    for got in (got_east, got_west):
-        assert len(got) == 300 and set(got) == expected
-    # Order per producer kept on the other side.
-    assert [m for m in got_west if m.startswith("east-")] == [f"east-{i}" for i in range(200)]
-    assert [m for m in got_east if m.startswith("west-")] == [f"west-{i}" for i in range(100)]
-    time.sleep(2)  # a loop would store more by now
-    for name, remote in (("east", "west"), ("west", "east")):
+    for name, got in received.items():
+        assert len(got) == 300 and set(got) == expected, name
+        # Order per producer kept everywhere.
+        assert [m for m in got if m.startswith("east-")] == [f"east-{i}" for i in range(200)]
+        assert [m for m in got if m.startswith("west-")] == [f"west-{i}" for i in range(100)]
+    time.sleep(2)  # a loop would have stored more by now
+    for name in CLUSTERS:
         stats = geo.stats(name, short)
-        assert stats["msgInCounter"] == 300, stats
-        replication = stats["replication"][remote]
-        assert replication["connected"] is True
-        assert replication["replicationBacklog"] == 0
-        assert "pulsar.repl.west" not in stats["subscriptions"]
-        assert "pulsar.repl.east" not in stats["subscriptions"]
+        assert stats["msgInCounter"] == 300, (name, stats)
+        assert set(stats["replication"]) == set(CLUSTERS) - {name}
+        for remote, replication in stats["replication"].items():
+            assert replication["connected"] is True, (name, remote, replication)
+            assert replication["replicationBacklog"] == 0, (name, remote, replication)
+        assert set(stats["subscriptions"]) == {"app"}, stats["subscriptions"]
+
+
+def test_replication_clusters_and_disable_replication_per_message(geo: Geo) -> None:
+    topic = f"persistent://{NAMESPACE}/per-message"
+    clients = {name: geo.client(name) for name in CLUSTERS}
+    try:
+        consumers = {
+            name: clients[name].subscribe(
+                topic, "app", initial_position=pulsar.InitialPosition.Earliest
+            )
+            for name in ("west", "north")
+        }
+        producer = clients["east"].create_producer(topic)
+        producer.send(b"all")
+        producer.send(b"west-only", replication_clusters=["west"])
+        producer.send(b"local-only", disable_replication=True)
+        producer.send(b"all-again")
+        received = {
+            name: receive_all(c, 2 if name == "north" else 3) for name, c in consumers.items()
+        }
+    finally:
+        for client in clients.values():
+            client.close()
+    assert received["west"] == ["all", "west-only", "all-again"]
+    assert received["north"] == ["all", "all-again"]
 
 
 def test_remote_restart_backlog_drains_and_local_restart_resumes(geo: Geo) -> None:
