@@ -306,6 +306,24 @@ def _message_show(client: AdminClient, args: argparse.Namespace, answer: Answer)
     return messages[0] if len(messages) == 1 else messages
 
 
+CLUSTER_FLAGS = (
+    _flag("--url", default="", help="the cluster's HTTP service URL (serviceUrl)"),
+    _flag("--url-secure", default="", help="its HTTPS service URL (serviceUrlTls)"),
+    _flag("--broker-url", default="", help="its binary service URL (brokerServiceUrl)"),
+    _flag("--broker-url-secure", default="", help="its TLS binary URL (brokerServiceUrlTls)"),
+)
+
+
+def _cluster_body(args: argparse.Namespace) -> dict[str, str]:
+    """Pulsar's ClusterData from pulsar-admin's flags."""
+    return {
+        "serviceUrl": args.url,
+        "serviceUrlTls": args.url_secure,
+        "brokerServiceUrl": args.broker_url,
+        "brokerServiceUrlTls": args.broker_url_secure,
+    }
+
+
 def _policy(name: str) -> Callable[[argparse.Namespace], str]:
     return lambda a: f"namespaces/{namespace_path(a.namespace)}/{name}"
 
@@ -548,6 +566,24 @@ VERBS: dict[str, dict[str, Verb]] = {
         "get": Verb(
             "a cluster's data", lambda a: ("GET", f"clusters/{a.cluster}", None), (), ("cluster",)
         ),
+        "create": Verb(
+            "register a cluster (in the configuration store the clusters share)",
+            lambda a: ("PUT", f"clusters/{a.cluster}", _cluster_body(a)),
+            CLUSTER_FLAGS,
+            ("cluster",),
+        ),
+        "update": Verb(
+            "replace a cluster's URLs",
+            lambda a: ("POST", f"clusters/{a.cluster}", _cluster_body(a)),
+            CLUSTER_FLAGS,
+            ("cluster",),
+        ),
+        "delete": Verb(
+            "remove a cluster",
+            lambda a: ("DELETE", f"clusters/{a.cluster}", None),
+            (),
+            ("cluster",),
+        ),
     },
     "brokers": {
         "list": Verb(
@@ -691,6 +727,22 @@ VERBS: dict[str, dict[str, Verb]] = {
                 _flag("-s", "--size", required=True, help="e.g. 100M, 1G; -1: no limit"),
                 _flag("-t", "--time", required=True, help="e.g. 3h, 3d; -1: no limit"),
             ),
+            ("namespace",),
+        ),
+        "set-clusters": Verb(
+            "replicate the namespace to these clusters (each allowed by the tenant)",
+            lambda a: (
+                "POST",
+                _policy("replication")(a),
+                [c for c in a.clusters.split(",") if c],
+            ),
+            (_flag("-c", "--clusters", required=True, help="comma-separated cluster names"),),
+            ("namespace",),
+        ),
+        "get-clusters": Verb(
+            "the clusters the namespace is replicated to",
+            lambda a: ("GET", _policy("replication")(a), None),
+            (),
             ("namespace",),
         ),
         "get-retention": Verb(

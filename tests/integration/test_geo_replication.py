@@ -16,6 +16,9 @@ registered; the namespace is replicated in a full mesh.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -65,30 +68,37 @@ def geo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Geo]:
                 },
             ).start()
         geo = Geo(config, clusters)
+        first = clusters["east"].brokers[0]
         for name, cluster in clusters.items():
             broker = cluster.brokers[0]
-            clusters["east"].admin_json(
-                "PUT",
-                f"/admin/v2/clusters/{name}",
-                {
-                    "serviceUrl": f"http://127.0.0.1:{broker.http_port}",
-                    "brokerServiceUrl": broker.url,
-                },
-            )
+            admin(
+                first,
+                "clusters", "create", name,
+                "--url", f"http://127.0.0.1:{broker.http_port}",
+                "--broker-url", broker.url,
+            )  # fmt: skip
         for cluster in clusters.values():
-            cluster.admin_json(
-                "PUT", f"/admin/v2/tenants/{TENANT}", {"allowedClusters": list(CLUSTERS)}
-            )
-            cluster.admin_json("PUT", f"/admin/v2/namespaces/{NAMESPACE}")
+            broker = cluster.brokers[0]
+            admin(broker, "tenants", "create", TENANT, "--allowed-clusters", ",".join(CLUSTERS))
+            admin(broker, "namespaces", "create", NAMESPACE)
             cluster.admin_json("POST", f"/admin/v2/namespaces/{NAMESPACE}/deduplication", True)
-            cluster.admin_json(
-                "POST", f"/admin/v2/namespaces/{NAMESPACE}/replication", list(CLUSTERS)
-            )
+            admin(broker, "namespaces", "set-clusters", NAMESPACE, "--clusters", ",".join(CLUSTERS))
         yield geo
     finally:
         for cluster in clusters.values():
             cluster.close()
         config.close()
+
+
+def admin(broker: BrokerProcess, *words: str) -> str:
+    """``magnetar admin`` against ``broker``, as an operator runs it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "magnetar.cli", "admin", "--admin-url",
+         f"http://127.0.0.1:{broker.http_port}", *words],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, f"magnetar admin {' '.join(words)}: {done.stderr}"
+    return done.stdout
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
@@ -126,6 +136,9 @@ def test_clusters_are_shared_and_replication_lists_are_checked(geo: Geo) -> None
     assert east.admin("PUT", "/admin/v2/clusters/west", {"serviceUrl": "http://x:1"})[0] == 409
     assert east.admin("GET", "/admin/v2/clusters/nowhere")[0] == 404
     assert east.admin_json("GET", f"/admin/v2/namespaces/{NAMESPACE}/replication") == list(CLUSTERS)
+    west_view = admin(geo.broker("west"), "--json", "namespaces", "get-clusters", NAMESPACE)
+    assert json.loads(west_view) == list(CLUSTERS)
+    assert json.loads(admin(geo.broker("north"), "--json", "clusters", "list")) == sorted(CLUSTERS)
     east.admin_json("PUT", "/admin/v2/tenants/narrow", {"allowedClusters": ["east"]})
     east.admin_json("PUT", "/admin/v2/namespaces/narrow/ns")
     status, body = east.admin("POST", "/admin/v2/namespaces/narrow/ns/replication", CLUSTERS)
