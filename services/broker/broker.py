@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Mapping
 
+import aiohttp
 from aiohttp import web
 
 from magnetar.broker.admin.app import build_app
@@ -264,12 +265,32 @@ class Broker:
             return await read_cluster(store, name)
 
         credentials = self.client_credentials
+
+        async def ensure_remote_partitions(cluster: ClusterData, name: TopicName) -> None:
+            """Create the partitioned topic of partition ``name`` at ``cluster`` (its admin
+            REST) with the local partition count, unless it exists there (409)."""
+            base = name.partitioned_topic_name
+            count = await self.topic_service.partitions_for_client(base)
+            url = (
+                f"{cluster.service_url}/admin/v2/{base.domain}/{base.tenant}/{base.namespace}/"
+                f"{base.local_name}/partitions"
+            )
+            timeout = aiohttp.ClientTimeout(total=10)
+            async with aiohttp.ClientSession(timeout=timeout) as session:
+                async with session.put(url, json=count, headers=credentials.http_headers()) as r:
+                    if r.status not in (204, 409):
+                        raise RuntimeError(
+                            f"cluster {cluster.service_url}: creating partitioned topic {base} "
+                            f"answered {r.status}: {(await r.text())[:200]}"
+                        )
+
         self.topic_service.replication = ReplicationContext(
             local_cluster=self.config.cluster_name,
             find_cluster=find_cluster,
             auth_method=credentials.method if credentials.method != "tls" else "",
             auth_data=credentials.auth_data,
             batch_size=self.config.replicator_batch_size,
+            ensure_remote_partitions=ensure_remote_partitions,
         )
 
     # -- the metadata session (membership replaces a lost one) ------------------------------------

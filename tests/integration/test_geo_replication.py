@@ -209,6 +209,31 @@ def test_replication_clusters_and_disable_replication_per_message(geo: Geo) -> N
     assert received["north"] == ["all", "all-again"]
 
 
+def test_partitioned_topic_replicates_partition_by_partition(geo: Geo) -> None:
+    topic = f"persistent://{NAMESPACE}/partitioned"
+    path = f"/admin/v2/persistent/{NAMESPACE}/partitioned/partitions"
+    geo.clusters["east"].admin_json("PUT", path, 3)
+    east = geo.client("east")
+    try:
+        producer = east.create_producer(topic)
+        for i in range(60):
+            producer.send(f"p-{i}".encode(), partition_key=f"k{i % 7}")
+    finally:
+        east.close()
+    west_cluster = geo.clusters["west"]
+    wait_until(
+        lambda: west_cluster.admin("GET", path) == (200, {"partitions": 3}),
+        "west's partitioned topic created by the replicators",
+    )
+    west = geo.client("west")
+    try:
+        consumer = west.subscribe(topic, "app", initial_position=pulsar.InitialPosition.Earliest)
+        got = receive_all(consumer, 60)
+    finally:
+        west.close()
+    assert sorted(got) == sorted(f"p-{i}" for i in range(60))
+
+
 def test_remote_restart_backlog_drains_and_local_restart_resumes(geo: Geo) -> None:
     topic = f"persistent://{NAMESPACE}/restarts"
     short = topic.removeprefix("persistent://")

@@ -9,6 +9,9 @@ again (at-least-once). A remote with deduplication drops the resends: for a repl
 producer (named ``pulsar.repl.<local>``) it deduplicates by the original producer name and
 sequence id in the message metadata, as Pulsar does.
 
+A partition replicates to the same partition of the remote, whose partitioned topic is created
+with the local partition count when missing (``ensure_remote_partitions``).
+
 Not sent: entries that came by replication (``replicated_from`` set: no loops, in any mesh) and
 entries whose ``replicate_to`` does not name the remote (the client's ``replication_clusters``;
 ``disable_replication`` is ``replicate_to = ["__local__"]``).
@@ -25,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from magnetar.broker.model.entry import entry_metadata, entry_payload, message_count
 from magnetar.broker.model.position import Position
+from magnetar.broker.model.topic_name import TopicName
 from magnetar.broker.namespace.clusters import ClusterData
 from magnetar.common.protocol import codec
 from magnetar.common.protocol.producer_client import ProducerClient
@@ -56,6 +60,9 @@ class ReplicationContext:
     find_cluster: Callable[[str], Awaitable[ClusterData | None]]
     auth_method: str = ""
     auth_data: Callable[[], bytes] = bytes
+    #: For a partition: make sure the remote has its partitioned topic (Pulsar shares that
+    #: metadata through the configuration store; here each cluster keeps its own).
+    ensure_remote_partitions: Callable[[ClusterData, TopicName], Awaitable[None]] | None = None
     batch_size: int = 100
     max_backoff_seconds: float = 10.0
 
@@ -144,6 +151,9 @@ class Replicator:
                 cluster = await self.context.find_cluster(self.remote)
                 if cluster is None:
                     raise LookupError(f"cluster {self.remote} is not registered")
+                name = self.topic.name
+                if name.partition_index >= 0 and self.context.ensure_remote_partitions:
+                    await self.context.ensure_remote_partitions(cluster, name)
                 url = cluster.broker_service_url or cluster.service_url.replace(
                     "http://", "pulsar://"
                 )
