@@ -248,5 +248,6 @@ class Auditor:
     async def _report(self) -> None:
         marks = await list_marks(self.client.store)
         self.metrics.under_replicated_ledgers.set(len(marks))
+        self.metrics.bookkeeper.auditor_under_replicated.record(len(marks))
         oldest = min((m.marked_at for m, _ in marks.values()), default=None)
         self.metrics.replication_lag.set(0.0 if oldest is None else max(time.time() - oldest, 0))

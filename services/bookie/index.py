@@ -143,6 +143,10 @@ class LedgerIndex:
         )
         return {row[0] for row in rows}
 
+    def entry_count(self) -> int:
+        """Entries located in the entry logs (flushed; the memtable's are not counted yet)."""
+        return self._reader().execute("SELECT COUNT(*) FROM entries").fetchone()[0]
+
     def checkpoint_mark(self) -> int:
         mark = self._meta("journal_mark")
         return 0 if mark is None else mark

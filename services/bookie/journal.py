@@ -164,6 +164,11 @@ class Journal:
         self._task: asyncio.Task[None] | None = None
         self._closed = False
 
+    @property
+    def queued_records(self) -> int:
+        """Records waiting for the next group write (BookKeeper's JOURNAL_QUEUE_SIZE)."""
+        return len(self._queue)
+
     async def start(self, file_id: int) -> None:
         """Start writing into a new file ``file_id``."""
         self.directory.mkdir(parents=True, exist_ok=True)

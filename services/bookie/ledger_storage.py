@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Protocol
 
 from magnetar.bookie import journal as jnl
+from magnetar.bookie.bookkeeper_stats import StorageGauges
 from magnetar.bookie.config import BookieConfig
 from magnetar.bookie.entry_logger import EntryLogger, EntryLogMissingError, log_name
 from magnetar.bookie.index import IndexDamagedError, LedgerIndex
@@ -112,6 +113,11 @@ class _ReadCache:
         self.capacity = capacity
         self._items: OrderedDict[tuple[int, int], bytes] = OrderedDict()
         self._size = 0
+
+    @property
+    def size(self) -> int:
+        """Bytes of the entries held."""
+        return self._size
 
     def get(self, key: tuple[int, int]) -> bytes | None:
         value = self._items.get(key)
@@ -410,8 +416,26 @@ class LedgerStorage:
     def entry_log_bytes(self) -> int:
         return self._entry_logger.total_bytes()
 
+    async def storage_gauges(self) -> StorageGauges:
+        """BookKeeper's storage gauges, read now (the counts from the index, in a thread)."""
+        index = self._index  # None: a scrape came before start() opened it
+        loop = asyncio.get_running_loop()
+        entries = await loop.run_in_executor(None, index.entry_count) if index else 0
+        current = str(self.ledger_dir / "current")
+        return StorageGauges(
+            writable=self._read_only_reason is None,
+            journal_queue_size=self._journal.queued_records,
+            ledgers=len(await self.ledger_ids()) if index else 0,
+            entries=entries,
+            write_cache_bytes=self.memtable_bytes,
+            read_cache_bytes=self._read_cache.size,
+            ledger_dir=current,
+            index_dir=current,
+        )
+
     def _journal_synced(self, seconds: float, records: int, size: int) -> None:
         self.metrics.journal_fsync.observe(seconds)
+        self.metrics.bookkeeper.journal_sync.record_latency(seconds)
         self.metrics.journal_group_entries.inc(records)
 
     def _journal_failed(self, error: OSError) -> None:
@@ -581,8 +605,12 @@ class LedgerStorage:
                             state.wake()
                 m.add_bytes.inc(size)
                 m.add_latency.observe(time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
         if accepted:
             self._adds_ok.inc(len(accepted))
+            m.bookkeeper.added(elapsed, len(accepted), size)
+        if failures:
+            m.bookkeeper.added(elapsed, len(failures), 0, success=False)
         for _i, status, _message in failures:
             m.adds.labels(STATUS_NAMES[status]).inc()
         return failures
@@ -591,6 +619,7 @@ class LedgerStorage:
 
     async def read(self, ledger_id: int, entry_id: int) -> bytes:
         """The formatted entry, digest checked. ``entry_id`` -1 reads the last stored entry."""
+        started = time.perf_counter()
         try:
             try:
                 entry = await self._read(ledger_id, entry_id)
@@ -598,8 +627,10 @@ class LedgerStorage:
                 raise self._absence_after_wipe(ledger_id, e) from None
         except StorageError as e:
             self.metrics.reads.labels(STATUS_NAMES[e.status]).inc()
+            self.metrics.bookkeeper.read(time.perf_counter() - started, 0, success=False)
             raise
         self.metrics.reads.labels("OK").inc()
+        self.metrics.bookkeeper.read(time.perf_counter() - started, len(entry))
         return entry
 
     def _absence_after_wipe(self, ledger_id: int, error: StorageError) -> StorageError:

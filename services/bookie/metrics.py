@@ -1,16 +1,22 @@
 """Prometheus metrics of one bookie, in a registry of its own (several bookies may share a
-process in tests and in standalone mode)."""
+process in tests and in standalone mode), with the process and interpreter collectors
+(``common/metrics.py``). BookKeeper's own names are in ``bookkeeper_stats.py``."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram
+
+from magnetar.bookie.bookkeeper_stats import BookKeeperStats
+from magnetar.common.metrics import service_registry
 
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
 class BookieMetrics:
     def __init__(self) -> None:
-        self.registry = r = CollectorRegistry()
+        self.registry = r = service_registry()
+        #: BookKeeper's families, written by ``bookkeeper_stats`` after these.
+        self.bookkeeper = BookKeeperStats()
         self.adds = Counter(
             "magnetar_bookie_add_entries", "Add requests by outcome", ["status"], registry=r
         )

@@ -166,6 +166,7 @@ class Replicator:
             fragments, entries, copied = fragments + 1, entries + n, copied + size
             if self.metrics is not None:
                 self.metrics.fragments_replicated.inc()
+                self.metrics.bookkeeper.replicated_fragments += 1
             log.info(
                 "ledger %d: fragment %s re-replicated (%d entries, %d bytes)",
                 ledger_id,
@@ -236,6 +237,8 @@ class Replicator:
             size = len(entry) * len(targets)
             if self.metrics is not None:
                 self.metrics.replicated_bytes.inc(size)
+                self.metrics.bookkeeper.entries_written += len(targets)
+                self.metrics.bookkeeper.bytes_written += size
             return size
 
         for start in range(fragment.first_entry_id, last + 1, batch):

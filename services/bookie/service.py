@@ -11,7 +11,6 @@ from pathlib import Path
 
 import grpc
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from magnetar.bookie import disk_checker
 from magnetar.bookie.auditor import Auditor, AuditorSettings
@@ -29,6 +28,7 @@ from magnetar.common.ledger.identity import Cookie
 from magnetar.common.ledger.metadata import LEDGER_ID_COUNTER
 from magnetar.common.ledger.underreplication import decommissioning_key, read_settings
 from magnetar.common.metadata import MetadataError, MetadataStore, open_store
+from magnetar.common.metrics import CONTENT_TYPE, render
 from magnetar.common.net import AddressInUseError, listen_error
 from magnetar.common.proto import bookie_pb2 as pb
 from magnetar.common.proto import bookie_pb2_grpc
@@ -467,8 +467,9 @@ class Bookie:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         self.metrics.memtable_bytes.set(self.storage.memtable_bytes)
-        body = generate_latest(self.metrics.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        gauges = await self.storage.storage_gauges()
+        body = render(self.metrics.registry, self.metrics.bookkeeper.render(gauges))
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     async def _info_http(self, request: web.Request) -> web.Response:
         return web.json_response(

@@ -25,13 +25,14 @@ import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence, Sized
 from typing import Protocol, cast
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from magnetar.broker.cluster.bundles import BundleRange, topic_hash
 from magnetar.broker.model.topic_name import TopicName
 from magnetar.common.cluster.broker_info import BrokerInfo
+from magnetar.common.metrics import service_registry
 
 #: Rates are recomputed at most this often, so scrapes close together (two Prometheus servers,
 #: a person with curl) do not make them noisy: a scrape sooner gets the previous rates.
@@ -40,7 +41,7 @@ MIN_RATE_WINDOW_S = 1.0
 
 class BrokerMetrics:
     def __init__(self) -> None:
-        self.registry = r = CollectorRegistry()
+        self.registry = r = service_registry()
         # Set when scraped, from the loaded topics' own counters (nothing extra per message).
         self.entries_in = Gauge(
             "magnetar_broker_in_entries",

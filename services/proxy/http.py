@@ -46,7 +46,6 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from yarl import URL
 
 from magnetar.common.auth.client import ClientCredentials
@@ -54,6 +53,7 @@ from magnetar.common.auth.provider import AuthenticationError
 from magnetar.common.auth.service import AuthenticationService
 from magnetar.common.cluster.broker_info import BrokerInfo
 from magnetar.common.config import ConfigError
+from magnetar.common.metrics import CONTENT_TYPE, render
 from magnetar.common.tls import client_context, peer_certificate_der
 from magnetar.proxy.metrics import ProxyMetrics
 
@@ -174,8 +174,8 @@ def build_http_app(proxy: ProxyHttpHost) -> web.Application:
         return web.Response(status=503, text="Not ready: no metadata store or no broker registered")
 
     async def metrics(_: web.Request) -> web.Response:
-        body = await asyncio.to_thread(generate_latest, proxy.metrics.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        body = await asyncio.to_thread(render, proxy.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     app.router.add_get("/status.html", status)
     app.router.add_get("/health", status)

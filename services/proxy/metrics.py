@@ -15,7 +15,9 @@ Pulsar has no equivalent for are ``magnetar_proxy_*``.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector
+from prometheus_client import Counter, Gauge
+
+from magnetar.common.metrics import service_registry
 
 #: ``binary_bytes`` ``direction`` label values.
 TO_BROKER = "to_broker"
@@ -34,7 +36,7 @@ class ProxyMetrics:
     """Everything ``/metrics`` of a proxy shows, including the process's own ``process_*``."""
 
     def __init__(self) -> None:
-        self.registry = r = CollectorRegistry()
+        self.registry = r = service_registry()
         self.active_connections = Gauge(
             "pulsar_proxy_active_connections",
             "Number of connections currently active in the proxy",
@@ -81,4 +83,3 @@ class ProxyMetrics:
             ["code"],
             registry=r,
         )
-        self.process = ProcessCollector(registry=r)

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from aiohttp import web
-from prometheus_client import generate_latest
 
 from magnetar.broker.admin.errors import AdminError
+from magnetar.common.metrics import CONTENT_TYPE, render
 
 if TYPE_CHECKING:
     from magnetar.broker.admin.service import AdminBroker
@@ -49,4 +49,4 @@ def add_metrics_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None:
         m.connections.set(len(broker.connections))
         m.entries_in.set(sum(t.msg_in for t in broker.topics.values()))
         m.bytes_in.set(sum(t.bytes_in for t in broker.topics.values()))
-        return web.Response(body=generate_latest(m.registry), content_type="text/plain")
+        return web.Response(body=render(m.registry), headers={"Content-Type": CONTENT_TYPE})
