@@ -209,6 +209,26 @@ def test_replication_clusters_and_disable_replication_per_message(geo: Geo) -> N
     assert received["north"] == ["all", "all-again"]
 
 
+def test_bundle_unload_during_replication_no_gap_no_duplicate(geo: Geo) -> None:
+    topic = f"persistent://{NAMESPACE}/unloaded"
+    east_cluster = geo.clusters["east"]
+    west = geo.client("west")
+    east = geo.client("east")
+    try:
+        consumer = west.subscribe(topic, "app", initial_position=pulsar.InitialPosition.Earliest)
+        producer = east.create_producer(topic)
+        for i in range(300):
+            producer.send_async(f"u-{i}".encode(), None)
+            if i in (100, 200):
+                east_cluster.admin_json("PUT", f"/admin/v2/namespaces/{NAMESPACE}/unload")
+        producer.flush()
+        got = receive_all(consumer, 300)
+    finally:
+        east.close()
+        west.close()
+    assert got == [f"u-{i}" for i in range(300)]
+
+
 def test_partitioned_topic_replicates_partition_by_partition(geo: Geo) -> None:
     topic = f"persistent://{NAMESPACE}/partitioned"
     path = f"/admin/v2/persistent/{NAMESPACE}/partitioned/partitions"
