@@ -51,6 +51,20 @@ def is_replicator_cursor(name: str) -> bool:
     return name.startswith(REPLICATOR_PREFIX)
 
 
+def outgoing_entry(stored: bytes, local: str, remote: str) -> tuple[bytes, int] | None:
+    """What a replicator sends to ``remote`` for a stored entry: its payload section with
+    ``replicated_from = local`` and its message count; None for an entry not to send (it came
+    by replication, or its ``replicate_to`` leaves ``remote`` out)."""
+    metadata = entry_metadata(stored)
+    if metadata.HasField("replicated_from"):
+        return None
+    if metadata.replicate_to and remote not in metadata.replicate_to:
+        return None
+    metadata.replicated_from = local
+    section = codec.encode_headers_and_payload(metadata, entry_payload(stored))
+    return section, message_count(metadata)
+
+
 @dataclass(slots=True)
 class ReplicationContext:
     """What every replicator of a broker shares: the local cluster's name, how to find a
@@ -196,15 +210,11 @@ class Replicator:
                 continue
             sent: list[tuple[Position, asyncio.Future[object] | None, int, int]] = []
             for position, stored in entries:
-                metadata = entry_metadata(stored)
-                if metadata.HasField("replicated_from") or (
-                    metadata.replicate_to and remote not in metadata.replicate_to
-                ):
+                outgoing = outgoing_entry(stored, local, remote)
+                if outgoing is None:
                     sent.append((position, None, 0, 0))
                     continue
-                metadata.replicated_from = local
-                section = codec.encode_headers_and_payload(metadata, entry_payload(stored))
-                count = message_count(metadata)
+                section, count = outgoing
                 self._next_sequence += 1
                 future = client.send(self._next_sequence, section, count)
                 sent.append((position, future, count, len(section)))  # type: ignore[arg-type]
