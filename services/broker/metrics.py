@@ -335,6 +335,7 @@ class PulsarCollector(Collector):
         if self.topic_level:
             yield from self._subscription_families(cluster, topics)
         yield from self._bundle_families(cluster, topics, values)
+        yield from self._replication_families(cluster, topics)
         yield from self._load_manager_families(cluster)
         yield from self._authentication_families(cluster)
         self._rates.forget_unseen()
@@ -434,6 +435,34 @@ class PulsarCollector(Collector):
                 rate_out.add_metric(labels, rate)
                 throughput_out.add_metric(labels, throughput)
                 consumers.add_metric(labels, len(subscription.consumers))
+        yield from families
+
+    # -- geo-replication ------------------------------------------------------------------------
+
+    def _replication_families(self, cluster: str, topics: list[CountedTopic]) -> Iterator[Metric]:
+        """Pulsar's ``pulsar_replication_*`` per remote cluster (``remote_cluster``), by topic
+        when topic-level metrics are on, else summed per namespace."""
+        labels = [*(_TOPIC_LABELS if self.topic_level else _NS_LABELS), "remote_cluster"]
+        families = [
+            GaugeMetricFamily(name, documentation, labels=labels)
+            for name, documentation in REPLICATION_FAMILIES
+        ]
+        sums: dict[tuple[str, ...], list[float]] = {}
+        for topic in topics:
+            for remote, replicator in sorted(getattr(topic, "replicators", {}).items()):
+                stats = replicator.stats()
+                key: tuple[str, ...] = (cluster, topic.name.namespace_name)
+                if self.topic_level:
+                    key = (*key, str(topic.name))
+                row = sums.setdefault((*key, remote), [0.0] * len(REPLICATION_FAMILIES))
+                row[0] += stats["replicationBacklog"]
+                row[1] += 1 if stats["connected"] else 0
+                row[2] += stats["msgRateOut"]
+                row[3] += stats["msgThroughputOut"]
+                row[4] = max(row[4], stats["replicationDelayInSeconds"])
+        for key, row in sorted(sums.items()):
+            for family, value in zip(families, row, strict=True):
+                family.add_metric(list(key), value)
         yield from families
 
     # -- bundles and the load manager ------------------------------------------------------------
@@ -543,6 +572,16 @@ class PulsarCollector(Collector):
 
 
 _NS_LABELS = ["cluster", "namespace"]
+REPLICATION_FAMILIES = [
+    ("pulsar_replication_backlog", "Entries not yet acknowledged by the remote cluster"),
+    ("pulsar_replication_connected_count", "Replicators connected to the remote cluster"),
+    ("pulsar_replication_rate_out", "Messages per second sent to the remote cluster"),
+    ("pulsar_replication_throughput_out", "Bytes per second sent to the remote cluster"),
+    (
+        "pulsar_replication_delay_in_seconds",
+        "Age of the oldest message not yet acknowledged by the remote cluster",
+    ),
+]
 _TOPIC_LABELS = ["cluster", "namespace", "topic"]
 _SUBSCRIPTION_LABELS = ["cluster", "namespace", "topic", "subscription"]
 

@@ -182,6 +182,19 @@ def test_both_ways_exactly_once_and_no_loops(geo: Geo) -> None:
             assert replication["connected"] is True, (name, remote, replication)
             assert replication["replicationBacklog"] == 0, (name, remote, replication)
         assert set(stats["subscriptions"]) == {"app"}, stats["subscriptions"]
+    status, raw = geo.broker("east").http("GET", "/metrics")
+    assert status == 200
+    metrics = raw.decode()
+    for remote in ("west", "north"):
+        connected = [
+            line
+            for line in metrics.splitlines()
+            if line.startswith("pulsar_replication_connected_count{")
+            and f'remote_cluster="{remote}"' in line
+            and 'namespace="geo/rep"' in line
+        ]
+        assert connected and float(connected[0].rsplit(" ", 1)[1]) >= 1, connected
+    assert "pulsar_replication_backlog{" in metrics
 
 
 def test_replication_clusters_and_disable_replication_per_message(geo: Geo) -> None:
