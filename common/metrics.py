@@ -20,10 +20,10 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-#: The ``Content-Type`` of every ``/metrics`` answer.
-CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+#: The ``Content-Type`` of every ``/metrics`` answer (written out: prometheus_client names it
+#: differently across versions).
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def service_registry() -> CollectorRegistry:
