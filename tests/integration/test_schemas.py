@@ -6,6 +6,8 @@
 - A FULL compatible change (a field added with a default) is a new version; an incompatible
   one (a field's type changed) is refused to producers, consumers and uploads, with a message
   that says why; GET_SCHEMA and GET_OR_CREATE_SCHEMA answer from the registry.
+- The namespace's schemaCompatibilityStrategy (PUT/GET/DELETE as Pulsar's admin calls it)
+  decides what a producer may register; schemaValidationEnforced is a namespace policy.
 - The schemas survive a restart of the standalone; its log holds no traceback and no ERROR.
 """
 
@@ -178,9 +180,10 @@ def test_incompatible_schema_is_refused_with_the_reason(
         assert error.error == pb.IncompatibleSchema
         assert error.message == (
             f"topic {topic}: the JSON schema is not FULL compatible with version 0 (Pulsar's "
-            "default strategy): the new schema cannot read old data: age<branch 1>: no branch "
-            "of the reader's union reads the writer's int; the old schema cannot read new "
-            "data: age<branch 1>: no branch of the reader's union reads the writer's string"
+            "default strategy): the new schema cannot read old data: missing union branch at "
+            "/, /fields/1/type/1: reader union lacking writer type: INT; the old schema cannot "
+            "read new data: missing union branch at /, /fields/1/type/1: reader union lacking "
+            "writer type: STRING"
         )
     status, text = admin(
         node,
@@ -191,6 +194,38 @@ def test_incompatible_schema_is_refused_with_the_reason(
     assert status == 409
     assert json.loads(text)["reason"] == error.message
     assert schema_of(node, "schema-refuse", "schemas")[1]["getSchemaResponses"][0]["version"] == 0
+
+
+def test_namespace_strategy_decides_evolution(node: StandaloneProcess, pc: pulsar.Client) -> None:
+    assert admin(node, "PUT", "/namespaces/public/evolving")[0] == 204
+    path = "/namespaces/public/evolving/schemaCompatibilityStrategy"
+    assert admin(node, "GET", path) == (200, '"UNDEFINED"')
+    assert admin(node, "PUT", path, '"SOMETIMES"')[0] == 400
+    topic = "persistent://public/evolving/strategy"
+
+    def register(record: type[Record]) -> None:
+        pc.create_producer(topic, schema=JsonSchema(record)).close()
+
+    assert admin(node, "PUT", path, '"ALWAYS_INCOMPATIBLE"')[0] == 204
+    assert admin(node, "GET", path) == (200, '"ALWAYS_INCOMPATIBLE"')
+    register(User)  # the first version needs no check
+    with pytest.raises(pulsar.IncompatibleSchema):
+        register(UserWithEmail)
+    assert admin(node, "PUT", path, '"BACKWARD"')[0] == 204
+    register(UserWithEmail)  # the new schema reads old data: email has a default
+    with pytest.raises(pulsar.IncompatibleSchema):
+        register(UserWithTextAge)
+    assert admin(node, "PUT", path, '"ALWAYS_COMPATIBLE"')[0] == 204
+    register(UserWithTextAge)
+    status, text = admin(node, "GET", "/schemas/public/evolving/strategy/schemas")
+    assert status == 200 and len(json.loads(text)["getSchemaResponses"]) == 3
+    assert admin(node, "DELETE", path)[0] == 204
+    assert admin(node, "GET", path) == (200, '"UNDEFINED"')
+
+    enforced = "/namespaces/public/evolving/schemaValidationEnforced"
+    assert admin(node, "GET", enforced) == (200, "false")
+    assert admin(node, "POST", enforced, "true")[0] == 204
+    assert admin(node, "GET", enforced) == (200, "true")
 
 
 def test_get_schema_and_get_or_create_schema(node: StandaloneProcess, pc: pulsar.Client) -> None:

@@ -38,6 +38,7 @@ from magnetar.broker.namespace import policies
 from magnetar.broker.namespace.authorization import TenantInfo
 from magnetar.broker.namespace.policies import PartitionCountError, PolicyError, parse_document
 from magnetar.broker.namespace.records import NAMESPACES_PATH, TENANTS_PATH
+from magnetar.broker.schema import compatibility as schema_compatibility
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError, NoSuchKeyError
 
 if TYPE_CHECKING:
@@ -65,12 +66,28 @@ POLICY_FIELDS: dict[str, tuple[str, Callable[[Any, TopicSettings], Any]]] = {
         "inactive_topic_policies",
         lambda v, _: policies.check_inactive_topics(v),
     ),
+    "schemaCompatibilityStrategy": (
+        "schema_compatibility_strategy",
+        lambda v, _: _schema_strategy(v),
+    ),
+    "schemaValidationEnforced": (
+        "schema_validation_enforced",
+        lambda v, _: policies.check_bool(v, "schemaValidationEnforced"),
+    ),
     "autoTopicCreation": (
         "autoTopicCreationOverride",
         lambda v, limits: policies.check_auto_topic_creation(
             v, limits.max_num_partitions_per_partitioned_topic
         ),
     ),
+}
+
+
+#: What GET answers for a policy that was never set, where Pulsar answers something else
+#: than null.
+POLICY_UNSET: dict[str, Any] = {
+    "schema_compatibility_strategy": "UNDEFINED",
+    "schema_validation_enforced": False,
 }
 
 
@@ -250,15 +267,18 @@ def add_namespace_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None
     @routes.get("/admin/v2/namespaces/{tenant}/{namespace}/{policy}")
     async def get_policy(request: web.Request) -> web.Response:
         key, _check = _policy_field(request)
-        return web.json_response((await _policy_document(broker, request)).get(key))
+        document = await _policy_document(broker, request)
+        return web.json_response(document.get(key, POLICY_UNSET.get(key)))
 
+    # Pulsar sets the strategy with PUT (the other policies with POST).
+    @routes.put("/admin/v2/namespaces/{tenant}/{namespace}/{policy:schemaCompatibilityStrategy}")
     @routes.post("/admin/v2/namespaces/{tenant}/{namespace}/{policy}")
     @routes.delete("/admin/v2/namespaces/{tenant}/{namespace}/{policy}")
     async def set_policy(request: web.Request) -> web.Response:
         namespace = requests.namespace(request)
         key, check = _policy_field(request)
         value = None
-        if request.method == "POST":
+        if request.method in ("POST", "PUT"):
             body = await requests.json_body(request)
             try:
                 value = check(body, broker.config)
@@ -308,6 +328,13 @@ async def _bundle_count_body(request: web.Request) -> int | None:
     if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 1024:
         raise AdminError(412, f"bundles.numBundles must be between 1 and 1024, got {count!r}")
     return count
+
+
+def _schema_strategy(value: Any) -> str:
+    try:
+        return schema_compatibility.check_strategy(value)
+    except ValueError as e:
+        raise PolicyError(str(e)) from None
 
 
 def _policy_field(request: web.Request) -> tuple[str, Callable[[Any, TopicSettings], Any]]:

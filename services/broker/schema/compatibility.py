@@ -25,16 +25,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import avro.schema
+from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibilityType
+from avro.errors import AvroException
+
 PRIMITIVES = frozenset(("null", "boolean", "int", "long", "float", "double", "bytes", "string"))
 NAMED = frozenset(("record", "error", "enum", "fixed"))
-#: Writer type -> the reader types it is promoted to.
-PROMOTIONS = {
-    "int": frozenset(("long", "float", "double")),
-    "long": frozenset(("float", "double")),
-    "float": frozenset(("double",)),
-    "string": frozenset(("bytes",)),
-    "bytes": frozenset(("string",)),
-}
+_CHECKER = ReaderWriterCompatibilityChecker()
 
 
 class InvalidSchemaError(ValueError):
@@ -47,6 +44,8 @@ class AvroSchema:
 
     root: Any
     named: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The same definition parsed by the Avro library, which judges compatibility.
+    parsed: Any = None
 
 
 def parse(data: bytes) -> AvroSchema:
@@ -57,6 +56,10 @@ def parse(data: bytes) -> AvroSchema:
         raise InvalidSchemaError(f"schema definition is not JSON: {e}") from None
     schema = AvroSchema(root)
     _collect(root, "", schema.named, "schema")
+    try:
+        schema.parsed = avro.schema.parse(data.decode("utf-8"))
+    except (AvroException, UnicodeDecodeError, ValueError, TypeError, KeyError) as e:
+        raise InvalidSchemaError(f"not an Avro schema definition: {e}") from None
     return schema
 
 
@@ -119,112 +122,71 @@ def _collect(node: Any, namespace: str, named: dict[str, dict[str, Any]], where:
     raise InvalidSchemaError(f"{where}: unknown type {kind!r}")
 
 
-def _resolve(node: Any, schema: AvroSchema) -> Any:
-    """A type with references by name and ``{"type": X}`` wrappers replaced by X itself."""
-    while True:
-        if isinstance(node, str) and node not in PRIMITIVES:
-            found = schema.named.get(node)
-            if found is None:  # a short name inside a namespace
-                matches = [v for k, v in schema.named.items() if k.rpartition(".")[2] == node]
-                if not matches:
-                    raise InvalidSchemaError(f"unknown type {node!r}")
-                found = matches[0]
-            return found
-        if isinstance(node, dict) and node.get("type") not in NAMED | {"array", "map"}:
-            node = node.get("type")
-            continue
-        return node
-
-
-def _kind(node: Any) -> str:
-    if isinstance(node, list):
-        return "union"
-    if isinstance(node, str):
-        return node
-    kind = node["type"]
-    return "record" if kind == "error" else kind
-
-
-def _short(node: dict[str, Any]) -> str:
-    return str(node["name"]).rpartition(".")[2]
-
-
 def reading_problems(reader: AvroSchema, writer: AvroSchema) -> list[str]:
-    """Why data written with ``writer`` cannot be read with ``reader`` (empty: it can)."""
-    problems: list[str] = []
-    _check(reader.root, writer.root, reader, writer, "", problems, set())
-    return problems
+    """Why data written with ``writer`` cannot be read with ``reader`` (empty: it can).
 
-
-def _check(
-    r: Any,
-    w: Any,
-    rs: AvroSchema,
-    ws: AvroSchema,
-    path: str,
-    problems: list[str],
-    seen: set[tuple[int, int]],
-) -> None:
-    r, w = _resolve(r, rs), _resolve(w, ws)
-    rk, wk = _kind(r), _kind(w)
-    at = path or "the top level"
-    if wk == "union":
-        for i, branch in enumerate(w):
-            _check(r, branch, rs, ws, f"{path}<branch {i}>", problems, seen)
-        return
-    if rk == "union":
-        for branch in r:
-            attempt: list[str] = []
-            _check(branch, w, rs, ws, path, attempt, seen)
-            if not attempt:
-                return
-        problems.append(f"{at}: no branch of the reader's union reads the writer's {wk}")
-        return
-    if rk != wk:
-        if wk in PROMOTIONS and rk in PROMOTIONS[wk]:
-            return
-        problems.append(f"{at}: the writer's {wk} cannot be read as {rk}")
-        return
-    if rk in PRIMITIVES:
-        return
-    if rk == "array":
-        _check(r["items"], w["items"], rs, ws, f"{path}[]", problems, seen)
-        return
-    if rk == "map":
-        _check(r["values"], w["values"], rs, ws, f"{path}{{}}", problems, seen)
-        return
-    if _short(r) != _short(w) and _short(w) not in r.get("aliases", []):
-        problems.append(f"{at}: {rk} {_short(w)} cannot be read as {rk} {_short(r)}")
-        return
-    if rk == "fixed":
-        if r["size"] != w["size"]:
-            problems.append(f"{at}: fixed size {w['size']} cannot be read as size {r['size']}")
-        return
-    if rk == "enum":
-        missing = [s for s in w["symbols"] if s not in r["symbols"]]
-        if missing and "default" not in r:
-            problems.append(f"{at}: enum symbols {missing} are unknown to the reader")
-        return
-    pair = (id(r), id(w))
-    if pair in seen:  # a recursive record: already being compared further up
-        return
-    seen.add(pair)
-    written = {f["name"]: f for f in w["fields"]}
-    for f in r["fields"]:
-        name = f["name"]
-        source = written.get(name) or next(
-            (written[a] for a in f.get("aliases", []) if a in written), None
-        )
-        where = f"{path}.{name}" if path else name
-        if source is None:
-            if "default" not in f:
-                problems.append(f"field {where}: missing in the writer and without a default")
-            continue
-        _check(f["type"], source["type"], rs, ws, where, problems, seen)
+    Decided by Apache Avro's own ``ReaderWriterCompatibilityChecker`` (the Python port of the
+    Java ``SchemaCompatibility`` that Pulsar's ``AvroSchemaBasedCompatibilityCheck`` calls), so
+    defaults, unions, aliases and namespaces are judged as Pulsar judges them."""
+    result = _CHECKER.get_compatibility(reader.parsed, writer.parsed)
+    if result.compatibility is SchemaCompatibilityType.compatible:
+        return []
+    kinds = ", ".join(sorted(i.value.replace("_", " ") for i in result.incompatibilities))
+    where = ", ".join(sorted(result.locations))
+    return [f"{kinds} at {where}: " + "; ".join(sorted(result.messages))]
 
 
 def full_problems(new: AvroSchema, latest: AvroSchema) -> list[str]:
     """FULL compatibility of ``new`` with ``latest``: each reads the other's data."""
-    backward = [f"the new schema cannot read old data: {p}" for p in reading_problems(new, latest)]
-    forward = [f"the old schema cannot read new data: {p}" for p in reading_problems(latest, new)]
-    return backward + forward
+    return evolution_problems("FULL", new, [latest])
+
+
+#: Pulsar's SchemaCompatibilityStrategy values. UNDEFINED (a namespace that set none) means the
+#: broker's default, FULL, as Pulsar's schemaCompatibilityStrategy setting has it.
+STRATEGIES = (
+    "UNDEFINED",
+    "ALWAYS_INCOMPATIBLE",
+    "ALWAYS_COMPATIBLE",
+    "BACKWARD",
+    "FORWARD",
+    "FULL",
+    "BACKWARD_TRANSITIVE",
+    "FORWARD_TRANSITIVE",
+    "FULL_TRANSITIVE",
+)
+DEFAULT_STRATEGY = "FULL"
+
+
+def check_strategy(value: Any) -> str:
+    """A strategy name as an admin call gives it (a JSON string, any case)."""
+    if not isinstance(value, str) or value.upper() not in STRATEGIES:
+        raise ValueError(f"schema compatibility strategy must be one of {', '.join(STRATEGIES)}")
+    return value.upper()
+
+
+def evolution_problems(strategy: str, new: AvroSchema, existing: list[AvroSchema]) -> list[str]:
+    """Why ``new`` may not follow ``existing`` (oldest first) under ``strategy`` (empty: it may).
+
+    As Pulsar's ``AvroSchemaBasedCompatibilityCheck``: BACKWARD, the new schema reads data
+    written with the existing one(s); FORWARD, the existing one(s) read data written with the
+    new; FULL, both. The plain forms compare with the latest version, the ``_TRANSITIVE``
+    forms with every version."""
+    strategy = DEFAULT_STRATEGY if strategy == "UNDEFINED" else strategy
+    if strategy == "ALWAYS_COMPATIBLE" or not existing:
+        return []
+    if strategy == "ALWAYS_INCOMPATIBLE":
+        return ["the strategy ALWAYS_INCOMPATIBLE allows no new version"]
+    base = strategy.removesuffix("_TRANSITIVE")
+    against = existing if strategy.endswith("_TRANSITIVE") else existing[-1:]
+    problems: list[str] = []
+    for n, old in enumerate(reversed(against)):
+        which = "old" if len(against) == 1 else f"version -{n + 1}"
+        if base in ("BACKWARD", "FULL"):
+            problems += [
+                f"the new schema cannot read {which} data: {p}" for p in reading_problems(new, old)
+            ]
+        if base in ("FORWARD", "FULL"):
+            problems += [
+                f"the {which} schema cannot read new data: {p}" for p in reading_problems(old, new)
+            ]
+    return problems

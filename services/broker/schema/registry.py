@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from magnetar.broker.model.topic_name import TopicName
+from magnetar.broker.namespace.policies import parse_document
+from magnetar.broker.namespace.records import NAMESPACES_PATH
 from magnetar.broker.schema import compatibility as avro
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError, MetadataStore
 from magnetar.common.proto import pulsar_api_pb2 as pb
@@ -174,27 +176,40 @@ def _parse_avro(schema: SchemaData, whose: str) -> avro.AvroSchema:
         raise IncompatibleSchemaError(f"{whose} {schema.type} schema is not valid: {e}") from None
 
 
-def _check_new_version(topic: TopicName, new: SchemaData, latest: StoredSchema) -> None:
-    """FULL compatibility with the latest version, or a refusal that says why."""
+def _check_new_version(
+    topic: TopicName, new: SchemaData, live: list[StoredSchema], strategy: str
+) -> None:
+    """Compatibility with the live versions under the namespace's strategy (Pulsar's default,
+    FULL, when it set none), or a refusal that says why."""
+    latest = live[-1]
     old = latest.schema
+    if strategy == "ALWAYS_COMPATIBLE":
+        return
+    shown = avro.DEFAULT_STRATEGY if strategy == "UNDEFINED" else strategy
+    default = " (Pulsar's default strategy)" if strategy == "UNDEFINED" else ""
     if new.type != old.type:
         raise IncompatibleSchemaError(
             f"topic {topic}: a {new.type} schema is incompatible with the topic's {old.type} "
-            f"schema (version {latest.version}); Pulsar's default strategy FULL allows no "
-            f"change of type"
+            f"schema (version {latest.version}); the strategy {shown} allows no change of type"
         )
     if new.type not in AVRO_BASED:
         raise IncompatibleSchemaError(
             f"topic {topic}: the {new.type} schema differs from the topic's version "
             f"{latest.version}; only AVRO and JSON schemas may evolve"
         )
-    problems = avro.full_problems(
-        _parse_avro(new, "the new"), _parse_avro(old, f"stored version {latest.version}:")
+    problems = avro.evolution_problems(
+        strategy,
+        _parse_avro(new, "the new"),
+        [
+            _parse_avro(v.schema, f"stored version {v.version}:")
+            for v in live
+            if v.schema.type == new.type
+        ],
     )
     if problems:
         raise IncompatibleSchemaError(
-            f"topic {topic}: the {new.type} schema is not FULL compatible with version "
-            f"{latest.version} (Pulsar's default strategy): " + "; ".join(problems)
+            f"topic {topic}: the {new.type} schema is not {shown} compatible with version "
+            f"{latest.version}{default}: " + "; ".join(problems)
         )
 
 
@@ -228,11 +243,18 @@ class SchemaRegistry:
                 return v
         raise SchemaNotFoundError(f"topic {topic} has no schema version {version}")
 
+    async def strategy(self, topic: TopicName) -> str:
+        """The namespace's schemaCompatibilityStrategy (UNDEFINED: none set, Pulsar's FULL)."""
+        found = await self.store.get(f"{NAMESPACES_PATH}/{topic.namespace_name}")
+        document = parse_document(found.value if found is not None else None)
+        return str(document.get("schema_compatibility_strategy") or "UNDEFINED")
+
     async def put_if_absent(self, topic: TopicName, schema: SchemaData) -> int:
         """The version of ``schema`` for a producer (or an upload): existing, or new if the
-        rules allow; IncompatibleSchemaError otherwise."""
+        namespace's strategy allows; IncompatibleSchemaError otherwise."""
         if schema.type in AVRO_BASED:
             _parse_avro(schema, "the")
+        strategy = await self.strategy(topic)
         for _ in range(CAS_ATTEMPTS):
             all_versions, stored_at = await self._load(topic)
             live = _live(all_versions)
@@ -240,7 +262,7 @@ class SchemaRegistry:
                 if v.schema.same_as(schema):
                     return v.version
             if live:
-                _check_new_version(topic, schema, live[-1])
+                _check_new_version(topic, schema, live, strategy)
             version = all_versions[-1].version + 1 if all_versions else 0
             if await self._try_append(topic, all_versions, stored_at, version, schema):
                 return version
