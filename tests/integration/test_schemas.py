@@ -7,7 +7,8 @@
   one (a field's type changed) is refused to producers, consumers and uploads, with a message
   that says why; GET_SCHEMA and GET_OR_CREATE_SCHEMA answer from the registry.
 - The namespace's schemaCompatibilityStrategy (PUT/GET/DELETE as Pulsar's admin calls it)
-  decides what a producer may register; schemaValidationEnforced is a namespace policy.
+  decides what a producer may register; a schema can be tested (compatibility) and its version
+  found (version) without storing it; schemaValidationEnforced is a namespace policy.
 - The schemas survive a restart of the standalone; its log holds no traceback and no ERROR.
 """
 
@@ -215,6 +216,21 @@ def test_namespace_strategy_decides_evolution(node: StandaloneProcess, pc: pulsa
     register(UserWithEmail)  # the new schema reads old data: email has a default
     with pytest.raises(pulsar.IncompatibleSchema):
         register(UserWithTextAge)
+    # Testing a schema stores nothing; finding a schema's version.
+    base = "/schemas/public/evolving/strategy"
+
+    def payload(record: type[Record]) -> str:
+        info = JsonSchema(record).schema_info()
+        return json.dumps({"type": "JSON", "schema": info.schema(), "properties": {}})
+
+    status, text = admin(node, "POST", f"{base}/compatibility", payload(UserWithTextAge))
+    assert status == 200
+    assert json.loads(text) == {"isCompatibility": False, "schemaCompatibilityStrategy": "BACKWARD"}
+    status, text = admin(node, "POST", f"{base}/compatibility", payload(UserWithEmail))
+    assert json.loads(text) == {"isCompatibility": True, "schemaCompatibilityStrategy": "BACKWARD"}
+    assert admin(node, "POST", f"{base}/version", payload(User)) == (200, '{"version": 0}')
+    assert admin(node, "POST", f"{base}/version", payload(UserWithEmail)) == (200, '{"version": 1}')
+    assert admin(node, "POST", f"{base}/version", payload(UserWithTextAge))[0] == 404
     assert admin(node, "PUT", path, '"ALWAYS_COMPATIBLE"')[0] == 204
     register(UserWithTextAge)
     status, text = admin(node, "GET", "/schemas/public/evolving/strategy/schemas")

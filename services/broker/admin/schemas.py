@@ -7,6 +7,10 @@
 - ``POST   .../schema`` body ``{"type", "schema", "properties"}`` -> ``{"version": N}``;
   409 when the registry's rules refuse it (the same rules as a producer's schema)
 - ``DELETE .../schema`` -> ``{"version": N}`` (the deletion marker's version)
+- ``POST   .../compatibility`` body as an upload -> ``{"isCompatibility": bool,
+  "schemaCompatibilityStrategy": S}``: would the registry take it now (nothing is stored)
+- ``POST   .../version`` body as an upload -> ``{"version": N}`` of the live version holding
+  that schema, 404 if none does
 
 No schema (or no such version): 404 ``Schema not found``. Any broker answers for any topic: the
 registry is read from and written to the metadata store, not the topic's owner.
@@ -114,6 +118,25 @@ def add_schema_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None:
             number = await registry().put_if_absent(topic, _upload(body))
         except IncompatibleSchemaError as e:
             raise AdminError(409, str(e)) from None
+        return web.json_response({"version": number})
+
+    @routes.post(f"{base}/compatibility")
+    async def compatibility(request: web.Request) -> web.Response:
+        topic = _topic(request)
+        await broker.namespace_policies(topic.namespace_name)  # 404 without the namespace
+        schema = _upload(await requests.json_body(request))
+        compatible, strategy = await registry().test_compatibility(topic, schema)
+        return web.json_response(
+            {"isCompatibility": compatible, "schemaCompatibilityStrategy": strategy}
+        )
+
+    @routes.post(f"{base}/version")
+    async def version_of(request: web.Request) -> web.Response:
+        schema = _upload(await requests.json_body(request))
+        try:
+            number = await registry().version_of(_topic(request), schema)
+        except SchemaNotFoundError as e:
+            raise AdminError(404, f"Schema not found: {e}") from None
         return web.json_response({"version": number})
 
     @routes.delete(f"{base}/schema")

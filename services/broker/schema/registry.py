@@ -268,6 +268,29 @@ class SchemaRegistry:
                 return version
         raise IncompatibleSchemaError(f"topic {topic}: too many concurrent schema updates")
 
+    async def test_compatibility(self, topic: TopicName, schema: SchemaData) -> tuple[bool, str]:
+        """Whether ``schema`` could be registered now (the topic's current versions, the
+        namespace's strategy), and that strategy as Pulsar names it (UNDEFINED shown as FULL)."""
+        strategy = await self.strategy(topic)
+        shown = avro.DEFAULT_STRATEGY if strategy == "UNDEFINED" else strategy
+        live = await self.versions(topic)
+        if not live or any(v.schema.same_as(schema) for v in live):
+            return True, shown
+        try:
+            if schema.type in AVRO_BASED:
+                _parse_avro(schema, "the")
+            _check_new_version(topic, schema, live, strategy)
+        except IncompatibleSchemaError:
+            return False, shown
+        return True, shown
+
+    async def version_of(self, topic: TopicName, schema: SchemaData) -> int:
+        """The live version holding ``schema`` (SchemaNotFoundError if none does)."""
+        for v in await self.versions(topic):
+            if v.schema.same_as(schema):
+                return v.version
+        raise SchemaNotFoundError(f"topic {topic} has no version with this schema")
+
     async def _try_append(
         self,
         topic: TopicName,
