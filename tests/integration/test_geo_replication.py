@@ -288,6 +288,12 @@ def test_remote_restart_backlog_drains_and_local_restart_resumes(geo: Geo) -> No
             producer.send(f"m-{i}".encode())
         backlog = geo.stats("east", short)["replication"]["west"]
         assert backlog["replicationBacklog"] > 0 and backlog["connected"] is False, backlog
+        wait_until(
+            lambda: (
+                geo.stats("east", short)["replication"]["west"]["replicationDelayInSeconds"] > 0
+            ),
+            "the replication delay seen while west is down",
+        )
         geo.broker("west").start()
         west_cluster.wait_for(
             lambda: bool(west_cluster.registered()), what="west's broker registered again"

@@ -408,6 +408,8 @@ class PersistentTopic:
         or every subscription caught up."""
         if len(self.producers) or any(s.consumers for s in self.subscriptions.values()):
             return False
+        if any(r.backlog for r in self.replicators.values()):
+            return False  # not deleted before the remote clusters have everything
         if mode == "delete_when_no_subscriptions":
             return not self.subscriptions
         return all(s.cursor.backlog == 0 for s in self.subscriptions.values())

@@ -99,6 +99,8 @@ class Replicator:
         #: SEND sequence ids of this replicator (receipts are matched by them); the remote
         #: deduplicates by the messages' own producer and sequence id instead.
         self._next_sequence = 0
+        #: Publish time (ms) of the oldest entry sent or being sent without a receipt yet.
+        self._oldest_unacked_ms: int | None = None
 
     def __repr__(self) -> str:
         return f"replicator {self.topic.name} -> {self.remote}"
@@ -130,6 +132,14 @@ class Replicator:
     def backlog(self) -> int:
         return self.cursor.backlog if self.cursor is not None else 0
 
+    def delay_seconds(self) -> float:
+        """How old the oldest entry read and not yet acknowledged by the remote is (0 when
+        caught up). Measured on the batch in flight: entries stored while the replicator
+        could not connect and read nothing yet are not counted until it reads them."""
+        if self._oldest_unacked_ms is None or self.backlog == 0:
+            return 0.0
+        return max(0.0, time.time() - self._oldest_unacked_ms / 1000)
+
     def stats(self) -> dict[str, object]:
         """One remote's entry of topic stats' ``replication`` (Pulsar's ReplicatorStats)."""
         now = time.monotonic()
@@ -149,7 +159,7 @@ class Replicator:
             "bytesOutCounter": self.bytes_out,
             "replicationBacklog": self.backlog,
             "connected": self.connected,
-            "replicationDelayInSeconds": 0,
+            "replicationDelayInSeconds": self.delay_seconds(),
             "outboundConnection": self.client.service_url if self.client is not None else None,
             "lastError": self.last_error or None,
         }
@@ -192,8 +202,26 @@ class Replicator:
                 log.warning("%s: %s; retrying in %.1f s", self, e, backoff)
                 if self.client is not None:
                     await self.client.close()
+                await self._note_oldest_unacked()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self.context.max_backoff_seconds)
+
+    async def _note_oldest_unacked(self) -> None:
+        """While the remote cannot be reached, the delay counts from the first entry it has
+        not acknowledged (read once per outage)."""
+        cursor = self.cursor
+        if cursor is None or self._oldest_unacked_ms is not None or not cursor.backlog:
+            return
+        ml = self.topic.ml
+        first = ml.first_at_or_after(ml.next_position(cursor.mark_delete_position))
+        if first is None:
+            return
+        try:
+            entries = await ml.read_entries(first, 1)
+        except Exception:
+            return  # the delay stays unknown (0) until a read succeeds
+        if entries:
+            self._oldest_unacked_ms = entry_metadata(entries[0][1]).publish_time
 
     async def _replicate(self, cursor: ManagedCursor, client: ProducerClient) -> None:
         local, remote = self.context.local_cluster, self.remote
@@ -209,6 +237,8 @@ class Replicator:
                     pass
                 continue
             sent: list[tuple[Position, asyncio.Future[object] | None, int, int]] = []
+            if self._oldest_unacked_ms is None:
+                self._oldest_unacked_ms = entry_metadata(entries[0][1]).publish_time
             for position, stored in entries:
                 outgoing = outgoing_entry(stored, local, remote)
                 if outgoing is None:
@@ -224,3 +254,4 @@ class Replicator:
                     self.msg_out += count
                     self.bytes_out += size
                 cursor.mark_delete(position)
+            self._oldest_unacked_ms = None
