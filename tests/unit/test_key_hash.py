@@ -3,8 +3,50 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from magnetar.broker.topics.dispatchers.key_hash import HASH_RANGE_SIZE, key_hash, murmur3_32
+
+_C1 = 0xCC9E2D51
+_C2 = 0x1B873593
+_MASK = 0xFFFFFFFF
+
+
+def _rotl(value: int, bits: int) -> int:
+    return ((value << bits) | (value >> (32 - bits))) & _MASK
+
+
+def reference_murmur3_32(data: bytes, seed: int = 0) -> int:
+    """MurmurHash3_x86_32 read plainly from the algorithm (Magnetar's own implementation
+    before it used mmh3): the library must give the same value for every input."""
+    h = seed & _MASK
+    length = len(data)
+    tail_start = length - length % 4
+    for i in range(0, tail_start, 4):
+        k = int.from_bytes(data[i : i + 4], "little")
+        k = _rotl((k * _C1) & _MASK, 15)
+        h ^= (k * _C2) & _MASK
+        h = (_rotl(h, 13) * 5 + 0xE6546B64) & _MASK
+    tail = data[tail_start:]
+    if tail:
+        k = int.from_bytes(tail, "little")
+        k = _rotl((k * _C1) & _MASK, 15)
+        h ^= (k * _C2) & _MASK
+    h ^= length
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & _MASK
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & _MASK
+    h ^= h >> 16
+    return h
+
+
+@given(st.binary(max_size=300), st.integers(min_value=0, max_value=_MASK))
+def test_mmh3_equals_the_reference(data: bytes, seed: int) -> None:
+    assert murmur3_32(data, seed) == reference_murmur3_32(data, seed)
+    if seed == 0:
+        assert key_hash(data) == (reference_murmur3_32(data) & 0x7FFFFFFF) % HASH_RANGE_SIZE
 
 
 @pytest.mark.parametrize(
