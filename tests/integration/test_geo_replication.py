@@ -7,6 +7,7 @@ registered; the namespace is replicated in a full mesh.
 - a namespace replicated both ways with the official client producing on two sides and
   consuming on all three: exact counts, no duplicates, nothing replicated back or around (no
   loops: each cluster stores each message once); ``replication`` in topic stats;
+- the remote's subscriptions in all four modes each get every message once;
 - per-message ``replication_clusters`` and ``disable_replication`` honoured;
 - the remote broker restarted while the local side keeps producing: the backlog is seen in the
   local stats, drains when the remote returns, and the remote has every message once (the
@@ -195,6 +196,38 @@ def test_both_ways_exactly_once_and_no_loops(geo: Geo) -> None:
         ]
         assert connected and float(connected[0].rsplit(" ", 1)[1]) >= 1, connected
     assert "pulsar_replication_backlog{" in metrics
+
+
+def test_every_subscription_mode_on_the_remote_gets_every_message(geo: Geo) -> None:
+    topic = f"persistent://{NAMESPACE}/modes"
+    modes = {
+        "exclusive": pulsar.ConsumerType.Exclusive,
+        "shared": pulsar.ConsumerType.Shared,
+        "failover": pulsar.ConsumerType.Failover,
+        "key-shared": pulsar.ConsumerType.KeyShared,
+    }
+    west, east = geo.client("west"), geo.client("east")
+    try:
+        consumers = {
+            name: west.subscribe(
+                topic,
+                name,
+                consumer_type=mode,
+                initial_position=pulsar.InitialPosition.Earliest,
+            )
+            for name, mode in modes.items()
+        }
+        producer = east.create_producer(topic)
+        for i in range(100):
+            producer.send_async(f"k-{i}".encode(), None, partition_key=f"key-{i % 5}")
+        producer.flush()
+        received = {name: receive_all(consumer, 100) for name, consumer in consumers.items()}
+    finally:
+        east.close()
+        west.close()
+    for name, got in received.items():
+        assert sorted(got) == sorted(f"k-{i}" for i in range(100)), name
+        assert len(got) == 100, name
 
 
 def test_replication_clusters_and_disable_replication_per_message(geo: Geo) -> None:
