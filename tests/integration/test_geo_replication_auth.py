@@ -1,14 +1,18 @@
 """Geo-replication to clusters that require authentication (issue 25): two clusters with token
 authentication and authorization on, sharing a configuration etcd; each broker's replicators
 authenticate to the other cluster with the broker's client credentials
-(``broker_client_authentication_plugin`` / ``_parameters``, a token of a superuser role)."""
+(``broker_client_authentication_plugin`` / ``_parameters``, a token of a superuser role).
+Cluster registration is for superusers."""
 
 from __future__ import annotations
 
+import json
 import secrets
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -126,3 +130,30 @@ def test_replicates_to_an_authenticating_cluster(secured: Secured) -> None:
         a.close()
         b.close()
     assert got == [f"m-{i}" for i in range(50)]
+
+
+def test_cluster_writes_are_for_superusers(secured: Secured) -> None:
+    broker = secured.broker("secure-a")
+
+    def call(method: str, path: str, role: str, body: object = None) -> int:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{broker.http_port}{path}",
+            method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={
+                "Authorization": f"Bearer {secured.token(role)}",
+                "Content-Type": "application/json",
+            },
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return answer.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    data = {"serviceUrl": "http://elsewhere:8080", "brokerServiceUrl": "pulsar://elsewhere:6650"}
+    assert call("PUT", "/admin/v2/clusters/elsewhere", "app", data) in (401, 403)
+    assert call("GET", "/admin/v2/clusters", "app") == 200
+    assert call("PUT", "/admin/v2/clusters/elsewhere", "admin", data) == 204
+    assert call("DELETE", "/admin/v2/clusters/elsewhere", "app") in (401, 403)
+    assert call("DELETE", "/admin/v2/clusters/elsewhere", "admin") == 204
