@@ -43,7 +43,7 @@ from magnetar.common.cluster.broker_info import BrokerInfo
 from magnetar.common.ledger.client import LedgerClient
 from magnetar.common.metadata import MetadataStore, open_store
 from magnetar.common.net import listen_binary, listen_http
-from magnetar.common.tls import ServerTls
+from magnetar.common.tls import ServerTls, client_context
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,8 @@ class Broker:
         self._refresh_task: asyncio.Task[None] | None = None
         #: Made once the metadata store is open (``start``).
         self._authorization: AuthorizationService | None = None
-        self.metrics.bind(self)  # Pulsar's families, computed from the topics when scraped
+        # Pulsar's families, computed from the topics when scraped
+        self.metrics.bind(self, topic_level=config.expose_topic_level_metrics_in_prometheus)
         #: Advertised listener names a client may ask for in a lookup (none are configured yet).
         self.listener_names: frozenset[str] = frozenset()
         self._servers: list[asyncio.AbstractServer] = []
@@ -291,6 +292,11 @@ class Broker:
             auth_data=credentials.auth_data,
             batch_size=self.config.replicator_batch_size,
             ensure_remote_partitions=ensure_remote_partitions,
+            tls=(
+                client_context(self.config.broker_client_trust_certs_file_path)
+                if self.config.broker_client_trust_certs_file_path
+                else None
+            ),
         )
 
     # -- the metadata session (membership replaces a lost one) ------------------------------------

@@ -94,6 +94,11 @@ class TopicSettings(SecuritySettings):
         "default of the namespace policy: bundles a namespace's hash range is split into when "
         "it is first used",
     )
+    expose_topic_level_metrics_in_prometheus: bool = setting(
+        True,
+        "Pulsar's exposeTopicLevelMetricsInPrometheus: topic and subscription families per topic "
+        "on /metrics; off: the topic families summed per namespace, no subscription families",
+    )
 
     def validate_topic_settings(self) -> None:
         if self.max_message_size < 1024:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.raw_client import module_standalone
+from tests.support.raw_client import assert_log_clean, module_standalone
 from tests.support.standalone import StandaloneProcess, client
 
 N = 20
@@ -132,3 +132,39 @@ def test_broker_and_bookie_metrics(node: StandaloneProcess) -> None:
         )
         >= 1
     )
+
+
+def test_topic_level_metrics_off_sums_per_namespace(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Pulsar's exposeTopicLevelMetricsInPrometheus=false, given as its own name in a
+    standalone.conf: topic families per namespace, no subscription families."""
+    base = tmp_path_factory.mktemp("namespace-metrics")
+    conf = base / "standalone.conf"
+    conf.write_text("exposeTopicLevelMetricsInPrometheus=false\n")
+    node = StandaloneProcess(base / "standalone", extra=["--config", str(conf)]).start()
+    try:
+        topic = f"persistent://public/default/namespace-metrics-{time.time_ns()}"
+        c = client(node)
+        try:
+            consumer = c.subscribe(topic, "s")
+            producer = c.create_producer(topic, batching_enabled=False)
+            for i in range(N):
+                producer.send(b"%d" % i)
+            for _ in range(N):
+                consumer.acknowledge(consumer.receive(timeout_millis=10_000))
+        finally:
+            c.close()
+        _, _, broker = scrape(node.http_port)
+        samples = broker["pulsar_in_messages"][1]
+        assert samples and all("topic" not in labels for _, labels, _ in samples), samples
+        assert (
+            sample(
+                broker, "pulsar_in_messages", "pulsar_in_messages_total", namespace="public/default"
+            )
+            == N
+        )
+        assert "pulsar_subscription_back_log" not in broker
+    finally:
+        node.stop()
+    assert_log_clean(node)

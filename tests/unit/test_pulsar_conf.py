@@ -120,6 +120,7 @@ def test_broker_conf(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
         "loadBalancerBrokerOverloadedThresholdPercentage=85\n"
         "numIOThreads=8\n"
         "maxMessageSize=5242880\n"
+        "exposeTopicLevelMetricsInPrometheus=false\n"
     )
     with caplog.at_level(logging.WARNING):
         config = load_config(BrokerConfig, Args(str(path)), environ={})
@@ -130,6 +131,7 @@ def test_broker_conf(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     assert config.default_retention_time_minutes == 60
     assert config.broker_session_ttl_seconds == 30
     assert config.max_message_size == 5242880
+    assert config.expose_topic_level_metrics_in_prometheus is False
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert "loadBalancerBrokerOverloadedThresholdPercentage, numIOThreads" in warnings[0].message
