@@ -1,5 +1,5 @@
 """A small asyncio Pulsar-protocol producer: what a broker needs to write to another cluster
-(geo-replication), on ``codec``'s frames. CONNECT (with the broker's client credentials),
+(geo-replication), on ``codec``'s frames. CONNECT (with the broker's client credentials; ``pulsar+ssl://`` with a client TLS context),
 LOOKUP (redirects followed), PRODUCER, then SENDs whose receipts resolve futures in order.
 
 It knows nothing of the broker: a SEND carries an already encoded payload section, so the
@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import ssl
 from urllib.parse import urlparse
 
 from magnetar.common.proto import pulsar_api_pb2 as pb
@@ -28,11 +29,13 @@ class ProducerClientError(Exception):
     """The remote broker refused or the connection failed; reconnect and send again."""
 
 
-def _host_port(url: str) -> tuple[str, int]:
+def _host_port(url: str) -> tuple[str, int, bool]:
+    """Host, port and whether the URL asks for TLS (``pulsar+ssl://``)."""
     parsed = urlparse(url)
-    if parsed.scheme not in ("pulsar", ""):
-        raise ProducerClientError(f"only pulsar:// URLs are supported here, got {url!r}")
-    return parsed.hostname or "localhost", parsed.port or 6650
+    if parsed.scheme not in ("pulsar", "pulsar+ssl", ""):
+        raise ProducerClientError(f"not a Pulsar service URL: {url!r}")
+    tls = parsed.scheme == "pulsar+ssl"
+    return parsed.hostname or "localhost", parsed.port or (6651 if tls else 6650), tls
 
 
 class _Connection:
@@ -161,8 +164,11 @@ class ProducerClient:
         auth_method: str = "",
         auth_data: bytes = b"",
         timeout: float = 10.0,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.service_url = service_url
+        #: For ``pulsar+ssl://`` URLs (the broker's client trust and certificate).
+        self.tls = tls
         self.topic = topic
         self.producer_name = producer_name
         self.auth_method = auth_method
@@ -176,10 +182,12 @@ class ProducerClient:
         return self._connection is not None and not self._connection.closed
 
     async def _open(self, url: str) -> _Connection:
-        host, port = _host_port(url)
+        host, port, tls = _host_port(url)
+        if tls and self.tls is None:
+            raise ProducerClientError(f"{url} needs TLS and no client TLS context is set")
         try:
             reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(host, port), self.timeout
+                asyncio.open_connection(host, port, ssl=self.tls if tls else None), self.timeout
             )
         except (OSError, TimeoutError) as e:
             raise ProducerClientError(f"cannot reach {url}: {e}") from None

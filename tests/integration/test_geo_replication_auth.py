@@ -2,7 +2,8 @@
 authentication and authorization on, sharing a configuration etcd; each broker's replicators
 authenticate to the other cluster with the broker's client credentials
 (``broker_client_authentication_plugin`` / ``_parameters``, a token of a superuser role).
-Cluster registration is for superusers."""
+Replicators reach the remote over TLS (``brokerServiceUrlTls``, trusting
+``broker_client_trust_certs_file_path``). Cluster registration is for superusers."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ import jwt
 import pulsar
 import pytest
 
+from tests.support.certs import make_pki
 from tests.support.cluster import BrokerProcess, MagnetarCluster
-from tests.support.etcd import EtcdServer
+from tests.support.etcd import EtcdServer, free_port
 from tests.support.standalone import QUIET
 
 CLUSTERS = ("secure-a", "secure-b")
@@ -65,6 +67,8 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     key_file = base / "secret.key"
     key_file.write_bytes(secret)
     replicator_token = jwt.encode({"sub": "replicator"}, secret, algorithm="HS256")
+    pki = make_pki(base / "pki")
+    tls_ports = {name: free_port() for name in CLUSTERS}
     config = EtcdServer(name="configuration").start()
     clusters: dict[str, MagnetarCluster] = {}
     try:
@@ -84,6 +88,11 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
                     "superuser_roles": "admin,replicator",
                     "broker_client_authentication_plugin": "token",
                     "broker_client_authentication_parameters": f"token:{replicator_token}",
+                    "broker_service_port_tls": tls_ports[name],
+                    "tls_certificate_file_path": str(pki.server.certificate),
+                    "tls_key_file_path": str(pki.server.key),
+                    "tls_trust_certs_file_path": str(pki.ca.certificate),
+                    "broker_client_trust_certs_file_path": str(pki.ca.certificate),
                 },
             ).start()
         node = Secured(secret, clusters)
@@ -92,6 +101,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
             node.admin(
                 CLUSTERS[0], "clusters", "create", name,
                 "--url", f"http://127.0.0.1:{broker.http_port}", "--broker-url", broker.url,
+                "--broker-url-secure", f"pulsar+ssl://localhost:{tls_ports[name]}",
             )  # fmt: skip
         for name in CLUSTERS:
             node.admin(
@@ -130,6 +140,9 @@ def test_replicates_to_an_authenticating_cluster(secured: Secured) -> None:
         a.close()
         b.close()
     assert got == [f"m-{i}" for i in range(50)]
+    stats = json.loads(secured.admin("secure-a", "--json", "topics", "stats", topic))
+    replication = stats["replication"]["secure-b"]
+    assert replication["outboundConnection"].startswith("pulsar+ssl://localhost:"), replication
 
 
 def test_cluster_writes_are_for_superusers(secured: Secured) -> None:

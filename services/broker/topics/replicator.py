@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -78,6 +79,9 @@ class ReplicationContext:
     #: metadata through the configuration store; here each cluster keeps its own).
     ensure_remote_partitions: Callable[[ClusterData, TopicName], Awaitable[None]] | None = None
     batch_size: int = 100
+    #: Set (``broker_client_trust_certs_file_path``): remotes are reached on their
+    #: ``brokerServiceUrlTls`` when they have one.
+    tls: ssl.SSLContext | None = None
     max_backoff_seconds: float = 10.0
 
 
@@ -181,12 +185,15 @@ class Replicator:
                 url = cluster.broker_service_url or cluster.service_url.replace(
                     "http://", "pulsar://"
                 )
+                if self.context.tls is not None and cluster.broker_service_url_tls:
+                    url = cluster.broker_service_url_tls
                 self.client = ProducerClient(
                     url,
                     str(self.topic.name),
                     f"{REPLICATOR_PREFIX}{self.context.local_cluster}",
                     auth_method=self.context.auth_method,
                     auth_data=self.context.auth_data() if self.context.auth_method else b"",
+                    tls=self.context.tls,
                 )
                 await self.client.start()
                 self.connected = True
