@@ -73,6 +73,13 @@ def test_subscription_operations_are_the_tenant_admins_and_consumers() -> None:
         "/admin/v2/persistent/acme/ns/t/partitioned-internalStats",
     ):
         assert _allowed(path, "writer") and not _allowed(path, "nobody")
+    # Schema questions are lookups; storing or deleting a schema stays the tenant admins'.
+    schema = "/admin/v2/schemas/acme/ns/t/schema"
+    assert _allowed(schema, "writer") and not _allowed(schema, "nobody")
+    for question in ("compatibility", "version"):
+        assert _allowed(f"/admin/v2/schemas/acme/ns/t/{question}", "writer", "POST")
+    assert not _allowed(schema, "writer", "POST")
+    assert not _allowed(schema, "writer", "DELETE")
     # Deleting or truncating the topic stays the tenant admins'.
     assert not _allowed("/admin/v2/persistent/acme/ns/t", "reader", "DELETE")
     assert not _allowed("/admin/v2/persistent/acme/ns/t/truncate", "reader", "DELETE")

@@ -14,7 +14,8 @@ call                                          who may
 ``GET`` a topic, its ``partitions``,          produce or consume on the topic (Pulsar's LOOKUP
 ``stats``, ``internalStats``,                 and GET_STATS: clients read partition counts
 ``partitioned-stats``; ``/lookup/v2/...``;    over HTTP), or the tenant's admins
-``GET`` its schema
+``GET`` its schema, ``POST`` a compatibility
+or version question about one
 ``GET`` a topic's ``subscriptions``; a        consume on the topic (and the subscription's
 subscription's create, delete, skip, expire,  roles, when it has some), or the tenant's admins
 reset and peek; ``examinemessage``, a
@@ -138,7 +139,10 @@ def _requirement(broker: AdminBroker, method: str, parts: list[str]) -> tuple[Ch
             if tuple(rest[3:]) == ("subscriptions",):
                 return topic_read(name, consume=True)
         return tenant_admin(tenant)
-    if group == "schemas" and len(rest) >= 3 and method == "GET":
+    # Reading a schema, and asking whether one would be compatible or which version it has
+    # (stores nothing), is a lookup (Pulsar's GET_SCHEMA).
+    schema_question = method == "POST" and rest[3:] in (["compatibility"], ["version"])
+    if group == "schemas" and len(rest) >= 3 and (method == "GET" or schema_question):
         return topic_read(topic("persistent", tenant, rest[1], rest[2]), consume=False)
     return tenant_admin(tenant)
 
