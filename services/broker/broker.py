@@ -266,19 +266,25 @@ class Broker:
             return await read_cluster(store, name)
 
         credentials = self.client_credentials
+        trust = self.config.broker_client_trust_certs_file_path
+        tls = client_context(trust) if trust else None
 
         async def ensure_remote_partitions(cluster: ClusterData, name: TopicName) -> None:
             """Create the partitioned topic of partition ``name`` at ``cluster`` (its admin
             REST) with the local partition count, unless it exists there (409)."""
             base = name.partitioned_topic_name
             count = await self.topic_service.partitions_for_client(base)
+            service = cluster.service_url
+            if tls is not None and cluster.service_url_tls:
+                service = cluster.service_url_tls
             url = (
-                f"{cluster.service_url}/admin/v2/{base.domain}/{base.tenant}/{base.namespace}/"
+                f"{service}/admin/v2/{base.domain}/{base.tenant}/{base.namespace}/"
                 f"{base.local_name}/partitions"
             )
             timeout = aiohttp.ClientTimeout(total=10)
+            headers = credentials.http_headers()
             async with aiohttp.ClientSession(timeout=timeout) as session:
-                async with session.put(url, json=count, headers=credentials.http_headers()) as r:
+                async with session.put(url, json=count, headers=headers, ssl=tls or True) as r:
                     if r.status not in (204, 409):
                         raise RuntimeError(
                             f"cluster {cluster.service_url}: creating partitioned topic {base} "
@@ -292,11 +298,7 @@ class Broker:
             auth_data=credentials.auth_data,
             batch_size=self.config.replicator_batch_size,
             ensure_remote_partitions=ensure_remote_partitions,
-            tls=(
-                client_context(self.config.broker_client_trust_certs_file_path)
-                if self.config.broker_client_trust_certs_file_path
-                else None
-            ),
+            tls=tls,
         )
 
     # -- the metadata session (membership replaces a lost one) ------------------------------------
