@@ -12,18 +12,13 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.raw_client import module_standalone
 from tests.support.standalone import StandaloneProcess
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneProcess]:
-    standalone = StandaloneProcess(tmp_path_factory.mktemp("admin-cli") / "standalone").start()
-    try:
-        yield standalone
-    finally:
-        standalone.stop()
-        log = standalone.log_path.read_text(errors="replace")
-        assert " ERROR " not in log and "Traceback" not in log, standalone.log_tail()
+    yield from module_standalone(tmp_path_factory.mktemp("admin-cli") / "standalone")
 
 
 def magnetar(node: StandaloneProcess, *argv: str) -> subprocess.CompletedProcess[str]:

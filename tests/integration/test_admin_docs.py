@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.raw_client import module_standalone
 from tests.support.standalone import StandaloneProcess
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "admin.md"
@@ -26,13 +27,7 @@ def examples() -> list[str]:
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneProcess]:
-    standalone = StandaloneProcess(tmp_path_factory.mktemp("admin-docs") / "standalone").start()
-    try:
-        yield standalone
-    finally:
-        standalone.stop()
-        log = standalone.log_path.read_text(errors="replace")
-        assert " ERROR " not in log and "Traceback" not in log, standalone.log_tail()
+    yield from module_standalone(tmp_path_factory.mktemp("admin-docs") / "standalone")
 
 
 def as_run(line: str, node: StandaloneProcess) -> list[str]:

@@ -17,18 +17,13 @@ from typing import Any
 import pulsar
 import pytest
 
+from tests.support.raw_client import module_standalone
 from tests.support.standalone import StandaloneProcess, client
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneProcess]:
-    standalone = StandaloneProcess(tmp_path_factory.mktemp("admin-ops") / "standalone").start()
-    try:
-        yield standalone
-    finally:
-        standalone.stop()
-        log = standalone.log_path.read_text(errors="replace")
-        assert " ERROR " not in log and "Traceback" not in log, standalone.log_tail()
+    yield from module_standalone(tmp_path_factory.mktemp("admin-ops") / "standalone")
 
 
 @pytest.fixture(scope="module")

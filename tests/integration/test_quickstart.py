@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.raw_client import module_standalone
 from tests.support.standalone import StandaloneProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,13 +32,7 @@ def single_node_section() -> str:
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneProcess]:
-    standalone = StandaloneProcess(tmp_path_factory.mktemp("quickstart") / "standalone").start()
-    try:
-        yield standalone
-    finally:
-        standalone.stop()
-        log = standalone.log_path.read_text(errors="replace")
-        assert " ERROR " not in log and "Traceback" not in log, standalone.log_tail()
+    yield from module_standalone(tmp_path_factory.mktemp("quickstart") / "standalone")
 
 
 def test_install_brings_the_official_client() -> None:
