@@ -22,6 +22,7 @@ from aiohttp import web
 
 from magnetar.broker.admin.errors import error_response
 from magnetar.common.auth.provider import AuthenticationError
+from magnetar.common.tls import peer_certificate_der
 
 if TYPE_CHECKING:
     from magnetar.broker.admin.service import AdminBroker
@@ -35,11 +36,6 @@ OPEN_PATHS = frozenset(
 ORIGINAL_PRINCIPAL_HEADER = "X-Original-Principal"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def peer_certificate(request: web.Request) -> bytes | None:
-    ssl_object = request.transport.get_extra_info("ssl_object") if request.transport else None
-    return ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
 
 
 def authentication(
@@ -57,7 +53,7 @@ def authentication(
             found = await asyncio.to_thread(
                 service.authenticate_http,
                 request.headers.get("Authorization"),
-                peer_certificate(request),
+                peer_certificate_der(request),
             )
             original = request.headers.get(ORIGINAL_PRINCIPAL_HEADER) or None
             if original is not None:

@@ -41,6 +41,7 @@ from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
 from magnetar.common.protocol.state import ConnectionState
 from magnetar.common.protocol.transport import FrameConnection
+from magnetar.common.tls import peer_certificate_der
 
 log = logging.getLogger(__name__)
 Type = pb.BaseCommand.Type
@@ -147,10 +148,7 @@ class ServerConnection(FrameConnection):
 
     def peer_certificate(self) -> bytes | None:
         """The DER of the certificate the client showed on a TLS connection, if any."""
-        ssl_object = self.transport.get_extra_info("ssl_object") if self.transport else None
-        if ssl_object is None:
-            return None
-        return ssl_object.getpeercert(binary_form=True)  # type: ignore[no-any-return]
+        return peer_certificate_der(self.transport) if self.transport else None
 
     def frame_failed(self, frame: codec.Frame) -> None:
         self.answer_failure(frame.body, "internal error")
