@@ -980,6 +980,19 @@ VERBS: dict[str, dict[str, Verb]] = {
             (),
             ("topic",),
         ),
+        "terminate": Verb(
+            "take no more messages on the topic, ever (consumers drain it); prints the last "
+            "message id",
+            lambda a: ("POST", _topic(a, "/terminate"), None),
+            (),
+            ("topic",),
+        ),
+        "partitioned-terminate": Verb(
+            "terminate each partition of a partitioned topic; prints each one's last message id",
+            lambda a: ("POST", _topic(a, "/terminate/partitions"), None),
+            (),
+            ("topic",),
+        ),
         "stats-internal": Verb(
             "a topic's storage view",
             lambda a: ("GET", _topic(a, "/internalStats"), None),

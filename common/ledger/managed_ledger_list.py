@@ -6,6 +6,9 @@ metadata store keeps at the managed ledger's key (``managed_ledger_key``), as JS
                  {"ledger_id": 9, "entries": 0, "size": 0, "ctime_ms": ..., "closed": false}],
      "properties": {}}
 
+A terminated managed ledger (Pulsar's ``terminatedPosition``) also has
+``"terminated_at": [ledger_id, entry_id]``, its last entry for good; it has no open ledger.
+
 The broker writes it (its managed ledger); the bookie's GC reads which ledgers it lists, and
 the Spark source's storage path which ledgers a topic has and which are closed with how many
 entries. The last ledger is usually the open one: its entries count only once it is closed,
@@ -81,29 +84,35 @@ class LedgerInfo:
 
 @dataclass(slots=True)
 class ManagedLedgerRecord:
-    """The managed ledger's stored record: its ledgers in order and its properties.
+    """The managed ledger's stored record: its ledgers in order, its properties, and where it
+    was terminated (None: it was not).
 
     ``{"name": ..., "ledgers": [LedgerInfo.to_json(), ...], "properties": {...}}``"""
 
     name: str
     ledgers: list[LedgerInfo] = field(default_factory=list)
     properties: dict[str, str] = field(default_factory=dict)
+    terminated_at: tuple[int, int] | None = None
 
     def to_bytes(self) -> bytes:
-        doc = {
+        doc: dict[str, Any] = {
             "name": self.name,
             "ledgers": [i.to_json() for i in self.ledgers],
             "properties": self.properties,
         }
+        if self.terminated_at is not None:
+            doc["terminated_at"] = list(self.terminated_at)
         return json.dumps(doc).encode()
 
     @classmethod
     def from_bytes(cls, name: str, data: bytes) -> ManagedLedgerRecord:
         doc = json.loads(data)
+        terminated = doc.get("terminated_at")
         return cls(
             name,
             [LedgerInfo.from_json(d) for d in doc["ledgers"]],
             dict(doc.get("properties", {})),
+            None if terminated is None else (int(terminated[0]), int(terminated[1])),
         )
 
 

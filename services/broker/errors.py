@@ -39,3 +39,23 @@ class SubscriptionNotFoundError(Exception):
 
 class SubscriptionBusyError(Exception):
     """The subscription still has consumers (delete without force)."""
+
+
+class TopicTerminatedError(Exception):
+    """The topic was terminated: it takes no producer and no message any more (Pulsar's
+    TopicTerminatedError); its consumers drain what it holds."""
+
+
+class BacklogQuotaExceededError(Exception):
+    """A producer refused because the topic's backlog is over its quota (one subclass per
+    quota policy, each answered with its own Pulsar error)."""
+
+
+class ProducerHeldByQuotaError(BacklogQuotaExceededError):
+    """``producer_request_hold`` (ProducerBlockedQuotaExceededError): the client keeps its
+    messages and tries again."""
+
+
+class ProducerRefusedByQuotaError(BacklogQuotaExceededError):
+    """``producer_exception`` (ProducerBlockedQuotaExceededException): the client fails its
+    messages."""

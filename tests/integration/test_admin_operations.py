@@ -2,7 +2,8 @@
 TopicStats in Pulsar's shape, the subscription operations (create, skip, skip_all, expire,
 reset cursor by time and by id), reading messages without consuming them (peek, examine, by id,
 last message id, message id by time), and the namespace-wide ones (topics, clearBacklog,
-unsubscribe, delete). Each test asserts status codes, field types and the effect a client sees."""
+unsubscribe, delete), topic termination, the backlog quotas' producer policies, publish rates and
+subscription expiration policies. Each test asserts status codes, field types and the effect a client sees."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from typing import Any
 import pulsar
 import pytest
 
-from tests.support.raw_client import module_standalone
+from magnetar.common.proto import pulsar_api_pb2 as pb
+from tests.support.raw_client import RawConnection, module_standalone
 from tests.support.standalone import StandaloneProcess, client
 
 
@@ -689,3 +691,111 @@ def test_dispatch_rates_hold_consumers_back(node: StandaloneProcess, pc: pulsar.
     assert time.monotonic() - started >= 0.8
     produce_to.close()
     consumer.close()
+
+
+def test_terminate_refuses_producers_and_lets_consumers_drain(
+    node: StandaloneProcess, pc: pulsar.Client
+) -> None:
+    topic = "persistent://public/default/terminated"
+    path = "/persistent/public/default/terminated"
+    consumer = pc.subscribe(topic, "s", consumer_type=pulsar.ConsumerType.Shared)
+    reader = pc.create_reader(topic, pulsar.MessageId.earliest)
+    producer = pc.create_producer(topic, batching_enabled=False)
+    ids = [producer.send(f"m{i}".encode()) for i in range(5)]
+    last = ok(node, "POST", f"{path}/terminate")
+    assert last == {
+        "ledgerId": ids[-1].ledger_id(),
+        "entryId": ids[-1].entry_id(),
+        "partitionIndex": -1,
+    }
+    assert ok(node, "POST", f"{path}/terminate") == last  # again: the same answer
+    with pytest.raises(pulsar.TopicTerminated):
+        producer.send(b"late")
+    with pytest.raises(pulsar.TopicTerminated):
+        pc.create_producer(topic)
+    assert receive(consumer, 5) == [f"m{i}" for i in range(5)]
+    with pytest.raises(pulsar.Timeout):
+        consumer.receive(500)  # nothing more, and no hang
+    read = []
+    while reader.has_message_available():
+        read.append(reader.read_next(10_000).data())
+    assert read == [f"m{i}".encode() for i in range(5)]
+    assert not reader.has_message_available()
+    internal = ok(node, "GET", f"{path}/internalStats")
+    assert internal["state"] == "Terminated"
+    assert internal["lastConfirmedEntry"] == f"{last['ledgerId']}:{last['entryId']}"
+    assert ok(node, "GET", f"{path}/stats")["msgInCounter"] == 5
+    # A new subscription still reads everything the topic holds.
+    late = pc.subscribe(topic, "late", initial_position=pulsar.InitialPosition.Earliest)
+    assert receive(late, 5) == [f"m{i}" for i in range(5)]
+    with pytest.raises(pulsar.AlreadyClosed):
+        producer.close()  # the client closed it when it was refused
+    for closing in (consumer, reader, late):
+        closing.close()
+
+
+def test_terminated_consumer_is_told_it_reached_the_end(
+    node: StandaloneProcess, pc: pulsar.Client
+) -> None:
+    """A client that handles REACHED_END_OF_TOPIC (the Java and Go clients do; the C++ client
+    under the Python one does not, so it is not sent it) is told once it has acknowledged
+    everything, not before."""
+    topic = "persistent://public/default/terminated-raw"
+    produce(pc, "terminated-raw", [f"m{i}" for i in range(3)])
+    ok(node, "POST", "/persistent/public/default/terminated-raw/terminate")
+    with RawConnection(node) as raw:
+        raw.connect()
+        raw.command(
+            pb.CommandSubscribe(
+                topic=topic,
+                subscription="raw",
+                subType=pb.CommandSubscribe.Exclusive,
+                consumer_id=1,
+                request_id=1,
+                initialPosition=pb.CommandSubscribe.Earliest,
+            )
+        )
+        raw.expect(pb.BaseCommand.SUCCESS)
+        raw.command(pb.CommandFlow(consumer_id=1, messagePermits=10))
+        received = [raw.expect(pb.BaseCommand.MESSAGE).body for _ in range(3)]
+        with pytest.raises(TimeoutError):
+            raw.next_frame(0.5)  # two unacknowledged: not the end yet
+        raw.command(
+            pb.CommandAck(
+                consumer_id=1,
+                ack_type=pb.CommandAck.Cumulative,
+                message_id=[received[-1].message_id],  # type: ignore[attr-defined]
+            )
+        )
+        end = raw.expect(pb.BaseCommand.REACHED_END_OF_TOPIC).body
+        assert end.consumer_id == 1  # type: ignore[attr-defined]
+        with pytest.raises(TimeoutError):
+            raw.next_frame(0.5)  # told once
+
+
+def test_terminate_partitions_and_refusals(node: StandaloneProcess, pc: pulsar.Client) -> None:
+    path = "/persistent/public/default/terminated-parts"
+    assert call(node, "PUT", f"{path}/partitions", 2)[0] == 204
+    producer = pc.create_producer(
+        "persistent://public/default/terminated-parts", batching_enabled=False
+    )
+    for i in range(4):
+        producer.send(f"m{i}".encode(), partition_key=f"k{i}")
+    producer.close()
+    status, _, body = call(node, "POST", f"{path}/terminate")
+    assert status == 405 and b"partitioned topic" in body
+    answer = ok(node, "POST", f"{path}/terminate/partitions")
+    assert sorted(answer) == ["0", "1"]
+    for index, message_id in answer.items():
+        assert message_id["partitionIndex"] == int(index)
+        assert isinstance(message_id["ledgerId"], int)
+        assert isinstance(message_id["entryId"], int)
+        stats = ok(node, "GET", f"{path}-partition-{index}/internalStats")
+        assert stats["state"] == "Terminated"
+    with pytest.raises(pulsar.TopicTerminated):
+        pc.create_producer("persistent://public/default/terminated-parts")
+    assert (
+        call(node, "POST", "/persistent/public/default/terminated/terminate/partitions")[0] == 405
+    )
+    assert call(node, "POST", "/persistent/public/default/never-made/terminate")[0] == 404
+    assert call(node, "POST", "/non-persistent/public/default/np/terminate")[0] == 405

@@ -18,7 +18,11 @@ import pytest
 from magnetar.bookie.config import BookieConfig
 from magnetar.bookie.service import Bookie
 from magnetar.broker.ledger.cursor import ManagedCursor
-from magnetar.broker.ledger.errors import ManagedLedgerError, ManagedLedgerFencedError
+from magnetar.broker.ledger.errors import (
+    ManagedLedgerError,
+    ManagedLedgerFencedError,
+    ManagedLedgerTerminatedError,
+)
 from magnetar.broker.ledger.ledger_info import ManagedLedgerConfig
 from magnetar.broker.ledger.managed_ledger import ManagedLedger
 from magnetar.broker.model.keys import managed_ledger_key
@@ -363,6 +367,26 @@ async def test_properties_are_stored(env: Env) -> None:
     await ml.set_property("schema", "v1")
     await ml.close()
     assert (await env.open()).properties == {"schema": "v1"}
+
+
+async def test_terminate_is_kept_by_the_next_owner(env: Env) -> None:
+    ml = await env.open()
+    queued = [ml.add_entry_async(payload(i)) for i in range(5)]
+    last = await ml.terminate()
+    assert [await f for f in queued][-1] == last  # what was queued before is stored
+    with pytest.raises(ManagedLedgerTerminatedError):
+        await ml.add_entry(b"late")
+    assert await ml.terminate() == last
+    ledgers = list(ml.ledger_ids)
+    await crash(ml)
+    again = await env.open()
+    assert again.terminated_at == last
+    assert again.ledger_ids == ledgers  # no ledger opened for writes
+    assert again.last_confirmed_position == last
+    assert len(await again.read_entries(again.first_position, 10)) == 5
+    with pytest.raises(ManagedLedgerTerminatedError):
+        await again.add_entry(b"late")
+    assert not await again.wait_for_entries_after(last, 0.1)
 
 
 async def test_batch_index_acks(env: Env) -> None:

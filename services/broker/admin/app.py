@@ -13,6 +13,7 @@ subset), built from one route adder per resource group:
 - ``subscriptions``: creating, skipping, expiring and resetting a subscription
 - ``messages``: peeking and examining messages, by position, id and time
 - ``topic_housekeeping``: a topic's bundle, properties and trimming
+- ``termination``: terminating a topic, or each partition of a partitioned one
 - ``topic_policies``: a topic's own policies, over its namespace's
 - ``partitioned``: partitioned topics (their delete goes to each partition's owner)
 - ``partitioned_stats``: their stats, each partition's from its owner, added up
@@ -45,6 +46,7 @@ from magnetar.broker.admin.replication import add_replication_routes
 from magnetar.broker.admin.schemas import add_schema_routes
 from magnetar.broker.admin.status import add_health_routes, add_metrics_routes
 from magnetar.broker.admin.subscriptions import add_subscription_routes
+from magnetar.broker.admin.termination import add_termination_routes
 from magnetar.broker.admin.topic_housekeeping import add_topic_housekeeping_routes
 from magnetar.broker.admin.topic_policies import add_topic_policy_routes
 from magnetar.broker.admin.topics import add_topic_routes
@@ -70,6 +72,7 @@ def build_app(broker: AdminBroker) -> web.Application:
         add_subscription_routes,
         add_message_routes,
         add_topic_housekeeping_routes,
+        add_termination_routes,
         add_topic_policy_routes,
         add_partitioned_routes,
         add_partitioned_stats_routes,

@@ -17,6 +17,11 @@ class ManagedLedgerClosedError(ManagedLedgerError):
     """The managed ledger was closed."""
 
 
+class ManagedLedgerTerminatedError(ManagedLedgerError):
+    """The managed ledger was terminated (Pulsar's ManagedLedgerTerminatedException): it takes
+    no more entries, ever; what it holds stays readable."""
+
+
 class UnreadableEntryError(ManagedLedgerError):
     """No bookie holds an intact copy of this entry (every copy failed its digest or is gone).
     The managed ledger remembers it (``unreadable``) for stats."""

@@ -12,6 +12,11 @@ Ownership rules (why this is safe to move between brokers):
   LedgerFencedError, and the recovered end includes every entry that owner had acknowledged.
 * A new ledger is written only after the metadata listing it was CAS-ed, so a fenced owner never
   acknowledges an entry in a ledger that the new owner does not know about.
+
+Termination (Pulsar's ``asyncTerminate``): adds are refused from the call on, those queued
+before are stored, the ledger being written is closed and the last entry's position is stored
+in the record (``terminated_at``). A terminated managed ledger opens with no ledger to write to
+and refuses every add, on any owner, for good.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from magnetar.broker.ledger.errors import (
     ManagedLedgerClosedError,
     ManagedLedgerError,
     ManagedLedgerFencedError,
+    ManagedLedgerTerminatedError,
     UnreadableEntryError,
 )
 from magnetar.broker.ledger.ledger_info import ManagedLedgerConfig, roll_backoff
@@ -80,6 +86,9 @@ class ManagedLedger(LedgerPositions):
         self.config = config
         self.key = managed_ledger_key(name)
         self.properties: dict[str, str] = {}
+        #: Where it was terminated (its last entry for good); None: it takes adds.
+        self.terminated_at: Position | None = None
+        self._terminating = False
         self._ledgers: list[LedgerInfo] = []
         self._version = NOT_EXISTS
         self._current: LedgerHandle | None = None
@@ -169,6 +178,8 @@ class ManagedLedger(LedgerPositions):
             except BadVersionError:
                 return False
             self._ledgers, self.properties = record.ledgers, record.properties
+            if record.terminated_at is not None:
+                self.terminated_at = Position(*record.terminated_at)
         recovered: list[LedgerInfo] = []
         for info in self._ledgers:
             if info.closed:
@@ -179,12 +190,15 @@ class ManagedLedger(LedgerPositions):
                 recovered.append(closed)
         empty = [i.ledger_id for i in recovered if i.entries == 0]
         self._ledgers = [i for i in recovered if i.entries > 0]
-        handle = await self._create_ledger()
-        self._ledgers.append(LedgerInfo(handle.ledger_id, ctime_ms=handle.metadata.ctime_ms))
+        handle = None
+        if self.terminated_at is None:  # a terminated one takes no adds: no ledger to write
+            handle = await self._create_ledger()
+            self._ledgers.append(LedgerInfo(handle.ledger_id, ctime_ms=handle.metadata.ctime_ms))
         try:
             self._version = await self.store.put(self.key, self._metadata_doc(), self._version)
         except BadVersionError:
-            await self._delete_ledgers([handle.ledger_id])
+            if handle is not None:
+                await self._delete_ledgers([handle.ledger_id])
             return False
         self._current = handle
         await self._delete_ledgers(empty)
@@ -200,7 +214,13 @@ class ManagedLedger(LedgerPositions):
         )
 
     def _metadata_doc(self) -> bytes:
-        return ManagedLedgerRecord(self.name, self._ledgers, self.properties).to_bytes()
+        terminated = self.terminated_at
+        return ManagedLedgerRecord(
+            self.name,
+            self._ledgers,
+            self.properties,
+            None if terminated is None else (terminated.ledger_id, terminated.entry_id),
+        ).to_bytes()
 
     async def _write_metadata(self) -> None:
         """CAS the ledger list; a conflict means another owner: fence this instance."""
@@ -260,12 +280,55 @@ class ManagedLedger(LedgerPositions):
         future: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
         if self._error is not None:
             future.set_exception(self._error)
+        elif self._terminating or self.terminated_at is not None:
+            future.set_exception(
+                ManagedLedgerTerminatedError(f"managed ledger {self.name} is terminated")
+            )
         elif self._state is not _State.OPEN:
             future.set_exception(ManagedLedgerClosedError(f"managed ledger {self.name} is closed"))
         else:
             self._queue.append((data, future))
             self._wake.set()
         return future
+
+    async def terminate(self) -> Position:
+        """Take no more adds, ever (Pulsar's terminate): the adds queued before are stored,
+        the ledger being written is closed, and the last entry's position is stored in the
+        record, so every later owner refuses adds too. Returns that position; calling it again
+        returns it again."""
+        if self.terminated_at is not None:
+            return self.terminated_at
+        if self._error is not None:
+            raise self._error
+        if self._state is not _State.OPEN:
+            raise ManagedLedgerClosedError(f"managed ledger {self.name} is closed")
+        self._terminating = True
+        if self._queue:  # adds complete in order: the last one queued is enough to wait for
+            await asyncio.gather(self._queue[-1][1], return_exceptions=True)
+        async with self._meta_lock:
+            if self.terminated_at is not None:
+                return self.terminated_at
+            if self._error is not None:
+                raise self._error
+            old, info = self._current, None
+            if old is not None:
+                info = await self._finish_current()
+            # Before an empty last ledger leaves the list: (that ledger, -1) for an empty topic.
+            last = self.last_confirmed_position
+            if old is not None and info is not None:
+                self._ledgers = self._ledgers[:-1] + ([info] if info.entries > 0 else [])
+                self._current = None
+            self.terminated_at = last
+            try:
+                await self._write_metadata()
+            except ManagedLedgerFencedError:
+                self.terminated_at = None
+                raise
+            if old is not None and info is not None and info.entries == 0:
+                await self._delete_ledgers([old.ledger_id])
+        self._notify_added()  # tailers stop waiting: nothing more will come
+        log.info("managed ledger %s terminated at %s", self.name, last)
+        return last
 
     def _fail_queued(self, error: BaseException) -> None:
         while self._queue:
@@ -478,7 +541,12 @@ class ManagedLedger(LedgerPositions):
             if self.first_at_or_after(following) is not None:
                 return True
             remaining = deadline - loop.time()
-            if remaining <= 0 or self._error is not None or self._state is not _State.OPEN:
+            if (
+                remaining <= 0
+                or self._error is not None
+                or self._state is not _State.OPEN
+                or self.terminated_at is not None
+            ):
                 return False
             try:
                 await asyncio.wait_for(added.wait(), remaining)

@@ -131,6 +131,8 @@ class Policies:
 
 #: Pulsar's RetentionPolicy names of a backlog quota.
 QUOTA_POLICIES = ("producer_request_hold", "producer_exception", "consumer_backlog_eviction")
+#: The quota policies that act on producers (not on subscriptions).
+PRODUCER_QUOTA_POLICIES = ("producer_request_hold", "producer_exception")
 #: Pulsar's BacklogQuotaType names (the quota map's keys).
 QUOTA_TYPES = ("destination_storage", "message_age")
 INACTIVE_MODES = ("delete_when_no_subscriptions", "delete_when_subscriptions_caught_up")
@@ -140,8 +142,9 @@ INACTIVE_MODES = ("delete_when_no_subscriptions", "delete_when_subscriptions_cau
 class BacklogQuota:
     """What a subscription may leave unacknowledged (Pulsar's BacklogQuota): ``limit_size``
     bytes (destination_storage) and messages ``limit_time`` seconds old (message_age); -1: no
-    limit. Only ``consumer_backlog_eviction`` is enforced here: the slowest subscriptions lose
-    their oldest messages."""
+    limit. ``consumer_backlog_eviction``: the slowest subscriptions lose their oldest messages;
+    ``producer_request_hold`` and ``producer_exception``: producers are refused (and those
+    attached disconnected) while the backlog is over it."""
 
     limit_size: int = -1
     limit_time: int = -1

@@ -71,6 +71,7 @@ class Identity:
 
 def connect(conn: ServerConnection, body: pb.CommandConnect, frame: codec.Frame) -> None:
     conn.protocol_version = codec.negotiate_protocol_version(body.protocol_version)
+    conn.client_version = body.client_version
     if not conn.broker.authentication.enabled:
         _connected(conn)
         return

@@ -67,6 +67,8 @@ class ServerConnection(FrameConnection):
         )
         self.broker = broker
         self.protocol_version = 0
+        #: The client's own name and version, from CONNECT (``Pulsar-Java-v3.3.0``, ...).
+        self.client_version = ""
         self.producers: dict[int, tuple[AnyTopic, str]] = {}
         #: Producer ids this broker closed (fenced, unloaded): their late sends are ignored.
         self.closed_by_broker: set[int] = set()
@@ -295,6 +297,16 @@ class ServerConnection(FrameConnection):
         client comes back at the new position with nothing stale in its queue."""
         self.consumers.pop(consumer.consumer_id, None)
         self.send(pb.CommandCloseConsumer(consumer_id=consumer.consumer_id, request_id=0))
+
+    @property
+    def understands_end_of_topic(self) -> bool:
+        """Whether the client handles REACHED_END_OF_TOPIC (Pulsar sends it from protocol
+        version 9 on). The C++ client, and the Python and Node clients built on it
+        (``Pulsar-CPP-v...``), has no handler for it: it takes the command for an invalid one
+        and closes the connection, then reconnects and is told again. Those consumers are not
+        sent it; they find the end as a receive that times out and, for a reader,
+        ``has_message_available()`` turning false."""
+        return self.protocol_version >= pb.v9 and not self.client_version.startswith("Pulsar-CPP")
 
     @property
     def knows_assigned_broker(self) -> bool:

@@ -12,7 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from magnetar.broker.errors import NamespaceNotFoundError, TopicNotFoundError, TopicNotOwnedError
+from magnetar.broker.errors import (
+    NamespaceNotFoundError,
+    ProducerHeldByQuotaError,
+    ProducerRefusedByQuotaError,
+    TopicNotFoundError,
+    TopicNotOwnedError,
+    TopicTerminatedError,
+)
 from magnetar.broker.schema.registry import IncompatibleSchemaError, SchemaNotFoundError
 from magnetar.broker.topics.dispatchers.base import ConsumerBusyError
 from magnetar.broker.topics.producers import ProducerBusyError, ProducerFencedError
@@ -56,6 +63,9 @@ REFUSALS: dict[type[Exception], Refusal] = {
     SchemaNotFoundError: Refusal(pb.TopicNotFound, "no schema: {error}"),
     ProducerFencedError: Refusal(pb.ProducerFenced, "topic {name}: {error}"),
     ProducerBusyError: Refusal(pb.ProducerBusy, "topic {name}: {error}"),
+    TopicTerminatedError: Refusal(pb.TopicTerminatedError, "{error}"),
+    ProducerHeldByQuotaError: Refusal(pb.ProducerBlockedQuotaExceededError, "{error}"),
+    ProducerRefusedByQuotaError: Refusal(pb.ProducerBlockedQuotaExceededException, "{error}"),
 }
 
 # -- which rows each request answers, in ladder order ---------------------------------------------
@@ -76,6 +86,12 @@ SUBSCRIBING: tuple[type[Exception], ...] = (
 )
 #: Adding a producer to a loaded topic (access modes, fencing).
 PRODUCER_ACCESS: tuple[type[Exception], ...] = (ProducerFencedError, ProducerBusyError)
+#: Whether the topic takes a new producer now (terminated, backlog over a producer quota).
+PRODUCER_ADMISSION: tuple[type[Exception], ...] = (
+    TopicTerminatedError,
+    ProducerHeldByQuotaError,
+    ProducerRefusedByQuotaError,
+)
 PARTITIONED_METADATA: tuple[type[Exception], ...] = (NamespaceNotFoundError, TopicNotFoundError)
 LOOKUP: tuple[type[Exception], ...] = (NamespaceNotFoundError,)
 GET_SCHEMA: tuple[type[Exception], ...] = (SchemaNotFoundError,)

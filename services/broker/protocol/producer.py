@@ -8,7 +8,11 @@ import uuid
 from typing import TYPE_CHECKING
 
 from magnetar.broker.errors import TopicUnloadingError
-from magnetar.broker.ledger.errors import EntryTooLargeForLedgerError, ManagedLedgerFencedError
+from magnetar.broker.ledger.errors import (
+    EntryTooLargeForLedgerError,
+    ManagedLedgerFencedError,
+    ManagedLedgerTerminatedError,
+)
 from magnetar.broker.model.entry import entry_metadata
 from magnetar.broker.model.message_id import EARLIEST
 from magnetar.broker.model.position import Position
@@ -53,6 +57,11 @@ async def _create_producer(conn: ServerConnection, body: pb.CommandProducer) -> 
         topic = await conn.broker.get_topic(name, auto=True)
     except Exception as e:  # any storage failure: the client gets the reason, not a timeout
         conn.refuse(body.request_id, name, e, errors.TOPIC_LOADING, errors.TOPIC_NOT_LOADED)
+        return
+    try:
+        topic.admit_producer()
+    except errors.PRODUCER_ADMISSION as e:
+        conn.refuse(body.request_id, name, e, errors.PRODUCER_ADMISSION)
         return
     try:
         schema_version = await producer_schema_version(conn, body, name)
@@ -180,6 +189,10 @@ def send_message(conn: ServerConnection, body: pb.CommandSend, frame: codec.Fram
         error = done.exception()
         if isinstance(error, TopicUnloadingError):
             return  # nothing stored: CLOSE_PRODUCER follows, and the client sends it again
+        if isinstance(error, ManagedLedgerTerminatedError):
+            # Pulsar's answer: the client fails this producer's messages (TopicTerminated).
+            conn.send_error(body, pb.TopicTerminatedError, f"topic {topic.name} was terminated")
+            return
         if error is not None:
             if isinstance(error, ManagedLedgerFencedError):
                 conn.broker.topic_fenced(topic)

@@ -22,6 +22,10 @@ class ConsumerChannel(Protocol):
     #: False while the connection's outgoing buffer is above its high-water mark.
     writable: bool
 
+    @property
+    def understands_end_of_topic(self) -> bool:
+        """Whether the client handles REACHED_END_OF_TOPIC."""
+
     def write(self, data: bytes) -> None:
         """Queue an encoded frame (a MESSAGE) for the peer."""
 
@@ -67,6 +71,8 @@ class Consumer:
     msg_out: int = 0
     bytes_out: int = 0
     connected_since: str = field(default_factory=now_iso)
+    #: Told REACHED_END_OF_TOPIC (its topic was terminated and it has everything).
+    told_end_of_topic: bool = False
 
     @property
     def ready(self) -> bool:

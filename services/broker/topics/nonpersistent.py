@@ -122,6 +122,10 @@ class NonPersistentTopic:
         self.rates = TopicRates()
         self.client_limits = TopicLimits()
 
+    def admit_producer(self) -> None:
+        """Nothing keeps a producer off a non-persistent topic (it cannot be terminated and
+        has no backlog for a quota to hold)."""
+
     def publish(
         self,
         stored: bytes,

@@ -7,7 +7,10 @@ import logging
 import time
 
 from magnetar.broker.errors import (
+    ProducerHeldByQuotaError,
+    ProducerRefusedByQuotaError,
     TopicBusyError,
+    TopicTerminatedError,
     TopicUnloadingError,
 )
 from magnetar.broker.ledger.cursor import NonDurableCursor
@@ -16,7 +19,12 @@ from magnetar.broker.model.entry import entry_metadata, message_count
 from magnetar.broker.model.message_id import LATEST, from_wire, to_wire
 from magnetar.broker.model.position import Position
 from magnetar.broker.model.topic_name import TopicName
-from magnetar.broker.namespace.policies import BacklogQuota, Policies, TopicLimits
+from magnetar.broker.namespace.policies import (
+    PRODUCER_QUOTA_POLICIES,
+    BacklogQuota,
+    Policies,
+    TopicLimits,
+)
 from magnetar.broker.topics.consumer import Consumer
 from magnetar.broker.topics.deduplication import Deduplication, DuplicateStatus
 from magnetar.broker.topics.dispatch_limits import DispatchLimits
@@ -101,6 +109,10 @@ class PersistentTopic:
         self.dispatch_limiter: RateLimiter | None = None
         self.subscription_dispatch_rate: DispatchRate | None = None
         self._subscribe_lock = asyncio.Lock()
+        #: The backlog quota in force (None: none), and whether the oldest unacknowledged
+        #: message was over its age limit at the last policy round.
+        self.backlog_quota: BacklogQuota | None = None
+        self._age_quota_exceeded = False
         #: Unloading: new sends are refused while those in flight get their receipts.
         self.unloading = False
         self._last_publish: asyncio.Future[Position] | None = None
@@ -147,6 +159,90 @@ class PersistentTopic:
             last = max(sequence_id, highest)
             future.add_done_callback(lambda f: self._persisted(f, producer_name, last))
         return future  # type: ignore[return-value]
+
+    @property
+    def terminated(self) -> bool:
+        return self.ml.terminated_at is not None
+
+    async def terminate(self) -> Position:
+        """Pulsar's terminate: the topic takes no more messages, ever (kept in its managed
+        ledger's record, so it holds on any owner after a restart or a move). Its producers are
+        closed (they reconnect and are refused with TopicTerminatedError); each subscription's
+        consumers are told they reached the end once they acknowledged everything. Returns the
+        last message's position."""
+        last = await self.ml.terminate()
+        self.producers.close_all()
+        for subscription in self.subscriptions.values():
+            subscription.dispatcher.wake()
+        log.info("topic %s terminated at %s", self.name, last)
+        return last
+
+    def admit_producer(self) -> None:
+        """Raise why a new producer may not attach now: the topic is terminated, or its backlog
+        is over a quota whose policy holds producers back (Pulsar's checks before a producer is
+        added)."""
+        if self.terminated:
+            raise TopicTerminatedError(f"Topic {self.name} was already terminated")
+        quota = self.backlog_quota
+        if quota is not None and quota.policy in PRODUCER_QUOTA_POLICIES:
+            if self.backlog_quota_exceeded(quota):
+                refusal = (
+                    ProducerHeldByQuotaError
+                    if quota.policy == "producer_request_hold"
+                    else ProducerRefusedByQuotaError
+                )
+                raise refusal(
+                    f"Cannot create producer on topic {self.name} with backlog quota exceeded "
+                    f"({quota.policy})"
+                )
+
+    def backlog_size(self) -> int:
+        """The slowest durable subscription's backlog in bytes, at the topic's average entry
+        size (Pulsar's estimated backlog size, what a size quota is compared with)."""
+        entries = self.ml.number_of_entries
+        if not entries:
+            return 0
+        slowest = max(
+            (s.cursor.backlog for s in self.subscriptions.values() if s.durable), default=0
+        )
+        return int(slowest * self.ml.total_size / entries)
+
+    def backlog_quota_exceeded(self, quota: BacklogQuota) -> bool:
+        """Over the size limit now, or over the age limit at the last policy round."""
+        if quota.limit_size >= 0 and self.backlog_size() > quota.limit_size:
+            return True
+        return quota.limit_time >= 0 and self._age_quota_exceeded
+
+    async def _oldest_unacked_older_than(self, seconds: int) -> bool:
+        """Whether a durable subscription's oldest unacknowledged message was published more
+        than ``seconds`` ago (one entry read per subscription that has a backlog)."""
+        cutoff_ms = int(time.time() * 1000) - seconds * 1000
+        for subscription in list(self.subscriptions.values()):
+            if not subscription.durable or subscription.cursor.backlog == 0:
+                continue
+            positions = subscription.unacked_positions(1)
+            if not positions:
+                continue
+            entries = await self.ml.read_entries(positions[0], 1)
+            if entries and entry_metadata(entries[0][1]).publish_time < cutoff_ms:
+                return True
+        return False
+
+    async def enforce_producer_quota(self, quota: BacklogQuota) -> None:
+        """Pulsar's producer_request_hold and producer_exception: while the backlog is over the
+        quota, the producers are disconnected (they reconnect and are refused until the
+        subscriptions drain under it)."""
+        self._age_quota_exceeded = quota.limit_time >= 0 and (
+            await self._oldest_unacked_older_than(quota.limit_time)
+        )
+        if len(self.producers) and self.backlog_quota_exceeded(quota):
+            log.info(
+                "topic %s: backlog over its quota (%s): disconnecting %d producer(s)",
+                self.name,
+                quota,
+                len(self.producers),
+            )
+            self.producers.close_all()
 
     def _persisted(
         self, future: asyncio.Future[Position], producer_name: str, sequence_id: int
@@ -358,16 +454,20 @@ class PersistentTopic:
                             subscription.name,
                             policies.message_ttl_seconds,
                         )
+        self.backlog_quota = policies.backlog_quota
         if policies.backlog_quota is not None:
-            await self.evict_backlog(policies.backlog_quota)
+            if policies.backlog_quota.policy in PRODUCER_QUOTA_POLICIES:
+                await self.enforce_producer_quota(policies.backlog_quota)
+            else:
+                await self.evict_backlog(policies.backlog_quota)
         retention = policies.retention
         await self.ml.trim_retained(retention.time_minutes, retention.size_mb)
 
     async def evict_backlog(self, quota: BacklogQuota) -> None:
         """Pulsar's consumer_backlog_eviction: a subscription over the quota loses its oldest
         messages, by age (``limit_time``) and then by size (``limit_size``, the backlog's bytes
-        estimated at the topic's average entry size). Other quota policies act on producers and
-        are not enforced here."""
+        estimated at the topic's average entry size). The other policies act on producers
+        (``enforce_producer_quota``)."""
         if quota.policy != "consumer_backlog_eviction":
             return
         entry_size = (

@@ -189,6 +189,7 @@ class TopicService:
         )
         topic.apply_limits(policies.limits)
         topic.apply_dispatch_rates(policies)
+        topic.backlog_quota = policies.backlog_quota
         if policies.deduplication:
             topic.deduplication = await Deduplication.load(ml)
         self.topics[str(name)] = topic

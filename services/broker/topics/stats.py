@@ -219,6 +219,15 @@ def deleted_ranges(ranges: list[tuple[int, int, int]]) -> str:
     )
 
 
+def _ledger_state(fenced: bool, terminated: bool, writing: bool) -> str:
+    """The managed ledger's state as Pulsar's internal stats name it."""
+    if fenced:
+        return "Fenced"
+    if terminated:
+        return "Terminated"
+    return "LedgerOpened" if writing else "ClosedLedger"
+
+
 def internal_stats(topic: PersistentTopic) -> dict[str, Any]:
     """PersistentTopicInternalStats: the managed ledger's ledgers (entries, bytes), its state,
     and each durable cursor's positions and individually deleted ranges."""
@@ -263,7 +272,7 @@ def internal_stats(topic: PersistentTopic) -> dict[str, Any]:
         "waitingCursorsCount": 0,
         "pendingAddEntriesCount": 0,
         "lastConfirmedEntry": str(ml.last_confirmed_position),
-        "state": "Fenced" if ml.is_fenced else ("LedgerOpened" if current else "ClosedLedger"),
+        "state": _ledger_state(ml.is_fenced, ml.terminated_at is not None, current is not None),
         "ledgers": [
             {
                 "ledgerId": info.ledger_id,

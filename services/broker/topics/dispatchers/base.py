@@ -110,7 +110,21 @@ class Dispatcher(abc.ABC):
                 continue
             backoff = RETRY_FIRST_S
             if not progressed:
+                self._tell_end_of_topic()
                 await self._wake.wait()
+
+    def _tell_end_of_topic(self) -> None:
+        """Pulsar's REACHED_END_OF_TOPIC: once the topic is terminated and the subscription has
+        acknowledged everything in it, each consumer is told (once) that nothing more will
+        come; a client that has no handler for the command is not sent it."""
+        if self.subscription.topic.ml.terminated_at is None or self.cursor.backlog > 0:
+            return
+        for consumer in self.consumers:
+            if not consumer.told_end_of_topic and consumer.connection.understands_end_of_topic:
+                consumer.told_end_of_topic = True
+                consumer.connection.send(
+                    pb.CommandReachedEndOfTopic(consumer_id=consumer.consumer_id)
+                )
 
     def _failed(self, error: UnreadableEntryError, backoff: float) -> None:
         self.subscription.topic.metrics.unreadable_entries.inc()
