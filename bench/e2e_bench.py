@@ -17,8 +17,19 @@ reordered messages. Magnetar runs with the journal fsynced before every acknowle
 default; ``--journal-sync`` is passed explicitly). pulsar-lite is started from the binary in
 its wheel (``pip install pulsar-lite==0.2.0``); how durable it is gets printed in the header.
 
+- cost (``--cost``): the broker's CPU per message, the workload of issue 24: 4 topics, 2
+  producer processes (each sending to 2 of the topics), one consumer process on one shared
+  subscription over the 4 topics, 256-byte messages, 60,000 messages, every message
+  acknowledged on its own; unbatched (one message per entry) and batched (1 ms, <=1000
+  pending). Broker CPU is user + system time of the broker's process tree from /proc over the
+  run, divided by the messages delivered; the end-to-end rate is messages over the time from
+  the start to the last message received. The machine may be shared, so each round runs both
+  brokers one after the other (alternating which goes first) and the figures to read are the
+  ratios within a round; the load average is printed with each row.
+
     python bench/e2e_bench.py [--seconds 10] [--sizes 100,1024] [--rate 2000]
                               [--skip-magnetar] [--skip-lite]
+    python bench/e2e_bench.py --cost [--rounds 3] [--messages 60000] [--size 256]
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ import select
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -232,6 +244,110 @@ def run_consumer(args: argparse.Namespace) -> int:
                 }
             )
         )
+        consumer.close()
+    finally:
+        client.close()
+    return 0
+
+
+# pulsar-lite 0.2.0 leaves a few hundred batched messages of a shared subscription undelivered
+# now and then; a shorter wait than the pair runs' keeps such a round from costing a minute.
+COST_DRAIN_TIMEOUT_S = 15.0
+
+# A cost-workload payload starts with (producer index << 40 | sequence), so one consumer over
+# several topics and producers counts each message once.
+PRODUCER_SHIFT = 40
+
+
+def run_cost_producer(args: argparse.Namespace) -> int:
+    """Send ``args.count`` messages round-robin over this process's topics, as fast as the
+    client lets (at most 1,000 pending per producer), and report when all are acknowledged."""
+    import pulsar
+
+    client = _client(args.url)
+    try:
+        producers = [
+            client.create_producer(
+                topic,
+                batching_enabled=args.batched,
+                batching_max_publish_delay_ms=1,
+                max_pending_messages=1000,
+                block_if_queue_full=True,
+                send_timeout_millis=60_000,
+            )
+            for topic in args.topic.split(",")
+        ]
+        filler = os.urandom(args.size - SEQUENCE_BYTES)
+        base = args.index << PRODUCER_SHIFT
+        results: dict[Any, int] = {}
+        lock = threading.Lock()
+
+        def acked(result: Any, _msg_id: Any) -> None:
+            with lock:
+                results[result] = results.get(result, 0) + 1
+
+        _say("ready")
+        sys.stdin.readline()  # "go"
+        started = time.monotonic()
+        count = len(producers)
+        for sequence in range(args.count):
+            payload = (base | sequence).to_bytes(SEQUENCE_BYTES, "big") + filler
+            producers[sequence % count].send_async(payload, acked)
+        for producer in producers:
+            producer.flush()
+        elapsed = time.monotonic() - started
+        for producer in producers:
+            producer.close()  # every send callback has run once it returns
+        with lock:
+            ok = results.pop(pulsar.Result.Ok, 0)
+            failed = sum(results.values())
+        _say(json.dumps({"acked": ok, "failed": failed, "seconds": elapsed}))
+    finally:
+        client.close()
+    return 0
+
+
+def run_cost_consumer(args: argparse.Namespace) -> int:
+    """One shared-subscription consumer over every topic; receive until ``args.count`` unique
+    messages came (or the drain timeout after the producers are done), each acknowledged."""
+    import pulsar
+
+    client = _client(args.url)
+    try:
+        consumer = client.subscribe(
+            args.topic.split(","),
+            "cost-bench",
+            consumer_type=pulsar.ConsumerType.Shared,
+            initial_position=pulsar.InitialPosition.Earliest,
+        )
+        deadline: list[float] = []
+
+        def read_deadline() -> None:
+            if sys.stdin.readline():  # "producers done"
+                deadline.append(time.monotonic() + COST_DRAIN_TIMEOUT_S)
+
+        _say("ready")
+        sys.stdin.readline()  # "go"
+        threading.Thread(target=read_deadline, daemon=True).start()
+        started = last_at = time.monotonic()
+        seen: set[int] = set()
+        duplicates = 0
+        while len(seen) < args.count:
+            if deadline and time.monotonic() > deadline[0]:
+                break
+            try:
+                message = consumer.receive(timeout_millis=100)
+            except pulsar.Timeout:
+                continue
+            last_at = time.monotonic()
+            consumer.acknowledge(message)
+            key = int.from_bytes(message.data()[:SEQUENCE_BYTES], "big")
+            if key in seen:
+                duplicates += 1
+            else:
+                seen.add(key)
+        elapsed = last_at - started
+        _say(json.dumps({"unique": len(seen), "duplicates": duplicates, "seconds": elapsed}))
         consumer.close()
     finally:
         client.close()
@@ -478,6 +594,296 @@ def measure(
 
 
 # --------------------------------------------------------------------------------------------
+# The cost workload (--cost)
+# --------------------------------------------------------------------------------------------
+
+COST_TOPICS = 4
+COST_PRODUCERS = 2
+
+
+def process_tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process and of its live descendants."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (FileNotFoundError, IndexError, ValueError, ProcessLookupError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    total, pending = 0.0, [pid]
+    while pending:
+        current = pending.pop()
+        used = cpu_seconds(current)
+        if used == used:  # not NaN: the process may have ended meanwhile
+            total += used
+        pending.extend(children.get(current, []))
+    return total
+
+
+@dataclass(slots=True, frozen=True)
+class CostResult:
+    broker: str
+    batched: bool
+    load: float
+    acked: int
+    failed: int
+    unique: int
+    duplicates: int
+    seconds: float
+    broker_cpu: float
+    client_cpu: float
+
+    @property
+    def rate(self) -> float:
+        return self.unique / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def us_per_message(self) -> float:
+        return self.broker_cpu / self.unique * 1e6 if self.unique else float("nan")
+
+    @property
+    def problems(self) -> str:
+        found = []
+        if self.failed:
+            found.append(f"{self.failed} sends failed")
+        if self.acked > self.unique:
+            found.append(f"{self.acked - self.unique} acked messages not received")
+        if self.duplicates:
+            found.append(f"{self.duplicates} duplicates")
+        return ", ".join(found) or "ok"
+
+
+def run_cost(
+    processes: Processes,
+    broker: Broker,
+    workdir: Path,
+    messages: int,
+    size: int,
+    batched: bool,
+    profile: Path | None = None,
+) -> CostResult:
+    run = uuid.uuid4().hex[:8]
+    topics = [f"persistent://public/default/cost-{run}-{n}" for n in range(COST_TOPICS)]
+    common = [sys.executable, __file__, "--url", broker.url, "--size", str(size)]
+    if batched:
+        common.append("--batched")
+    commands = {
+        "consumer": [*common, "--role", "cost-consumer", "--topic", ",".join(topics),
+                     "--count", str(messages)],
+    }  # fmt: skip
+    share = messages // COST_PRODUCERS
+    for index in range(COST_PRODUCERS):
+        mine = topics[index::COST_PRODUCERS]
+        count = share if index else messages - share * (COST_PRODUCERS - 1)
+        commands[f"producer{index}"] = [
+            *common, "--role", "cost-producer", "--topic", ",".join(mine),
+            "--count", str(count), "--index", str(index),
+        ]  # fmt: skip
+    clients = {}
+    for role, command in commands.items():
+        with open(workdir / f"{role}.log", "ab") as log:
+            clients[role] = processes.start(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, bufsize=0
+            )
+    try:
+        for role, process in clients.items():
+            if read_line(process, READY_TIMEOUT_S, f"{broker.name} {role}") != "ready":
+                raise RuntimeError(f"{broker.name} {role} did not start")
+        load = os.getloadavg()[0]
+        client_before = sum(cpu_seconds(p.pid) for p in clients.values())
+        spy = None
+        if profile is not None:
+            spy = processes.start(
+                ["py-spy", "record", "--pid", str(broker.process.pid), "--format", "raw",
+                 "--rate", "200", "--gil", "--nolineno", "--output", str(profile)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            time.sleep(1.0)  # attached before the run starts
+        broker_before = process_tree_cpu_seconds(broker.process.pid)
+        for process in clients.values():
+            tell(process, "go")
+        produced = [
+            json.loads(read_line(p, 300, f"{broker.name} {role}"))
+            for role, p in clients.items()
+            if role != "consumer"
+        ]
+        try:
+            tell(clients["consumer"], "producers done")
+        except BrokenPipeError:
+            pass  # it already has every message and is gone
+        consumed = json.loads(
+            read_line(clients["consumer"], COST_DRAIN_TIMEOUT_S + 30, f"{broker.name} consumer")
+        )
+        broker_cpu = process_tree_cpu_seconds(broker.process.pid) - broker_before
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+            spy.wait(30)
+            processes.stop(spy)
+        client_cpu = sum(cpu_seconds(p.pid) for p in clients.values()) - client_before
+        for role, process in clients.items():
+            code = process.wait(30)
+            if code != 0:
+                print(f"  warning: {broker.name} {role} exited with code {code}", file=sys.stderr)
+    finally:
+        for process in clients.values():
+            processes.stop(process, timeout=5.0)
+    return CostResult(
+        broker=broker.name,
+        batched=batched,
+        load=load,
+        acked=sum(p["acked"] for p in produced),
+        failed=sum(p["failed"] for p in produced),
+        unique=consumed["unique"],
+        duplicates=consumed["duplicates"],
+        seconds=consumed["seconds"],
+        broker_cpu=broker_cpu,
+        client_cpu=client_cpu,
+    )
+
+
+def measure_cost(
+    processes: Processes, broker: Broker, workdir: Path, args: argparse.Namespace
+) -> list[CostResult]:
+    # Warm-up, not reported: first connections, topic creation, caches.
+    run_cost(processes, broker, workdir, 2_000, args.size, batched=False)
+    results = []
+    for batched in (False, True):
+        label = "batched" if batched else "unbatched"
+        print(f"  {broker.name}: {label} ...", file=sys.stderr, flush=True)
+        profile = None
+        if args.profile and broker.name == "Magnetar" and not batched:
+            Path(args.profile).mkdir(parents=True, exist_ok=True)
+            profile = Path(args.profile) / f"magnetar-unbatched-{time.time_ns()}.txt"
+        result = run_cost(processes, broker, workdir, args.messages, args.size, batched, profile)
+        if profile is not None:
+            print_profile(profile)
+        if result.problems != "ok":
+            print(f"  {broker.name} {label}: {result.problems}", file=sys.stderr)
+        results.append(result)
+    return results
+
+
+def _frame_label(frame: str) -> str:
+    """``function (path)`` as py-spy writes it -> ``function file.py``."""
+    name, _, where = frame.partition(" (")
+    return f"{name} {where.rstrip(')').rsplit('/', 1)[-1]}"
+
+
+def print_profile(path: Path, top: int = 25) -> None:
+    """The functions holding most samples of a py-spy raw profile (collapsed stacks): own
+    samples (the frame on top) and total (anywhere on the stack), in percent of all samples."""
+    own: dict[str, int] = {}
+    total: dict[str, int] = {}
+    samples = 0
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        print(f"  no profile written to {path} (is py-spy installed?)", file=sys.stderr)
+        return
+    for line in lines:
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = [_frame_label(f) for f in stack.split(";")]
+        samples += count
+        own[frames[-1]] = own.get(frames[-1], 0) + count
+        for frame in set(frames):
+            total[frame] = total.get(frame, 0) + count
+    if not samples:
+        return
+    print(f"  profile {path} ({samples} samples), by own samples:", file=sys.stderr)
+    for frame, count in sorted(own.items(), key=lambda kv: -kv[1])[:top]:
+        print(
+            f"    {count / samples * 100:5.1f}% own {total[frame] / samples * 100:5.1f}% total  {frame}",
+            file=sys.stderr,
+        )
+
+
+def print_cost(args: argparse.Namespace, rounds: list[dict[str, list[CostResult]]]) -> None:
+    client = importlib.metadata.version("pulsar-client")
+    try:
+        lite = importlib.metadata.version("pulsar-lite")
+    except importlib.metadata.PackageNotFoundError:
+        lite = "not installed"
+    print(
+        f"Cost per message: {COST_TOPICS} topics, {COST_PRODUCERS} producer processes, 1 consumer "
+        f"process (one shared subscription over the topics), {args.messages:,} x {args.size} B, "
+        f"individual acks; official pulsar-client {client}, pulsar-lite {lite}; "
+        f"{os.cpu_count()} CPUs; {len(rounds)} round(s), both brokers in each"
+    )
+    print(f"  Magnetar durability: {MAGNETAR_DURABILITY}")
+    print(f"  pulsar-lite durability: {LITE_DURABILITY}")
+    print(
+        f"\n{'round':<6}{'broker':<13}{'mode':<11}{'load':>6}{'e2e msg/s':>11}"
+        f"{'broker us/msg':>15}{'broker CPU':>12}{'clients CPU':>13}  check"
+    )
+    for number, by_broker in enumerate(rounds, 1):
+        for name, results in by_broker.items():
+            for r in results:
+                mode = "batched" if r.batched else "unbatched"
+                print(
+                    f"{number:<6}{name:<13}{mode:<11}{r.load:>6.2f}{r.rate:>11,.0f}"
+                    f"{r.us_per_message:>15.1f}{r.broker_cpu:>10.2f} s{r.client_cpu:>11.2f} s  "
+                    f"{r.acked:,} acked, {r.unique:,} received: {r.problems}"
+                )
+    if not all(len(by_broker) == 2 for by_broker in rounds):
+        return
+    print("\nMagnetar / pulsar-lite, per round (median)")
+    for index, mode in enumerate(("unbatched", "batched")):
+        rate = [r["Magnetar"][index].rate / r["pulsar-lite"][index].rate for r in rounds]
+        cost = [
+            r["Magnetar"][index].us_per_message / r["pulsar-lite"][index].us_per_message
+            for r in rounds
+        ]
+        print(
+            f"  {mode:<10} e2e rate {' '.join(f'{x:.2f}x' for x in rate)} "
+            f"({statistics.median(rate):.2f}x);  broker CPU/msg "
+            f"{' '.join(f'{x:.2f}x' for x in cost)} ({statistics.median(cost):.2f}x)"
+        )
+
+
+def main_cost(args: argparse.Namespace) -> int:
+    if not args.skip_lite:
+        pulsar_lite_binary()  # fail before Magnetar has run, not after
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    processes = Processes()
+    workdir = Path(tempfile.mkdtemp(prefix="cost-bench-", dir=args.dir))
+    starters = [("Magnetar", start_magnetar), ("pulsar-lite", start_pulsar_lite)]
+    skipped = {"Magnetar": args.skip_magnetar, "pulsar-lite": args.skip_lite}
+    rounds: list[dict[str, list[CostResult]]] = []
+    try:
+        for number in range(args.rounds):
+            by_broker: dict[str, list[CostResult]] = {}
+            rounds.append(by_broker)
+            for name, start in starters if number % 2 == 0 else starters[::-1]:
+                if skipped[name]:
+                    continue
+                brokerdir = workdir / f"{name}-{number}"
+                brokerdir.mkdir()
+                broker = start(processes, brokerdir)
+                try:
+                    by_broker[name] = measure_cost(processes, broker, brokerdir, args)
+                except Exception:
+                    print(f"{name} log tail:\n{broker.log_tail()}", file=sys.stderr)
+                    raise
+                finally:
+                    processes.stop(broker.process)
+            # Magnetar's rows first in every round, whichever ran first.
+            rounds[-1] = {n: by_broker[n] for n, _ in starters if n in by_broker}
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        processes.stop_all()
+        shutil.rmtree(workdir, ignore_errors=True)
+    print_cost(args, rounds)
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------------------------
 
@@ -579,15 +985,36 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--skip-magnetar", action="store_true", help="do not run Magnetar")
     parser.add_argument("--skip-lite", action="store_true", help="do not run pulsar-lite")
     parser.add_argument("--dir", help="scratch directory [default: a temp dir]")
+    parser.add_argument(
+        "--cost", action="store_true", help="run the cost workload (broker CPU per message)"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="--cost rounds [default: 3]")
+    parser.add_argument(
+        "--profile",
+        help="--cost: record Magnetar's unbatched runs with py-spy into this directory and "
+        "print the top functions",
+    )
+    parser.add_argument(
+        "--messages", type=int, default=60_000, help="--cost messages per run [default: 60000]"
+    )
+    parser.add_argument(
+        "--size", type=int, default=256, help="--cost message size in bytes [default: 256]"
+    )
     # A client process (this script started by itself).
-    parser.add_argument("--role", choices=["producer", "consumer"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--role",
+        choices=["producer", "consumer", "cost-producer", "cost-consumer"],
+        help=argparse.SUPPRESS,
+    )
+    parser.add_argument("--batched", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--topic", help=argparse.SUPPRESS)
-    parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role is None:
         args.sizes = [int(s) for s in args.sizes.split(",")]
-        if min(args.sizes) < SEQUENCE_BYTES:
+        if min(args.sizes) < SEQUENCE_BYTES or args.size < SEQUENCE_BYTES:
             parser.error(f"--sizes: each message carries a {SEQUENCE_BYTES}-byte sequence number")
         if args.skip_magnetar and args.skip_lite:
             parser.error("nothing to run")
@@ -600,6 +1027,12 @@ def main() -> int:
         return run_producer(args)
     if args.role == "consumer":
         return run_consumer(args)
+    if args.role == "cost-producer":
+        return run_cost_producer(args)
+    if args.role == "cost-consumer":
+        return run_cost_consumer(args)
+    if args.cost:
+        return main_cost(args)
 
     if not args.skip_lite:
         pulsar_lite_binary()  # fail before Magnetar has run, not after
