@@ -799,3 +799,83 @@ def test_terminate_partitions_and_refusals(node: StandaloneProcess, pc: pulsar.C
     )
     assert call(node, "POST", "/persistent/public/default/never-made/terminate")[0] == 404
     assert call(node, "POST", "/non-persistent/public/default/np/terminate")[0] == 405
+
+
+def quota_over_backlog(node: StandaloneProcess, pc: pulsar.Client, namespace: str, policy: str):
+    """A topic of ``namespace`` with a subscription 20 messages behind, its producer still
+    attached, and a 1000-byte quota with ``policy`` set on the namespace (a policy round runs
+    at once): the producer is disconnected and stays refused."""
+    assert call(node, "PUT", f"/namespaces/{namespace}")[0] == 204
+    topic = f"persistent://{namespace}/t"
+    consumer = pc.subscribe(topic, "slow")
+    producer = pc.create_producer(topic, batching_enabled=False)
+    for i in range(20):
+        producer.send(f"m{i:02}".encode() + b"x" * 100)
+    quota = {"limitSize": 1000, "limitTime": -1, "policy": policy}
+    assert call(node, "POST", f"/namespaces/{namespace}/backlogQuota", quota)[0] == 204
+    stats = f"/persistent/{namespace}/t/stats"
+    eventually(lambda: ok(node, "GET", stats)["publishers"] == [], "the producer disconnected")
+    return topic, consumer, producer
+
+
+def test_backlog_quota_producer_request_hold(node: StandaloneProcess, pc: pulsar.Client) -> None:
+    topic, consumer, producer = quota_over_backlog(
+        node, pc, "public/quota-hold", "producer_request_hold"
+    )
+    results: list[pulsar.Result] = []
+    for i in range(5):
+        producer.send_async(f"held{i}".encode(), lambda result, _id: results.append(result))
+    with pytest.raises(pulsar.ProducerBlockedQuotaExceededError):
+        pc.create_producer(topic)
+    assert results == []  # held by the client while the broker refuses it
+    got = []
+    while len(got) < 25:
+        message = consumer.receive(30_000)
+        consumer.acknowledge(message)
+        got.append(message.data().rstrip(b"x"))
+    # Drained under the quota: the held producer is taken back and its five sends stored.
+    assert got == [f"m{i:02}".encode() for i in range(20)] + [f"held{i}".encode() for i in range(5)]
+    eventually(lambda: len(results) == 5, "every held send answered")
+    assert results == [pulsar.Result.Ok] * 5
+    with pytest.raises(pulsar.Timeout):
+        consumer.receive(300)  # exactly 25
+    pc.create_producer(topic).close()
+    producer.close()
+    consumer.close()
+
+
+def test_backlog_quota_producer_exception(node: StandaloneProcess, pc: pulsar.Client) -> None:
+    topic, consumer, producer = quota_over_backlog(
+        node, pc, "public/quota-exception", "producer_exception"
+    )
+    results: list[pulsar.Result] = []
+    for i in range(3):
+        producer.send_async(f"refused{i}".encode(), lambda result, _id: results.append(result))
+    eventually(lambda: len(results) == 3, "every send answered")
+    assert results == [pulsar.Result.ProducerBlockedQuotaExceededException] * 3
+    with pytest.raises(pulsar.ProducerBlockedQuotaExceededException):
+        pc.create_producer(topic)
+    assert receive(consumer, 20) == [f"m{i:02}" + "x" * 100 for i in range(20)]
+    with pytest.raises(pulsar.Timeout):
+        consumer.receive(300)  # the refused sends were not stored
+    again = pc.create_producer(topic)  # under the quota: accepted again
+    again.send(b"after")
+    assert receive(consumer, 1) == ["after"]
+    # The age limit too: a message unacknowledged longer than limitTime holds producers back.
+    age = {"limitSize": -1, "limitTime": 1, "policy": "producer_exception"}
+    path = "/namespaces/public/quota-exception/backlogQuota"
+    assert call(node, "DELETE", path)[0] == 204
+    assert call(node, "POST", f"{path}?backlogQuotaType=message_age", age)[0] == 204
+    again.send(b"aging")
+    time.sleep(1.1)
+    assert call(node, "POST", f"{path}?backlogQuotaType=message_age", age)[0] == 204  # a round
+    stats = "/persistent/public/quota-exception/t/stats"
+    eventually(lambda: ok(node, "GET", stats)["publishers"] == [], "the producer disconnected")
+    with pytest.raises(pulsar.ProducerBlockedQuotaExceededException):
+        pc.create_producer(topic)
+    for closing in (again, producer):
+        try:
+            closing.close()
+        except pulsar.AlreadyClosed:
+            pass
+    consumer.close()
