@@ -1,6 +1,7 @@
 """``magnetar initialize-cluster-metadata``: what a new cluster needs in its metadata store
 before clients come (Pulsar's ``pulsar initialize-cluster-metadata``): the ``public`` tenant and
-``public/default`` namespace. Idempotent: what exists is left as it is, so the Kubernetes Job
+``public/default`` namespace, in the configuration store (``--configuration-metadata-store``;
+by default the metadata store itself). Idempotent: what exists is left as it is, so the Kubernetes Job
 that runs it may run again (each broker also ensures the same at start).
 
 The cluster's name is the brokers' ``cluster_name`` setting; the cluster's instance id is
@@ -24,6 +25,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"metadata store URL [default: $MAGNETAR_METADATA_URL or {DEFAULT_METADATA_URL}]",
     )
     parser.add_argument(
+        "--configuration-metadata-store",
+        default=None,
+        help="the configuration store shared by replicating clusters, where tenants and "
+        "namespaces live (Pulsar's option) [default: $MAGNETAR_CONFIGURATION_METADATA_URL or "
+        "the metadata store]",
+    )
+    parser.add_argument(
         "--cluster",
         default=None,
         help="the cluster's name, checked only for shape [default: $MAGNETAR_CLUSTER_NAME]",
@@ -39,6 +47,11 @@ async def run(args: argparse.Namespace) -> int:
     if "/" in cluster:
         print(f"initialize-cluster-metadata: bad cluster name {cluster!r}", file=sys.stderr)
         return 2
+    url = (
+        args.configuration_metadata_store
+        or os.environ.get("MAGNETAR_CONFIGURATION_METADATA_URL")
+        or url
+    )
     try:
         store = await open_store(url, tls=ShellTls.from_environ().etcd_tls())
     except Exception as e:
@@ -48,5 +61,5 @@ async def run(args: argparse.Namespace) -> int:
         await ensure_default_namespace(store)
     finally:
         await store.close()
-    print(f"cluster {cluster}: metadata at {url} initialised (public/default present)")
+    print(f"cluster {cluster}: configuration at {url} initialised (public/default present)")
     return 0

@@ -31,7 +31,13 @@ from magnetar.broker.model.topic_name import TopicName
 from magnetar.broker.namespace.authorization import AuthorizationService
 from magnetar.broker.namespace.clusters import ClusterData, read_cluster
 from magnetar.broker.namespace.policies import Policies
-from magnetar.broker.namespace.records import ensure_default_namespace
+from magnetar.broker.namespace.records import (
+    NAMESPACES_PATH,
+    PARTITIONED_PATH,
+    TENANTS_PATH,
+    ensure_default_namespace,
+    move_to_configuration_store,
+)
 from magnetar.broker.protocol.authentication import check_expiry
 from magnetar.broker.protocol.connection import ServerConnection
 from magnetar.broker.topics.replicator import ReplicationContext
@@ -64,8 +70,9 @@ class Broker:
         self.local_bookies = dict(local_bookies or {})
         #: Whether the metadata store was opened here (and so is reopened on a lost session).
         self.owns_store = store is None
-        #: The store shared by replicating clusters (``configuration_metadata_url``); None: local.
-        self.configuration_store: MetadataStore | None = None
+        #: The store shared by replicating clusters (``configuration_metadata_url``) when it is
+        #: not the local one (``configuration_store`` is the one to use).
+        self.shared_configuration_store: MetadataStore | None = None
         self.ledger_client: LedgerClient | None = None
         self.connections: set[ServerConnection] = set()
         self.metrics = BrokerMetrics()
@@ -105,6 +112,15 @@ class Broker:
         return self._authorization
 
     @property
+    def configuration_store(self) -> MetadataStore:
+        """Where clusters, tenants, namespaces and partitioned topics live (Pulsar's
+        configuration metadata store): the shared store ``configuration_metadata_url`` names,
+        else the local metadata store (``namespace/records.py`` says what lives where)."""
+        store = self.shared_configuration_store or self.store
+        assert store is not None, "the metadata store is not open"
+        return store
+
+    @property
     def service_url(self) -> str:
         return f"pulsar://{self.config.advertised_address}:{self.port}"
 
@@ -117,8 +133,8 @@ class Broker:
         self.ledger_client = LedgerClient(self.store, tls=self.config.bookkeeper_tls())
         for address, client in self.local_bookies.items():
             self.ledger_client.add_local_bookie(address, client)
-        await ensure_default_namespace(self.store)
-        self._authorization = AuthorizationService(self.store, self.config)
+        await ensure_default_namespace(self.configuration_store)
+        self._authorization = AuthorizationService(self.configuration_store, self.config)
         if self.config.broker_service_port_tls >= 0 or self.config.web_service_port_tls >= 0:
             self.server_tls = ServerTls(
                 self.config.tls_certificate_file_path,
@@ -210,8 +226,8 @@ class Broker:
             await self.ledger_client.close()
         if self.owns_store and self.store is not None:
             await self.store.close()
-        if self.configuration_store is not None:
-            await self.configuration_store.close()
+        if self.shared_configuration_store is not None:
+            await self.shared_configuration_store.close()
         log.info("broker stopped")
 
     async def _unload_owned(self) -> None:
@@ -253,17 +269,26 @@ class Broker:
                 check_expiry(connection)
 
     async def _start_replication(self) -> None:
-        """Geo-replication: the configuration store (registered clusters; the local store
-        unless ``configuration_metadata_url`` names a shared one) and what replicators share."""
-        if self.config.configuration_metadata_url and self.configuration_store is None:
-            self.configuration_store = await open_store(
-                self.config.configuration_metadata_url, tls=self.config.etcd_tls()
-            )
+        """Geo-replication: the configuration store (the local store unless
+        ``configuration_metadata_url`` names another one) and what replicators share."""
+        url = self.config.configuration_metadata_url
+        if url and url != self.config.metadata_url and self.shared_configuration_store is None:
+            self.shared_configuration_store = await open_store(url, tls=self.config.etcd_tls())
+            assert self.store is not None
+            moved = await move_to_configuration_store(self.store, self.shared_configuration_store)
+            if any(moved.values()):
+                log.info(
+                    "moved %d tenant, %d namespace and %d partitioned-topic records from the "
+                    "local metadata store (%s) to the configuration store (%s)",
+                    moved[TENANTS_PATH],
+                    moved[NAMESPACES_PATH],
+                    moved[PARTITIONED_PATH],
+                    self.config.metadata_url,
+                    url,
+                )
 
         async def find_cluster(name: str) -> ClusterData | None:
-            store = self.configuration_store or self.store
-            assert store is not None
-            return await read_cluster(store, name)
+            return await read_cluster(self.configuration_store, name)
 
         credentials = self.client_credentials
         trust = self.config.broker_client_trust_certs_file_path
@@ -321,7 +346,7 @@ class Broker:
             self.config.metadata_url, **self._store_options(), tls=self.config.etcd_tls()
         )
         if self._authorization is not None:
-            self._authorization.store = self.store
+            self._authorization.store = self.configuration_store
         if self.ledger_client is not None:
             await self.ledger_client.close()
         self.ledger_client = LedgerClient(self.store, tls=self.config.bookkeeper_tls())

@@ -158,8 +158,9 @@ class BrokerConfig(TopicSettings):
     configuration_metadata_url: str = setting(
         "",
         "configuration store URL shared by the clusters that replicate to each other (Pulsar's "
-        "configurationMetadataStoreUrl): the registered clusters live there (empty: the local "
-        "metadata store)",
+        "configurationMetadataStoreUrl): clusters, tenants, namespaces and partitioned-topic "
+        "metadata live there (empty or equal to metadata_url: the local metadata store; such "
+        "records found in the local store are moved there at start)",
     )
     replicator_batch_size: int = setting(
         100, "entries a geo-replicator reads and sends before waiting for their receipts"

@@ -2,7 +2,12 @@
 its own etcd, two bookies and a broker, sharing a configuration etcd where the clusters are
 registered; the namespace is replicated in a full mesh.
 
-- clusters registered once are seen from both clusters (the shared configuration store);
+- docs/geo-replication.md's commands set everything up: clusters registered, the tenant and
+  the namespace made once (they live in the shared configuration store, not in the clusters'
+  own etcds) and replicated through another cluster's admin;
+- clusters registered once are seen from every cluster;
+- a replication list set through one cluster's admin reaches another cluster's loaded topics
+  through the brokers' watch on the configuration store (policy rounds are 600 s apart);
 - a replication list naming a cluster the tenant does not allow is refused (403);
 - a namespace replicated both ways with the official client producing on two sides and
   consuming on all three: exact counts, no duplicates, nothing replicated back or around (no
@@ -17,7 +22,10 @@ registered; the namespace is replicated in a full mesh.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
+import shlex
 import subprocess
 import sys
 import time
@@ -27,6 +35,7 @@ from pathlib import Path
 import pulsar
 import pytest
 
+from magnetar.common.metadata import open_store
 from tests.support.cluster import BrokerProcess, MagnetarCluster
 from tests.support.etcd import EtcdServer
 from tests.support.standalone import QUIET
@@ -36,16 +45,55 @@ NAMESPACE = f"{TENANT}/rep"
 CLUSTERS = ("east", "west", "north")
 
 
+DOC = Path(__file__).resolve().parents[2] / "docs" / "geo-replication.md"
+
+
+def doc_examples() -> list[str]:
+    """The lines of the doc's ``bash`` blocks, in order."""
+    blocks = re.findall(r"```bash\n(.*?)```", DOC.read_text(), flags=re.S)
+    return [line.strip() for block in blocks for line in block.splitlines() if line.strip()]
+
+
+def run_doc_line(line: str, clusters: dict[str, MagnetarCluster]) -> str:
+    """One ``magnetar`` line of the doc, with ``<cluster>-broker`` put in for each broker."""
+    for name, cluster in clusters.items():
+        broker = cluster.brokers[0]
+        line = line.replace(f"{name}-broker:8080", f"127.0.0.1:{broker.http_port}")
+        line = line.replace(f"{name}-broker:6650", f"127.0.0.1:{broker.port}")
+    argv = shlex.split(line)
+    assert argv[0] == "magnetar", line
+    done = subprocess.run(
+        [sys.executable, "-m", "magnetar.cli", *argv[1:]],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, (line, done.stdout, done.stderr)
+    return done.stdout
+
+
 class Geo:
     def __init__(self, config: EtcdServer, clusters: dict[str, MagnetarCluster]) -> None:
         self.config = config
         self.clusters = clusters
+        #: What each line of docs/geo-replication.md printed when the fixture ran it.
+        self.doc_outputs: dict[str, str] = {}
 
     def broker(self, name: str) -> BrokerProcess:
         return self.clusters[name].brokers[0]
 
     def client(self, name: str) -> pulsar.Client:
         return pulsar.Client(self.broker(name).url, operation_timeout_seconds=30, logger=QUIET)
+
+    def config_keys(self, prefix: str) -> dict[str, bytes]:
+        """What the configuration etcd holds under ``prefix``."""
+
+        async def read() -> dict[str, bytes]:
+            store = await open_store(self.config.url)
+            try:
+                return {k: v.value for k, v in (await store.scan(prefix)).items()}
+            finally:
+                await store.close()
+
+        return asyncio.run(read())
 
     def stats(self, name: str, topic: str) -> dict:
         return self.clusters[name].admin_json("GET", f"/admin/v2/persistent/{topic}/stats")
@@ -65,25 +113,16 @@ def geo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Geo]:
                 broker_settings={
                     "cluster_name": name,
                     "configuration_metadata_url": config.url,
-                    "policy_check_interval_seconds": 1,
+                    # A policy set through one cluster reaches the others' brokers through
+                    # their watch on the configuration store, not by a periodic round.
+                    "policy_check_interval_seconds": 600,
                 },
             ).start()
         geo = Geo(config, clusters)
-        first = clusters["east"].brokers[0]
-        for name, cluster in clusters.items():
-            broker = cluster.brokers[0]
-            admin(
-                first,
-                "clusters", "create", name,
-                "--url", f"http://127.0.0.1:{broker.http_port}",
-                "--broker-url", broker.url,
-            )  # fmt: skip
-        for cluster in clusters.values():
-            broker = cluster.brokers[0]
-            admin(broker, "tenants", "create", TENANT, "--allowed-clusters", ",".join(CLUSTERS))
-            admin(broker, "namespaces", "create", NAMESPACE)
-            cluster.admin_json("POST", f"/admin/v2/namespaces/{NAMESPACE}/deduplication", True)
-            admin(broker, "namespaces", "set-clusters", NAMESPACE, "--clusters", ",".join(CLUSTERS))
+        # The clusters registered, the tenant and the namespace made once (they live in the
+        # configuration store) and replicated: by running docs/geo-replication.md's commands.
+        for line in doc_examples():
+            geo.doc_outputs[line] = run_doc_line(line, clusters)
         yield geo
     finally:
         for cluster in clusters.values():
@@ -145,6 +184,59 @@ def test_clusters_are_shared_and_replication_lists_are_checked(geo: Geo) -> None
     status, body = east.admin("POST", "/admin/v2/namespaces/narrow/ns/replication", CLUSTERS)
     assert status == 403, body
     assert east.admin_json("GET", "/admin/v2/namespaces/narrow/ns/replication") == []
+
+
+def test_tenants_and_namespaces_live_in_the_configuration_store(geo: Geo) -> None:
+    outputs = geo.doc_outputs
+    [get_clusters] = [line for line in outputs if "get-clusters" in line]
+    assert outputs[get_clusters].split() == ["east", "west", "north"], outputs[get_clusters]
+    [consume] = [line for line in outputs if " consume " in line]
+    assert [p for p in ("o1", "o2", "o3") if p in outputs[consume]] == ["o1", "o2", "o3"], outputs[
+        consume
+    ]
+    for cluster in geo.clusters.values():
+        # Made once through east, visible and usable everywhere; stored only in the shared
+        # store (each cluster's own etcd keeps its bundles and ledgers).
+        assert cluster.admin_json("GET", f"/admin/v2/namespaces/{TENANT}") == [NAMESPACE]
+        assert cluster.admin_json("GET", f"/admin/v2/tenants/{TENANT}")["allowedClusters"] == list(
+            CLUSTERS
+        )
+        assert cluster.scan("/magnetar/admin/namespaces/") == {}
+        assert cluster.scan("/magnetar/admin/tenants/") == {}
+    shared = geo.config_keys("/magnetar/admin/namespaces/")
+    assert f"/magnetar/admin/namespaces/{NAMESPACE}" in shared
+    # Through west's admin, set on the one record.
+    assert json.loads(shared[f"/magnetar/admin/namespaces/{NAMESPACE}"])["deduplicationEnabled"]
+
+
+def test_a_policy_set_through_one_cluster_applies_in_another(geo: Geo) -> None:
+    topic = f"persistent://{NAMESPACE}/policy-watch"
+    short = topic.removeprefix("persistent://")
+    east = geo.client("east")
+    try:
+        east.create_producer(topic).send(b"x")
+        wait_until(
+            lambda: set(geo.stats("east", short)["replication"]) == {"west", "north"},
+            "east's replicators",
+        )
+        # The brokers' policy rounds are 600 s apart: only the watch can bring this to east.
+        admin(
+            geo.broker("north"), "namespaces", "set-clusters", NAMESPACE, "--clusters", "east,west"
+        )
+        wait_until(
+            lambda: set(geo.stats("east", short)["replication"]) == {"west"},
+            "east's topic following the list set through north",
+        )
+        admin(
+            geo.broker("west"), "namespaces", "set-clusters", NAMESPACE,
+            "--clusters", ",".join(CLUSTERS),
+        )  # fmt: skip
+        wait_until(
+            lambda: set(geo.stats("east", short)["replication"]) == {"west", "north"},
+            "east's topic following the list set through west",
+        )
+    finally:
+        east.close()
 
 
 def test_both_ways_exactly_once_and_no_loops(geo: Geo) -> None:

@@ -103,14 +103,13 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
                 "--url", f"http://127.0.0.1:{broker.http_port}", "--broker-url", broker.url,
                 "--broker-url-secure", f"pulsar+ssl://localhost:{tls_ports[name]}",
             )  # fmt: skip
-        for name in CLUSTERS:
-            node.admin(
-                name, "tenants", "create", "geo-auth", "--allowed-clusters", ",".join(CLUSTERS)
-            )
-            node.admin(name, "namespaces", "create", NAMESPACE)
-            node.admin(
-                name, "namespaces", "set-clusters", NAMESPACE, "--clusters", ",".join(CLUSTERS)
-            )
+        # Tenants and namespaces live in the shared configuration store: made once.
+        first, second = CLUSTERS[0], CLUSTERS[1]
+        node.admin(first, "tenants", "create", "geo-auth", "--allowed-clusters", ",".join(CLUSTERS))
+        node.admin(first, "namespaces", "create", NAMESPACE)
+        node.admin(
+            second, "namespaces", "set-clusters", NAMESPACE, "--clusters", ",".join(CLUSTERS)
+        )
         yield node
     finally:
         for cluster in clusters.values():

@@ -44,7 +44,7 @@ def add_cluster_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None:
         return f"{info_http_url}{request.path_qs}"
 
     def configuration_store() -> MetadataStore:
-        store = getattr(broker, "configuration_store", None) or broker.store
+        store = broker.configuration_store
         assert store is not None
         return store
 

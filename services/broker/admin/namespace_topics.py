@@ -143,7 +143,7 @@ def add_namespace_topic_routes(routes: web.RouteTableDef, broker: AdminBroker) -
         partitioned = [
             name
             for domain in ("persistent", "non-persistent")
-            for name in await partitioned_topics(broker.store, tenant, local, domain)
+            for name in await partitioned_topics(broker.configuration_store, tenant, local, domain)
         ]
         plain = [
             name
@@ -169,7 +169,7 @@ def add_namespace_topic_routes(routes: web.RouteTableDef, broker: AdminBroker) -
             except NoSuchKeyError:
                 pass
         try:
-            await broker.store.delete(f"{NAMESPACES_PATH}/{namespace}")
+            await broker.configuration_store.delete(f"{NAMESPACES_PATH}/{namespace}")
         except NoSuchKeyError:
             raise AdminError(404, f"Namespace does not exist: {namespace}") from None
         broker.policies_changed()

@@ -103,7 +103,7 @@ def add_namespace_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None
     async def list_tenants(request: web.Request) -> web.Response:
         assert broker.store is not None
         await require_superuser(request, broker)
-        return web.json_response(await broker.store.children(TENANTS_PATH))
+        return web.json_response(await broker.configuration_store.children(TENANTS_PATH))
 
     @routes.put("/admin/v2/tenants/{tenant}")
     async def create_tenant(request: web.Request) -> web.Response:
@@ -112,7 +112,7 @@ def add_namespace_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None
         await require_superuser(request, broker)
         record = await _tenant_body(request)
         try:
-            await broker.store.put(f"{TENANTS_PATH}/{tenant}", record, NOT_EXISTS)
+            await broker.configuration_store.put(f"{TENANTS_PATH}/{tenant}", record, NOT_EXISTS)
         except BadVersionError:
             raise AdminError(409, "Tenant already exists") from None
         _tenant_changed(broker, tenant)
@@ -122,7 +122,7 @@ def add_namespace_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None
     async def get_tenant(request: web.Request) -> web.Response:
         assert broker.store is not None
         await require_superuser(request, broker)
-        found = await broker.store.get(f"{TENANTS_PATH}/{requests.tenant(request)}")
+        found = await broker.configuration_store.get(f"{TENANTS_PATH}/{requests.tenant(request)}")
         if found is None:
             raise AdminError(404, "Tenant does not exist")
         return web.json_response(TenantInfo.from_bytes(found.value).to_json())
@@ -134,11 +134,11 @@ def add_namespace_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None
         await require_superuser(request, broker)
         record = await _tenant_body(request)
         key = f"{TENANTS_PATH}/{tenant}"
-        found = await broker.store.get(key)
+        found = await broker.configuration_store.get(key)
         if found is None:
             raise AdminError(404, "Tenant does not exist")
         try:
-            await broker.store.put(key, record, found.version)
+            await broker.configuration_store.put(key, record, found.version)
         except BadVersionError:  # deleted or rewritten meanwhile: the caller decides again
             raise AdminError(409, "Concurrent modification") from None
         _tenant_changed(broker, tenant)
@@ -150,13 +150,13 @@ def add_namespace_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None
         tenant = requests.tenant(request)
         await require_superuser(request, broker)
         key = f"{TENANTS_PATH}/{tenant}"
-        found = await broker.store.get(key)
+        found = await broker.configuration_store.get(key)
         if found is None:
             raise AdminError(404, "Tenant does not exist")
-        if await broker.store.children(f"{NAMESPACES_PATH}/{tenant}"):
+        if await broker.configuration_store.children(f"{NAMESPACES_PATH}/{tenant}"):
             raise AdminError(409, "The tenant still has active namespaces")
         try:
-            await broker.store.delete(key, found.version)
+            await broker.configuration_store.delete(key, found.version)
         except (BadVersionError, NoSuchKeyError):
             raise AdminError(409, "Concurrent modification") from None
         _tenant_changed(broker, tenant)
@@ -166,9 +166,9 @@ def add_namespace_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None
     async def list_namespaces(request: web.Request) -> web.Response:
         assert broker.store is not None
         tenant = requests.tenant(request)
-        if await broker.store.get(f"{TENANTS_PATH}/{tenant}") is None:
+        if await broker.configuration_store.get(f"{TENANTS_PATH}/{tenant}") is None:
             raise AdminError(404, f"Tenant does not exist: {tenant}")
-        names = await broker.store.children(f"{NAMESPACES_PATH}/{tenant}")
+        names = await broker.configuration_store.children(f"{NAMESPACES_PATH}/{tenant}")
         return web.json_response([f"{tenant}/{n}" for n in names])
 
     @routes.put("/admin/v2/namespaces/{tenant}/{namespace}")
@@ -176,11 +176,13 @@ def add_namespace_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None
         assert broker.store is not None
         namespace = requests.namespace(request)
         tenant = request.match_info["tenant"]
-        if await broker.store.get(f"{TENANTS_PATH}/{tenant}") is None:
+        if await broker.configuration_store.get(f"{TENANTS_PATH}/{tenant}") is None:
             raise AdminError(404, f"Tenant does not exist: {tenant}")
         count = await _bundle_count_body(request)
         try:
-            await broker.store.put(f"{NAMESPACES_PATH}/{namespace}", b"{}", NOT_EXISTS)
+            await broker.configuration_store.put(
+                f"{NAMESPACES_PATH}/{namespace}", b"{}", NOT_EXISTS
+            )
         except BadVersionError:
             raise AdminError(409, "Namespace already exists") from None
         if count is not None:  # Pulsar's policies body: {"bundles": {"numBundles": n}}
@@ -347,7 +349,7 @@ def _policy_field(request: web.Request) -> tuple[str, Callable[[Any, TopicSettin
 async def _policy_document(broker: AdminBroker, request: web.Request) -> dict[str, Any]:
     assert broker.store is not None
     namespace = requests.namespace(request)
-    found = await broker.store.get(f"{NAMESPACES_PATH}/{namespace}")
+    found = await broker.configuration_store.get(f"{NAMESPACES_PATH}/{namespace}")
     if found is None:
         raise AdminError(404, f"Namespace does not exist: {namespace}")
     return parse_document(found.value)
@@ -357,7 +359,7 @@ async def _update_policies(broker: AdminBroker, key: str, field: str, value: Any
     """Set (or remove, for None) one field of a namespace's policy document, by CAS."""
     assert broker.store is not None
     while True:
-        found = await broker.store.get(key)
+        found = await broker.configuration_store.get(key)
         if found is None:
             raise AdminError(
                 404, f"Namespace does not exist: {key.removeprefix(NAMESPACES_PATH + '/')}"
@@ -368,7 +370,7 @@ async def _update_policies(broker: AdminBroker, key: str, field: str, value: Any
         else:
             document[field] = value
         try:
-            await broker.store.put(key, json.dumps(document).encode(), found.version)
+            await broker.configuration_store.put(key, json.dumps(document).encode(), found.version)
             return
         except BadVersionError:
             continue  # changed meanwhile: apply to the new version

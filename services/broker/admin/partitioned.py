@@ -76,7 +76,7 @@ def add_partitioned_routes(routes: web.RouteTableDef, broker: AdminBroker) -> No
 
     @routes.get(base + "/{topic}/partitions")
     async def get_partitions(request: web.Request) -> web.Response:
-        record = await read_partitioned(broker.store, requests.topic(request))
+        record = await read_partitioned(broker.configuration_store, requests.topic(request))
         if record is None:
             return web.json_response({"partitions": 0})
         answer: dict[str, Any] = {"partitions": record.partitions}
@@ -108,7 +108,7 @@ def add_partitioned_routes(routes: web.RouteTableDef, broker: AdminBroker) -> No
         name = requests.topic(request)
         await requests.require_namespace(broker, name.namespace_name)
         assert broker.store is not None
-        record = await read_partitioned(broker.store, name)
+        record = await read_partitioned(broker.configuration_store, name)
         if record is None or record.deleted:
             raise AdminError(404, f"Partitioned Topic not found: {name}")
         if name.persistent:
@@ -120,7 +120,9 @@ def add_partitioned_routes(routes: web.RouteTableDef, broker: AdminBroker) -> No
         m = request.match_info
         await requests.require_namespace(broker, requests.namespace(request))
         return web.json_response(
-            await partitioned_topics(broker.store, m["tenant"], m["namespace"], m["domain"])
+            await partitioned_topics(
+                broker.configuration_store, m["tenant"], m["namespace"], m["domain"]
+            )
         )
 
 
@@ -146,11 +148,11 @@ async def create_partitioned_topic(broker: AdminBroker, name: TopicName, partiti
     if await requests.stored_or_loaded(broker, name):
         raise AdminError(409, f"This topic already exists: {name} is a non-partitioned topic")
     try:
-        await broker.store.put(
+        await broker.configuration_store.put(
             partitioned_key(name), PartitionedTopicRecord(partitions).to_bytes(), NOT_EXISTS
         )
     except BadVersionError:
-        existing = await read_partitioned(broker.store, name)
+        existing = await read_partitioned(broker.configuration_store, name)
         if existing is not None and existing.deleted:
             raise AdminError(
                 409,
@@ -195,7 +197,7 @@ async def update_partitioned_topic(broker: AdminBroker, name: TopicName, partiti
     """Grow a partitioned topic (Pulsar never shrinks one: 422 otherwise), by CAS."""
     assert broker.store is not None
     while True:
-        found = await broker.store.get(partitioned_key(name))
+        found = await broker.configuration_store.get(partitioned_key(name))
         if found is None:
             raise AdminError(404, f"Partitioned topic {name} does not exist")
         record = PartitionedTopicRecord.from_bytes(found.value, str(name))
@@ -211,7 +213,7 @@ async def update_partitioned_topic(broker: AdminBroker, name: TopicName, partiti
                 f"({current})",
             )
         try:
-            await broker.store.put(
+            await broker.configuration_store.put(
                 partitioned_key(name),
                 replace(record, partitions=partitions).to_bytes(),
                 found.version,
@@ -256,7 +258,7 @@ async def delete_partitioned_topic(broker: AdminBroker, name: TopicName, *, forc
     assert broker.store is not None
     key = partitioned_key(name)
     while True:
-        found = await broker.store.get(key)
+        found = await broker.configuration_store.get(key)
         if found is None:
             raise AdminError(404, f"Partitioned topic {name} does not exist")
         try:
@@ -271,7 +273,9 @@ async def delete_partitioned_topic(broker: AdminBroker, name: TopicName, *, forc
         if not force:
             await _refuse_if_busy(broker, name, partitions)
         try:
-            await broker.store.put(key, replace(record, deleted=True).to_bytes(), found.version)
+            await broker.configuration_store.put(
+                key, replace(record, deleted=True).to_bytes(), found.version
+            )
         except BadVersionError:
             continue  # grown or marked meanwhile: look again
         log.info(
@@ -289,7 +293,7 @@ async def delete_partitioned_topic(broker: AdminBroker, name: TopicName, *, forc
         for partition in await _partitions_to_delete(broker, name, 0):
             await _delete_partition(broker, http, name, partition, force)
     await delete_topic_policies(broker.store, name)
-    await broker.store.delete(key)
+    await broker.configuration_store.delete(key)
     log.info("partitioned topic %s deleted (%d partitions)", name, len(partitions))
 
 

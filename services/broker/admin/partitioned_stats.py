@@ -72,7 +72,7 @@ def add_up(partitions: list[dict[str, Any]]) -> dict[str, Any]:
 async def _record_count(broker: AdminBroker, name: TopicName) -> int:
     assert broker.store is not None
     try:
-        record = await read_partitioned(broker.store, name)
+        record = await read_partitioned(broker.configuration_store, name)
     except PartitionedMetadataError as e:
         raise AdminError(500, str(e)) from None
     if record is None or record.deleted:

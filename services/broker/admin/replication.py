@@ -31,7 +31,7 @@ def add_replication_routes(routes: web.RouteTableDef, broker: AdminBroker) -> No
     async def get_replication(request: web.Request) -> web.Response:
         assert broker.store is not None
         namespace = requests.namespace(request)
-        found = await broker.store.get(f"{NAMESPACES_PATH}/{namespace}")
+        found = await broker.configuration_store.get(f"{NAMESPACES_PATH}/{namespace}")
         if found is None:
             raise AdminError(404, f"Namespace does not exist: {namespace}")
         document = parse_document(found.value)
@@ -48,12 +48,12 @@ def add_replication_routes(routes: web.RouteTableDef, broker: AdminBroker) -> No
         if not isinstance(clusters, list) or not all(isinstance(c, str) for c in clusters):
             raise AdminError(412, 'expected a list of cluster names: ["a", "b"]')
         tenant = request.match_info["tenant"]
-        found = await broker.store.get(f"{TENANTS_PATH}/{tenant}")
+        found = await broker.configuration_store.get(f"{TENANTS_PATH}/{tenant}")
         if found is None:
             raise AdminError(404, f"Tenant does not exist: {tenant}")
         allowed = json.loads(found.value or b"{}").get("allowedClusters") or []
         local = broker.config.cluster_name
-        store = getattr(broker, "configuration_store", None) or broker.store
+        store = broker.configuration_store
         for cluster in clusters:
             if cluster not in allowed:
                 raise AdminError(

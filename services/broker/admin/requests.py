@@ -59,7 +59,7 @@ def topic(request: web.Request, domain: str | None = None) -> TopicName:
 
 async def require_namespace(broker: AdminBroker, namespace: str) -> None:
     assert broker.store is not None
-    if await broker.store.get(f"{NAMESPACES_PATH}/{namespace}") is None:
+    if await broker.configuration_store.get(f"{NAMESPACES_PATH}/{namespace}") is None:
         raise AdminError(404, f"Namespace does not exist: {namespace}")
 
 

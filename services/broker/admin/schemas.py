@@ -80,7 +80,7 @@ def add_schema_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None:
 
     def registry() -> SchemaRegistry:
         assert broker.store is not None
-        return SchemaRegistry(broker.store)
+        return SchemaRegistry(broker.store, broker.configuration_store)
 
     async def one(topic: TopicName, version: int | None) -> web.Response:
         try:

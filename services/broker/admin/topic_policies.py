@@ -79,7 +79,7 @@ async def _existing(broker: AdminBroker, request: web.Request) -> TopicName:
     name = requests.topic(request)
     await requests.require_namespace(broker, name.namespace_name)
     assert broker.store is not None
-    record = await read_partitioned(broker.store, name)
+    record = await read_partitioned(broker.configuration_store, name)
     if record is None or record.deleted:
         await requests.existing_topic(broker, name)
     return name

@@ -69,11 +69,11 @@ def add_topic_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None:
         name = requests.topic(request)
         await requests.require_namespace(broker, name.namespace_name)
         assert broker.store is not None
-        if await broker.store.get(partitioned_key(name)) is not None:
+        if await broker.configuration_store.get(partitioned_key(name)) is not None:
             raise AdminError(409, f"This topic already exists: {name} is a partitioned topic")
         if name.partition_index >= 0:
             parent = name.partitioned_topic_name
-            record = await read_partitioned(broker.store, parent)
+            record = await read_partitioned(broker.configuration_store, parent)
             if record is not None and record.deleted:
                 raise AdminError(409, f"Topic {name} cannot be created: {parent} is being deleted")
         if await requests.stored_or_loaded(broker, name):

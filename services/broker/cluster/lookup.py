@@ -47,6 +47,11 @@ class LookupContext(Protocol):
     def store(self) -> MetadataStore | None: ...
 
     @property
+    def configuration_store(self) -> MetadataStore:
+        """Where tenants, namespaces and partitioned topics live (``namespace/records.py``)."""
+        ...
+
+    @property
     def ownership(self) -> OwnershipStore | None: ...
 
     @property

@@ -86,7 +86,7 @@ async def _check_consumer_schema(
 ) -> None:
     assert conn.broker.store is not None
     try:
-        await SchemaRegistry(conn.broker.store).check_consumer(
+        await SchemaRegistry(conn.broker.store, conn.broker.configuration_store).check_consumer(
             name, SchemaData.from_wire(schema), _idle(topic)
         )
     except IncompatibleSchemaError as e:

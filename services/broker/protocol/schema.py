@@ -42,7 +42,9 @@ async def _answer_get_schema(conn: ServerConnection, body: pb.CommandGetSchema) 
     assert conn.broker.store is not None
     try:
         version = decode_version(body.schema_version) if body.HasField("schema_version") else None
-        found = await SchemaRegistry(conn.broker.store).get(name, version)
+        found = await SchemaRegistry(conn.broker.store, conn.broker.configuration_store).get(
+            name, version
+        )
     except Exception as e:  # the store failed, or a damaged record: an answer, not a timeout
         conn.refuse(body.request_id, name, e, errors.GET_SCHEMA, errors.SCHEMA_UNREADABLE, reply)
         return
@@ -71,9 +73,9 @@ async def _answer_get_or_create_schema(
         return
     assert conn.broker.store is not None
     try:
-        version = await SchemaRegistry(conn.broker.store).put_if_absent(
-            name, SchemaData.from_wire(body.schema)
-        )
+        version = await SchemaRegistry(
+            conn.broker.store, conn.broker.configuration_store
+        ).put_if_absent(name, SchemaData.from_wire(body.schema))
     except Exception as e:
         conn.refuse(body.request_id, name, e, errors.PUT_SCHEMA, errors.SCHEMA_UNREADABLE, reply)
         return
@@ -89,9 +91,9 @@ async def producer_schema_version(
         return None
     assert conn.broker.store is not None
     try:
-        version = await SchemaRegistry(conn.broker.store).put_if_absent(
-            name, SchemaData.from_wire(body.schema)
-        )
+        version = await SchemaRegistry(
+            conn.broker.store, conn.broker.configuration_store
+        ).put_if_absent(name, SchemaData.from_wire(body.schema))
     except Exception as e:
         if isinstance(e, IncompatibleSchemaError):
             log.info("topic %s: producer schema refused: %s", name, e)

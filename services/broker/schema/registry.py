@@ -214,10 +214,14 @@ def _check_new_version(
 
 
 class SchemaRegistry:
-    """Reads and updates the schema documents; stateless, so any broker may serve a call."""
+    """Reads and updates the schema documents; stateless, so any broker may serve a call.
+    Schemas are the cluster's own (``store``, the local metadata store, as Pulsar keeps them);
+    the namespace's strategy is read from ``configuration`` (where namespaces live; default:
+    ``store``)."""
 
-    def __init__(self, store: MetadataStore) -> None:
+    def __init__(self, store: MetadataStore, configuration: MetadataStore | None = None) -> None:
         self.store = store
+        self.configuration = configuration or store
 
     async def _load(self, topic: TopicName) -> tuple[list[StoredSchema], int]:
         found = await self.store.get(schema_key(topic))
@@ -245,7 +249,7 @@ class SchemaRegistry:
 
     async def strategy(self, topic: TopicName) -> str:
         """The namespace's schemaCompatibilityStrategy (UNDEFINED: none set, Pulsar's FULL)."""
-        found = await self.store.get(f"{NAMESPACES_PATH}/{topic.namespace_name}")
+        found = await self.configuration.get(f"{NAMESPACES_PATH}/{topic.namespace_name}")
         document = parse_document(found.value if found is not None else None)
         return str(document.get("schema_compatibility_strategy") or "UNDEFINED")
 

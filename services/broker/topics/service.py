@@ -32,6 +32,7 @@ from magnetar.broker.namespace.policies import (
     check_partition_count,
 )
 from magnetar.broker.namespace.records import (
+    NAMESPACES_PATH,
     namespace_document,
     namespace_policies,
     partitioned_key,
@@ -71,6 +72,11 @@ class TopicsHost(Protocol):
     def store(self) -> MetadataStore | None: ...
 
     @property
+    def configuration_store(self) -> MetadataStore:
+        """Where namespaces and partitioned topics live (``namespace/records.py``)."""
+        ...
+
+    @property
     def ledger_client(self) -> LedgerClient | None: ...
 
     async def check_owner(self, name: TopicName) -> None:
@@ -92,6 +98,7 @@ class TopicService:
         #: set when that delete is over.
         self._deleting: dict[str, asyncio.Event] = {}
         self._policy_task: asyncio.Task[None] | None = None
+        self._watch_task: asyncio.Task[None] | None = None
         self._policy_wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -101,15 +108,20 @@ class TopicService:
         assert store is not None
         return store
 
+    @property
+    def _configuration(self) -> MetadataStore:
+        return self._host.configuration_store
+
     def start(self) -> None:
-        self._policy_task = asyncio.get_running_loop().create_task(
-            self._policy_loop(), name="namespace-policies"
-        )
+        loop = asyncio.get_running_loop()
+        self._policy_task = loop.create_task(self._policy_loop(), name="namespace-policies")
+        self._watch_task = loop.create_task(self._watch_namespaces(), name="namespace-watch")
 
     async def stop_policies(self) -> None:
-        if self._policy_task is not None:
-            self._policy_task.cancel()
-            await asyncio.gather(self._policy_task, return_exceptions=True)
+        for task in (self._policy_task, self._watch_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
     async def close(self) -> None:
         """Close every loaded topic (the broker is stopping)."""
@@ -155,7 +167,7 @@ class TopicService:
         await self._host.check_owner(name)
         ledger_client, store = self._host.ledger_client, self._host.store
         assert ledger_client is not None and store is not None
-        policies = await topic_policies(self._store, name, self._host.config)
+        policies = await topic_policies(self._configuration, self._store, name, self._host.config)
         if auto and not policies.auto_topic_creation.allow and not await self.topic_exists(name):
             raise TopicNotFoundError(
                 f"topic {name} does not exist and namespace {name.namespace_name} does not allow "
@@ -211,7 +223,7 @@ class TopicService:
         which lets a client auto-create a non-partitioned ``t-partition-i`` once ``t`` is gone.
         """
         parent = name.partitioned_topic_name
-        record = await read_partitioned(self._host.store, parent)  # type: ignore[arg-type]
+        record = await read_partitioned(self._configuration, parent)
         if record is not None and record.deleted:
             raise TopicNotFoundError(
                 f"topic {name}: partitioned topic {parent} is being deleted (a delete that was "
@@ -241,7 +253,7 @@ class TopicService:
         index = name.partition_index
         if index < 0:
             return False
-        record = await read_partitioned(store, name.partitioned_topic_name)
+        record = await read_partitioned(self._configuration, name.partitioned_topic_name)
         # A partition not stored yet of a topic being deleted is not created again.
         return record is not None and not record.deleted and index < record.partitions
 
@@ -355,11 +367,27 @@ class TopicService:
 
     async def namespace_policies(self, namespace: str) -> Policies:
         """The policies in force for ``namespace`` (its own over the broker's defaults)."""
-        return await namespace_policies(self._store, namespace, self._host.config)
+        return await namespace_policies(self._configuration, namespace, self._host.config)
 
     def policies_changed(self) -> None:
         """A namespace policy was set: apply it to the loaded topics now."""
         self._policy_wake.set()
+
+    async def _watch_namespaces(self) -> None:
+        """Apply a namespace's new policies as soon as its record changes in the configuration
+        store, whichever broker of whichever cluster wrote it (as Pulsar's brokers watch the
+        configuration store); ``policy_check_interval_seconds`` rounds catch anything missed
+        while the watch is re-established (a lost session, the store unreachable)."""
+        while True:
+            try:
+                watch = self._configuration.watch(NAMESPACES_PATH + "/", prefix=True)
+                async for _event in watch:
+                    self._policy_wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.info("namespace policies watch ended (%s); watching again", e)
+            await asyncio.sleep(1.0)
 
     async def _policy_loop(self) -> None:
         while True:
@@ -381,7 +409,7 @@ class TopicService:
             if namespace not in found:
                 try:
                     found[namespace] = (
-                        await namespace_document(self._store, namespace),
+                        await namespace_document(self._configuration, namespace),
                         await topic_documents(self._store, namespace),
                     )
                 except Exception as e:  # a deleted namespace, a store hiccup: next round
@@ -442,10 +470,13 @@ class TopicService:
                 names.add(key)
         limit = self._host.config.max_num_partitions_per_partitioned_topic
         for domain in domains:
-            for partitioned in await partitioned_topics(store, tenant, local_namespace, domain):
+            configuration = self._configuration
+            for partitioned in await partitioned_topics(
+                configuration, tenant, local_namespace, domain
+            ):
                 name = TopicName.parse(partitioned)
                 try:
-                    record = await read_partitioned(store, name)
+                    record = await read_partitioned(configuration, name)
                 except PartitionedMetadataError as e:
                     log.warning("listing %s: %s", namespace, e)
                     continue
@@ -474,7 +505,7 @@ class TopicService:
         record, or the setting lowered since) raises ``PartitionCountError``: the client gets an
         error naming the setting rather than a count it would open that many producers for."""
         limit = self._host.config.max_num_partitions_per_partitioned_topic
-        record = await read_partitioned(self._host.store, name)  # type: ignore[arg-type]
+        record = await read_partitioned(self._configuration, name)
         if record is not None and record.deleted:
             raise TopicNotFoundError(
                 f"partitioned topic {name} is being deleted (a delete that was interrupted is "
@@ -496,7 +527,7 @@ class TopicService:
             check_partition_count(auto.default_partitions, limit)
             document = PartitionedTopicRecord(auto.default_partitions).to_bytes()
             try:
-                await self._store.put(partitioned_key(name), document, NOT_EXISTS)
+                await self._configuration.put(partitioned_key(name), document, NOT_EXISTS)
                 log.info("partitioned topic %s auto-created (%d)", name, auto.default_partitions)
             except BadVersionError:
                 pass  # created meanwhile

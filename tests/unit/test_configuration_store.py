@@ -1,0 +1,70 @@
+"""Tenants, namespaces and partitioned topics move from a cluster's local metadata store to the
+configuration store when an operator adds one (``records.move_to_configuration_store``), on two
+real SQLite stores: what the configuration store has wins, the local copies go, running it again
+moves nothing, and one store under two URLs is left as it is."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from magnetar.broker.namespace.records import (
+    NAMESPACES_PATH,
+    PARTITIONED_PATH,
+    TENANTS_PATH,
+    TOPIC_POLICIES_PATH,
+    move_to_configuration_store,
+)
+from magnetar.common.metadata import MetadataStore, open_store
+
+
+@pytest.fixture
+async def stores(tmp_path: Path) -> AsyncIterator[tuple[MetadataStore, MetadataStore]]:
+    local = await open_store(f"local://{tmp_path}/local/meta.db")
+    configuration = await open_store(f"local://{tmp_path}/configuration/meta.db")
+    yield local, configuration
+    await local.close()
+    await configuration.close()
+
+
+async def test_local_records_move_and_the_configuration_store_wins(
+    stores: tuple[MetadataStore, MetadataStore],
+) -> None:
+    local, configuration = stores
+    await local.put(f"{TENANTS_PATH}/acme", json.dumps({"allowedClusters": ["east"]}).encode())
+    await local.put(f"{NAMESPACES_PATH}/acme/orders", b'{"message_ttl_in_seconds": 60}')
+    await local.put(f"{NAMESPACES_PATH}/public/default", b"{}")
+    await local.put(f"{PARTITIONED_PATH}/acme/orders/persistent/t", b'{"partitions": 3}')
+    topic_policy = f"{TOPIC_POLICIES_PATH}/acme/orders/persistent/t"
+    await local.put(topic_policy, b'{"message_ttl_in_seconds": 5}')
+    # Another cluster made public/default first, with a policy: its record stays.
+    await configuration.put(f"{NAMESPACES_PATH}/public/default", b'{"deduplication": true}')
+
+    moved = await move_to_configuration_store(local, configuration)
+
+    assert moved == {TENANTS_PATH: 1, NAMESPACES_PATH: 1, PARTITIONED_PATH: 1}
+    on_configuration = {k: v.value for k, v in (await configuration.scan("/magnetar/")).items()}
+    assert on_configuration == {
+        f"{TENANTS_PATH}/acme": b'{"allowedClusters": ["east"]}',
+        f"{NAMESPACES_PATH}/acme/orders": b'{"message_ttl_in_seconds": 60}',
+        f"{NAMESPACES_PATH}/public/default": b'{"deduplication": true}',
+        f"{PARTITIONED_PATH}/acme/orders/persistent/t": b'{"partitions": 3}',
+    }
+    # The local copies are gone (nothing can bring a deleted namespace back from them);
+    # topic-level policies are the cluster's own and stay local.
+    assert list(await local.scan("/magnetar/")) == [topic_policy]
+    assert await move_to_configuration_store(local, configuration) == dict.fromkeys(moved, 0)
+
+
+async def test_one_store_under_two_names_is_left_alone(tmp_path: Path) -> None:
+    store = await open_store(f"local://{tmp_path}/meta.db")
+    try:
+        await store.put(f"{NAMESPACES_PATH}/acme/orders", b"{}")
+        moved = await move_to_configuration_store(store, store)
+        assert moved == {TENANTS_PATH: 0, NAMESPACES_PATH: 0, PARTITIONED_PATH: 0}
+        assert list(await store.scan("/magnetar/")) == [f"{NAMESPACES_PATH}/acme/orders"]
+    finally:
+        await store.close()
