@@ -34,6 +34,7 @@ __all__ = [
     "managed_ledger_name",
     "parse_ledger_list",
     "read_ledger_list",
+    "referenced_ledger_ids",
 ]
 
 
@@ -114,6 +115,22 @@ class ManagedLedgerRecord:
             dict(doc.get("properties", {})),
             None if terminated is None else (int(terminated[0]), int(terminated[1])),
         )
+
+
+#: Properties naming a topic's compacted ledgers (the broker's compactor writes them): the
+#: recorded one, and one a run created and has not recorded yet (the next run deletes it).
+COMPACTED_LEDGER_PROPERTIES = ("CompactedTopicLedger", "CompactionPendingLedger")
+
+
+def referenced_ledger_ids(data: bytes) -> set[int]:
+    """Every ledger a stored record refers to: its list and its compacted ledgers."""
+    ids = {info.ledger_id for info in parse_ledger_list(data)}
+    try:
+        properties = json.loads(data).get("properties") or {}
+        ids.update(int(properties[k]) for k in COMPACTED_LEDGER_PROPERTIES if k in properties)
+    except (ValueError, TypeError, AttributeError) as e:
+        raise LedgerListError(f"not a managed ledger record: {e}") from None
+    return ids
 
 
 def parse_ledger_list(data: bytes) -> tuple[LedgerInfo, ...]:

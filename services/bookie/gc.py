@@ -59,7 +59,7 @@ from magnetar.bookie.ledger_storage import GcResult, LedgerStorage, StorageError
 from magnetar.bookie.metrics import BookieMetrics
 from magnetar.common.ledger.identity import read_instance_id
 from magnetar.common.ledger.managed_ledger_keys import managed_ledger_key
-from magnetar.common.ledger.managed_ledger_list import parse_ledger_list
+from magnetar.common.ledger.managed_ledger_list import referenced_ledger_ids
 from magnetar.common.ledger.metadata import (
     LEDGER_ID_COUNTER,
     LEDGERS_PATH,
@@ -131,12 +131,12 @@ def managed_ledger_of(metadata: LedgerMetadata) -> str | None:
 
 
 async def listed_ledgers(store: MetadataStore, name: str) -> set[int] | None:
-    """The ledger ids a managed-ledger record lists; None: no record. A record that cannot be
-    parsed raises ValueError, KeyError or TypeError."""
+    """The ledger ids a managed-ledger record lists, its compacted ledgers included; None: no
+    record. A record that cannot be parsed raises ValueError, KeyError or TypeError."""
     found = await store.get(managed_ledger_key(name))
     if found is None:
         return None
-    return {info.ledger_id for info in parse_ledger_list(found.value)}
+    return referenced_ledger_ids(found.value)
 
 
 async def find_unlisted(

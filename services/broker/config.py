@@ -84,6 +84,14 @@ class TopicSettings(SecuritySettings):
     policy_check_interval_seconds: float = setting(
         60.0, "how often retention and TTL are applied to loaded topics"
     )
+    broker_service_compaction_monitor_interval_in_seconds: float = setting(
+        60.0, "how often each loaded topic's compaction backlog is checked against its threshold"
+    )
+    broker_service_compaction_threshold_in_bytes: int = setting(
+        0,
+        "compact a topic once its compaction backlog passes this many bytes, unless its "
+        "namespace or itself sets compactionThreshold (0: never automatically)",
+    )
     cluster_name: str = setting(
         "standalone",
         "name of the cluster the brokers form (Pulsar's clusterName; admin /admin/v2/clusters "
@@ -141,6 +149,12 @@ class TopicSettings(SecuritySettings):
             raise ConfigError("keep_alive_timeout_seconds must be 0 or positive")
         if self.policy_check_interval_seconds <= 0:
             raise ConfigError("policy_check_interval_seconds must be positive")
+        if self.broker_service_compaction_monitor_interval_in_seconds <= 0:
+            raise ConfigError(
+                "broker_service_compaction_monitor_interval_in_seconds must be positive"
+            )
+        if self.broker_service_compaction_threshold_in_bytes < 0:
+            raise ConfigError("broker_service_compaction_threshold_in_bytes must be >= 0")
         if not self.cluster_name or "/" in self.cluster_name:
             raise ConfigError(
                 f"cluster_name must be non-empty and contain no '/', got {self.cluster_name!r}"

@@ -14,6 +14,7 @@ subset), built from one route adder per resource group:
 - ``messages``: peeking and examining messages, by position, id and time
 - ``topic_housekeeping``: a topic's bundle, properties and trimming
 - ``termination``: terminating a topic, or each partition of a partitioned one
+- ``compaction``: starting a topic's compaction and its status
 - ``topic_policies``: a topic's own policies, over its namespace's
 - ``partitioned``: partitioned topics (their delete goes to each partition's owner)
 - ``partitioned_stats``: their stats, each partition's from its owner, added up
@@ -35,6 +36,7 @@ from magnetar.broker.admin.authentication import authentication
 from magnetar.broker.admin.authorization import authorization
 from magnetar.broker.admin.brokers import add_broker_routes
 from magnetar.broker.admin.cluster import add_cluster_routes
+from magnetar.broker.admin.compaction import add_compaction_routes
 from magnetar.broker.admin.errors import errors
 from magnetar.broker.admin.messages import add_message_routes
 from magnetar.broker.admin.namespace_topics import add_namespace_topic_routes
@@ -73,6 +75,7 @@ def build_app(broker: AdminBroker) -> web.Application:
         add_message_routes,
         add_topic_housekeeping_routes,
         add_termination_routes,
+        add_compaction_routes,
         add_topic_policy_routes,
         add_partitioned_routes,
         add_partitioned_stats_routes,

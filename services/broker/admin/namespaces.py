@@ -12,7 +12,8 @@
   ``retention``, ``messageTTL``, ``deduplication``, ``autoTopicCreation``,
   ``maxProducersPerTopic``, ``maxConsumersPerTopic``, ``maxConsumersPerSubscription``,
   ``maxUnackedMessagesPerConsumer``, ``maxUnackedMessagesPerSubscription``,
-  ``inactiveTopicPolicies`` (see ``policies``)
+  ``inactiveTopicPolicies``, ``compactionThreshold`` (bytes; PUT too, as Pulsar) (see
+  ``policies``)
 - ``GET|POST|DELETE .../dispatchRate`` and ``.../subscriptionDispatchRate``: Pulsar's
   DispatchRate for each topic, and each subscription, of the namespace
 - ``GET|PUT|DELETE .../properties``: the namespace's properties (PUT adds or changes some,
@@ -66,6 +67,10 @@ POLICY_FIELDS: dict[str, tuple[str, Callable[[Any, TopicSettings], Any]]] = {
         "inactive_topic_policies",
         lambda v, _: policies.check_inactive_topics(v),
     ),
+    "compactionThreshold": (
+        "compaction_threshold",
+        lambda v, _: policies.check_compaction_threshold(v),
+    ),
     "schemaCompatibilityStrategy": (
         "schema_compatibility_strategy",
         lambda v, _: _schema_strategy(v),
@@ -82,6 +87,9 @@ POLICY_FIELDS: dict[str, tuple[str, Callable[[Any, TopicSettings], Any]]] = {
     ),
 }
 
+
+#: The policies Pulsar sets with PUT (as a route's path segment).
+PUT_POLICIES = "{policy:schemaCompatibilityStrategy|compactionThreshold}"
 
 #: What GET answers for a policy that was never set, where Pulsar answers something else
 #: than null.
@@ -272,8 +280,8 @@ def add_namespace_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None
         document = await _policy_document(broker, request)
         return web.json_response(document.get(key, POLICY_UNSET.get(key)))
 
-    # Pulsar sets the strategy with PUT (the other policies with POST).
-    @routes.put("/admin/v2/namespaces/{tenant}/{namespace}/{policy:schemaCompatibilityStrategy}")
+    # Pulsar sets the strategy and the compaction threshold with PUT (the others with POST).
+    @routes.put("/admin/v2/namespaces/{tenant}/{namespace}/" + PUT_POLICIES)
     @routes.post("/admin/v2/namespaces/{tenant}/{namespace}/{policy}")
     @routes.delete("/admin/v2/namespaces/{tenant}/{namespace}/{policy}")
     async def set_policy(request: web.Request) -> web.Response:

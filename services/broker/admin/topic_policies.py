@@ -9,6 +9,7 @@ sets for all its topics, and Pulsar's resolution applies, topic over namespace o
   ``.../maxConsumersPerSubscription``, ``.../maxUnackedMessagesOnConsumer``,
   ``.../maxUnackedMessagesOnSubscription`` (N)
 - ``GET|POST|DELETE {topic}/inactiveTopicPolicies``
+- ``GET|POST|DELETE {topic}/compactionThreshold`` (bytes)
 - ``GET|POST|DELETE {topic}/dispatchRate``, ``.../subscriptionDispatchRate`` (DispatchRate)
 - ``POST|DELETE {topic}/backlogQuota?backlogQuotaType=...``, ``GET {topic}/backlogQuotaMap``
 
@@ -70,6 +71,7 @@ TOPIC_POLICIES: dict[str, tuple[str, Check]] = {
         lambda v: policies.check_limit(v, "maxUnackedMessagesOnSubscription"),
     ),
     "inactiveTopicPolicies": ("inactive_topic_policies", policies.check_inactive_topics),
+    "compactionThreshold": ("compaction_threshold", policies.check_compaction_threshold),
 }
 
 

@@ -33,6 +33,7 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from magnetar.broker.ledger import compacted_reads
 from magnetar.broker.ledger.ack_ranges import AckRanges
 from magnetar.broker.ledger.cursor_ledger import CursorLedger, read_last_state
 from magnetar.broker.ledger.cursor_state import (
@@ -48,6 +49,7 @@ from magnetar.common.ledger.errors import LedgerFencedError
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError
 
 if TYPE_CHECKING:
+    from magnetar.broker.ledger.compacted_ledger import CompactedLedger
     from magnetar.broker.ledger.managed_ledger import ManagedLedger
 
 __all__ = ["AckRanges", "ManagedCursor", "NonDurableCursor", "cursor_key", "delete_stored_cursor"]
@@ -76,6 +78,10 @@ class ManagedCursor:
         #: Bumped whenever the read position jumps (rewind, reset): a read in flight
         #: across a jump is dropped.
         self.moves = 0
+        #: Read the compacted ledger up to its horizon, then the topic (``compacted_reads``).
+        self.read_compacted = False
+        #: (compacted ledger, read position, its entry there): where the last compacted read ended.
+        self.compacted_hint: tuple[int, Position, int] | None = None
         self._version = version
         self._dirty = False
         self._flush: asyncio.Task[None] | None = None
@@ -455,14 +461,45 @@ class ManagedCursor:
 
     def _after_ack(self) -> None:
         if self.read_position <= self._mark_delete:
-            self.read_position = self.ml.next_position(self._mark_delete)
+            self.read_position = self._following(self._mark_delete)
         self._mark_dirty()
 
     # -- reading -------------------------------------------------------------------------------
 
+    def compacted_view(self) -> CompactedLedger | None:
+        """The compacted ledger this cursor reads now (None: it reads the topic's ledgers)."""
+        view = self.ml.compacted
+        if self.read_compacted and view is not None and self.read_position <= view.horizon:
+            return view
+        return None
+
+    def _following(self, position: Position) -> Position:
+        """Where reading goes on after ``position``: below the horizon of a compacted view the
+        next position whatever the topic still holds (its ledgers there may be gone)."""
+        view = self.ml.compacted
+        if self.read_compacted and view is not None and position < view.horizon:
+            return Position(position.ledger_id, position.entry_id + 1)
+        return self.ml.next_position(position)
+
     async def read_entries(self, max_entries: int) -> list[tuple[Position, bytes]]:
         """Up to ``max_entries`` unacknowledged entries from the read position, which moves
-        past them. A read that fails leaves the read position where it was."""
+        past them. A read that fails leaves the read position where it was. A cursor that
+        reads compacted reads the compacted ledger first, then the topic after its horizon."""
+        view = self.compacted_view()
+        if view is None:
+            return await self._read_ledgers(max_entries)
+        moves = self.moves
+        result = await compacted_reads.read(self, view, max_entries)
+        if self.moves != moves or len(result) >= max_entries or self.compacted_view() is not None:
+            return result
+        try:
+            return result + await self._read_ledgers(max_entries - len(result))
+        except Exception:
+            if result:
+                return result  # the topic's entries are read next time
+            raise
+
+    async def _read_ledgers(self, max_entries: int) -> list[tuple[Position, bytes]]:
         result: list[tuple[Position, bytes]] = []
         moves = self.moves
         start = self.read_position
@@ -504,6 +541,8 @@ class ManagedCursor:
 
     @property
     def has_more_entries(self) -> bool:
+        if self.compacted_view() is not None:
+            return True  # the compacted ledger, or else the topic after its horizon
         return self.ml.first_at_or_after(self.read_position) is not None
 
     def reset(self, position: Position) -> None:
@@ -519,7 +558,7 @@ class ManagedCursor:
     def rewind(self) -> None:
         """Dispatch again from the first unacknowledged entry."""
         self.moves += 1
-        self.read_position = self.ml.next_position(self._mark_delete)
+        self.read_position = self._following(self._mark_delete)
 
 
 class NonDurableCursor(ManagedCursor):

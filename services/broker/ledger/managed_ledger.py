@@ -31,6 +31,11 @@ from collections.abc import Callable
 from typing import Literal
 
 from magnetar.broker.ledger import retention
+from magnetar.broker.ledger.compacted_ledger import (
+    CompactedLedger,
+    CompactionRecord,
+    referenced_ledgers,
+)
 from magnetar.broker.ledger.cursor import ManagedCursor, delete_stored_cursor
 from magnetar.broker.ledger.entry_reader import EntryReader
 from magnetar.broker.ledger.errors import (
@@ -107,6 +112,8 @@ class ManagedLedger(LedgerPositions):
         self._meta_lock = asyncio.Lock()  # one metadata CAS at a time from this instance
         self._writer: asyncio.Task[None] | None = None
         self.cursors: dict[str, ManagedCursor] = {}
+        #: The compacted ledger the properties record (``read_compacted`` readers read it).
+        self.compacted: CompactedLedger | None = None
         #: Entries found with no intact copy on any bookie -> why (cleared once read again).
         self.unreadable = self.reader.unreadable
         self.epoch = 0
@@ -158,6 +165,7 @@ class ManagedLedger(LedgerPositions):
             cursor = await ManagedCursor.load(self, decode_name(segment))
             if cursor is not None:
                 self.cursors[cursor.name] = cursor
+        await self._open_compacted()
         self._writer = asyncio.create_task(self._write_loop(), name=f"ml-{self.name}-writer")
         log.info("managed ledger %s opened: ledgers %s", self.name, self.ledger_ids)
 
@@ -203,6 +211,30 @@ class ManagedLedger(LedgerPositions):
         self._current = handle
         await self._delete_ledgers(empty)
         return True
+
+    async def _open_compacted(self) -> None:
+        record = CompactionRecord.of(self.properties)
+        if record is None:
+            return
+        try:
+            self.compacted = await CompactedLedger.open(self.client, record)
+        except LedgerError as e:  # readers of the compacted view read the whole topic
+            log.error(
+                "managed ledger %s: its compacted ledger %d cannot be opened (%s); "
+                "read_compacted readers read every message until the next compaction",
+                self.name,
+                record.ledger_id,
+                e,
+            )
+
+    async def install_compacted(self, view: CompactedLedger) -> None:
+        """Record ``view`` as the compacted ledger (its id and horizon in one CAS of the
+        properties, which also clears the pending mark), then delete the one it replaces."""
+        await self.update_properties(view.record.properties())
+        old, self.compacted = self.compacted, view
+        if old is not None and old.ledger_id != view.ledger_id:
+            await old.close()
+            await self._delete_ledgers([old.ledger_id])
 
     async def _create_ledger(self) -> LedgerHandle:
         cfg = self.config
@@ -672,6 +704,8 @@ class ManagedLedger(LedgerPositions):
                     log.warning("managed ledger %s: close: %s", self.name, e)
             self._current = None
         await self.reader.close()
+        if self.compacted is not None:
+            await self.compacted.close()
         self._state = _State.CLOSED
         self._notify_added()
         log.info("managed ledger %s closed", self.name)
@@ -694,7 +728,7 @@ class ManagedLedger(LedgerPositions):
             raise self._error
         for cursor in list(self.cursors.values()):
             await cursor.remove()  # its record and its cursor ledgers
-        await self._delete_ledgers(self.ledger_ids)
+        await self._delete_ledgers(self.ledger_ids + referenced_ledgers(self.properties))
         self._ledgers = []
         for key in await self.store.scan(f"{self.key}/"):
             await self.store.delete(key)
@@ -713,10 +747,11 @@ class ManagedLedger(LedgerPositions):
         found = await store.get(ml.key)
         if found is None:
             return False
-        ml._ledgers = ManagedLedgerRecord.from_bytes(name, found.value).ledgers
+        record = ManagedLedgerRecord.from_bytes(name, found.value)
+        ml._ledgers = record.ledgers
         for segment in await store.children(f"{ml.key}/cursors"):
             await delete_stored_cursor(ml, decode_name(segment))
-        await ml._delete_ledgers(ml.ledger_ids)
+        await ml._delete_ledgers(ml.ledger_ids + referenced_ledgers(record.properties))
         for key in await store.scan(f"{ml.key}/"):
             await store.delete(key)
         await store.delete(ml.key)

@@ -127,6 +127,9 @@ class Policies:
     subscription_dispatch_rate: tuple[int, int, int] | None = None
     #: Pulsar's ``replication_clusters``: the clusters the namespace's topics live in.
     replication_clusters: tuple[str, ...] = ()
+    #: Pulsar's ``compaction_threshold``: compact once the compaction backlog passes these
+    #: bytes (0: never automatically).
+    compaction_threshold: int = 0
 
 
 #: Pulsar's RetentionPolicy names of a backlog quota.
@@ -382,7 +385,21 @@ def effective(document: dict[str, Any], defaults: TopicSettings) -> Policies:
         replication_clusters=tuple(
             c for c in document.get("replication_clusters") or () if isinstance(c, str)
         ),
+        compaction_threshold=_compaction_threshold(document, defaults),
     )
+
+
+def _compaction_threshold(document: dict[str, Any], defaults: TopicSettings) -> int:
+    found = document.get("compaction_threshold")
+    if isinstance(found, int) and not isinstance(found, bool) and found >= 0:
+        return found
+    return defaults.broker_service_compaction_threshold_in_bytes
+
+
+def check_compaction_threshold(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise PolicyError(f"compactionThreshold must be a number of bytes >= 0, got {value!r}")
+    return value
 
 
 def check_retention(value: Any) -> dict[str, int]:

@@ -68,9 +68,19 @@ async def _create_consumer(conn: ServerConnection, body: pb.CommandSubscribe) ->
         start = None
         if not body.durable:  # a reader: start at the given message (or earliest/latest)
             start = body.start_message_id if body.HasField("start_message_id") else to_wire(LATEST)
-        subscription = await topic.subscribe(
-            consumer, body.subscription, body.subType, body.initialPosition, start
-        )
+        if isinstance(topic, PersistentTopic):
+            subscription = await topic.subscribe(
+                consumer,
+                body.subscription,
+                body.subType,
+                body.initialPosition,
+                start,
+                read_compacted=body.read_compacted,
+            )
+        else:
+            subscription = await topic.subscribe(
+                consumer, body.subscription, body.subType, body.initialPosition, start
+            )
     except Exception as e:  # any storage failure: the client gets the reason, not a timeout
         conn.refuse(body.request_id, name, e, errors.SUBSCRIBING, errors.TOPIC_NOT_LOADED)
         return
@@ -188,7 +198,9 @@ async def _reset_subscription(conn: ServerConnection, body: pb.CommandSeek) -> N
         return
     position = None
     if body.HasField("message_id"):
-        position = subscription.topic.position_for(body.message_id)
+        position = subscription.topic.position_for(
+            body.message_id, compacted=subscription.cursor.read_compacted
+        )
     elif not body.HasField("message_publish_time"):
         conn.error(body.request_id, pb.MetadataError, "SEEK needs a message id or a publish time")
         return
@@ -226,7 +238,9 @@ async def _answer_last_message_id(
     conn: ServerConnection, body: pb.CommandGetLastMessageId, subscription: Subscription
 ) -> None:
     try:
-        last = await subscription.topic.last_message_id()
+        last = await subscription.topic.last_message_id(
+            compacted=subscription.cursor.read_compacted
+        )
     except Exception as e:  # storage failed: an answer, not a client timeout
         conn.refuse(
             body.request_id, subscription.topic.name, e, (), errors.LAST_MESSAGE_ID_UNREADABLE

@@ -21,6 +21,7 @@ from magnetar.broker.errors import (
     TopicTerminatedError,
 )
 from magnetar.broker.schema.registry import IncompatibleSchemaError, SchemaNotFoundError
+from magnetar.broker.topics.compaction import ReadCompactedNotAllowedError
 from magnetar.broker.topics.dispatchers.base import ConsumerBusyError
 from magnetar.broker.topics.producers import ProducerBusyError, ProducerFencedError
 from magnetar.broker.topics.subscription import SubscriptionTypeError
@@ -58,6 +59,7 @@ REFUSALS: dict[type[Exception], Refusal] = {
     # Pulsar answers a type mismatch as a busy subscription (the client does not retry).
     SubscriptionTypeError: Refusal(pb.ConsumerBusy, "{error}"),
     NotImplementedError: Refusal(pb.NotAllowedError, "{error}"),
+    ReadCompactedNotAllowedError: Refusal(pb.NotAllowedError, "{error}"),
     IncompatibleSchemaError: Refusal(pb.IncompatibleSchema, "{error}"),
     # Pulsar's answer for a topic without a schema: the client then reads bytes.
     SchemaNotFoundError: Refusal(pb.TopicNotFound, "no schema: {error}"),
@@ -81,6 +83,7 @@ SUBSCRIBING: tuple[type[Exception], ...] = (
     ConsumerBusyError,
     SubscriptionTypeError,
     NotImplementedError,
+    ReadCompactedNotAllowedError,
     IncompatibleSchemaError,
     *TOPIC_LOADING,
 )

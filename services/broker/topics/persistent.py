@@ -25,6 +25,7 @@ from magnetar.broker.namespace.policies import (
     Policies,
     TopicLimits,
 )
+from magnetar.broker.topics.compaction import ReadCompactedNotAllowedError, TopicCompaction
 from magnetar.broker.topics.consumer import Consumer
 from magnetar.broker.topics.deduplication import Deduplication, DuplicateStatus
 from magnetar.broker.topics.dispatch_limits import DispatchLimits
@@ -113,6 +114,7 @@ class PersistentTopic:
         #: message was over its age limit at the last policy round.
         self.backlog_quota: BacklogQuota | None = None
         self._age_quota_exceeded = False
+        self.compaction = TopicCompaction(self)
         #: Unloading: new sends are refused while those in flight get their receipts.
         self.unloading = False
         self._last_publish: asyncio.Future[Position] | None = None
@@ -296,14 +298,25 @@ class PersistentTopic:
         sub_type: int,
         initial_position: int,
         start_message_id: pb.MessageIdData | None = None,
+        read_compacted: bool = False,
     ) -> Subscription:
         """Attach a consumer. ``start_message_id`` makes a non-durable subscription (a reader)
-        starting at that message, or at the earliest/latest one for Pulsar's special ids."""
+        starting at that message, or at the earliest/latest one for Pulsar's special ids.
+        ``read_compacted``: the consumer reads the compacted view (exclusive and failover
+        subscriptions only, as in Pulsar)."""
+        if read_compacted and sub_type not in (
+            pb.CommandSubscribe.Exclusive,
+            pb.CommandSubscribe.Failover,
+        ):
+            raise ReadCompactedNotAllowedError(
+                "readCompacted only allowed on failover or exclusive subscriptions"
+            )
         async with self._subscribe_lock:
             check_consumers(self.client_limits, self.subscriptions, name)
             subscription = self.subscriptions.get(name)
             if subscription is None and start_message_id is not None:
-                cursor = NonDurableCursor(self.ml, name, self.position_for(start_message_id))
+                start = self.position_for(start_message_id, compacted=read_compacted)
+                cursor = NonDurableCursor(self.ml, name, start)
                 subscription = Subscription(self, name, cursor, sub_type, self.limits)
                 subscription.durable = False
                 self.subscriptions[name] = subscription
@@ -314,31 +327,56 @@ class PersistentTopic:
                 cursor = await self.ml.open_cursor(name, initial)
                 subscription = Subscription(self, name, cursor, sub_type, self.limits)
                 self.subscriptions[name] = subscription
+            if subscription.cursor.read_compacted != read_compacted:
+                subscription.cursor.read_compacted = read_compacted
+                if not subscription.consumers:
+                    subscription.cursor.rewind()
             subscription.add_consumer(consumer, sub_type)
             return subscription
 
-    def position_for(self, message_id: pb.MessageIdData) -> Position:
+    def adopt_cursor(self, name: str) -> None:
+        """A durable cursor the broker made itself (the compactor's) is a subscription too."""
+        cursor = self.ml.cursors.get(name)
+        if cursor is not None and name not in self.subscriptions:
+            self.subscriptions[name] = Subscription(self, name, cursor, None, self.limits)
+
+    def position_for(self, message_id: pb.MessageIdData, *, compacted: bool = False) -> Position:
         """Where a message id points: Pulsar's earliest/latest ids mean the first entry and the
-        end of the log; any other id at most as early as the first entry still stored."""
+        end of the log; any other id at most as early as the first entry still stored. For a
+        reader of the compacted view, the compacted ledger's entries count as stored."""
         position = from_wire(message_id)
+        view = self.ml.compacted if compacted else None
         if position.ledger_id < 0:  # MessageId.earliest
-            return self.ml.first_position
+            return Position(-1, 0) if view is not None else self.ml.first_position
         if position.ledger_id >= LATEST.ledger_id:  # MessageId.latest
             return self.ml.next_position(self.ml.last_confirmed_position)
+        if view is not None and position <= view.horizon:
+            return position
         return max(position, self.ml.first_position)
 
-    async def last_message_id(self) -> pb.MessageIdData:
+    async def last_message_id(self, *, compacted: bool = False) -> pb.MessageIdData:
         """The last stored message (for GET_LAST_MESSAGE_ID); entry -1 when there is none. For
         a batch, the id of its last message, as Pulsar answers: a reader that has read part of
-        the last batch still sees messages available."""
+        the last batch still sees messages available. For a reader of the compacted view with
+        nothing after the horizon, the compacted ledger's last message: a key deleted last is
+        not a message that reader will ever get."""
         last = self.ml.last_confirmed_position
-        batch_index = -1
-        if last.entry_id >= 0:
+        view = self.ml.compacted if compacted else None
+        found: tuple[Position, bytes] | None = None
+        if view is not None and last <= view.horizon:
+            found = await view.last()
+            if found is None:
+                return to_wire(Position(last.ledger_id, -1), self.name.partition_index)
+        elif last.entry_id >= 0:
             entries = await self.ml.read_entries(last, 1)
             if entries and entries[0][0] == last:
-                count = message_count(entries[0][1])
-                if count > 1 or codec.is_batch(entry_metadata(entries[0][1])):
-                    batch_index = count - 1
+                found = entries[0]
+        batch_index = -1
+        if found is not None:
+            last = found[0]
+            count = message_count(found[1])
+            if count > 1 or codec.is_batch(entry_metadata(found[1])):
+                batch_index = count - 1
         return to_wire(last, self.name.partition_index, batch_index)
 
     def remove_subscription_later(self, subscription: Subscription, delay_s: float) -> None:
@@ -404,6 +442,7 @@ class PersistentTopic:
             )
         self.producers.close_all()
         await self.stop_replicators()
+        await self.compaction.stop()
         for subscription in self.subscriptions.values():
             for consumer in list(subscription.dispatcher.consumers):
                 consumer.connection.close()
@@ -437,6 +476,7 @@ class PersistentTopic:
         """Bring the topic in line with its namespace's policies (run periodically)."""
         self.apply_limits(policies.limits)
         self.apply_dispatch_rates(policies)
+        self.compaction.threshold = policies.compaction_threshold
         if policies.deduplication and self.deduplication is None:
             self.deduplication = await Deduplication.load(self.ml)
         elif not policies.deduplication:
@@ -561,6 +601,7 @@ class PersistentTopic:
 
     async def close(self) -> None:
         await self.stop_replicators()
+        await self.compaction.stop()
         for subscription in self.subscriptions.values():
             await subscription.close()
         if self.deduplication is not None:

@@ -99,6 +99,7 @@ class TopicService:
         self._deleting: dict[str, asyncio.Event] = {}
         self._policy_task: asyncio.Task[None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
+        self._compaction_task: asyncio.Task[None] | None = None
         self._policy_wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -116,12 +117,30 @@ class TopicService:
         loop = asyncio.get_running_loop()
         self._policy_task = loop.create_task(self._policy_loop(), name="namespace-policies")
         self._watch_task = loop.create_task(self._watch_namespaces(), name="namespace-watch")
+        self._compaction_task = loop.create_task(
+            self._compaction_monitor(), name="compaction-monitor"
+        )
 
     async def stop_policies(self) -> None:
-        for task in (self._policy_task, self._watch_task):
+        for task in (self._policy_task, self._watch_task, self._compaction_task):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+
+    async def _compaction_monitor(self) -> None:
+        """Pulsar's compaction monitor: every
+        ``broker_service_compaction_monitor_interval_in_seconds``, a topic whose compaction
+        backlog passed its ``compactionThreshold`` is compacted."""
+        while True:
+            await asyncio.sleep(
+                self._host.config.broker_service_compaction_monitor_interval_in_seconds
+            )
+            for topic in list(self.topics.values()):
+                if isinstance(topic, PersistentTopic) and not topic.unloading:
+                    try:
+                        topic.compaction.check_threshold()
+                    except Exception as e:
+                        log.warning("topic %s: compaction not started: %s", topic.name, e)
 
     async def close(self) -> None:
         """Close every loaded topic (the broker is stopping)."""
@@ -202,6 +221,7 @@ class TopicService:
         topic.apply_limits(policies.limits)
         topic.apply_dispatch_rates(policies)
         topic.backlog_quota = policies.backlog_quota
+        topic.compaction.threshold = policies.compaction_threshold
         if policies.deduplication:
             topic.deduplication = await Deduplication.load(ml)
         self.topics[str(name)] = topic

@@ -178,8 +178,12 @@ def persistent_stats(topic: PersistentTopic, rates: TopicRates) -> dict[str, Any
             "nonContiguousDeletedMessagesRanges": len(sub.cursor.individually_acked),
             "subscriptionProperties": {},
         }
+    compacted = ml.compacted.size if ml.compacted is not None else 0
     return {
-        **_topic_stats(topic, rates, subscriptions, ml.total_size, int(slowest * entry_size)),
+        **_topic_stats(
+            topic, rates, subscriptions, ml.total_size + compacted, int(slowest * entry_size)
+        ),
+        "compaction": topic.compaction.stats(),
         "entries": ml.number_of_entries,
         # Entries no bookie could give back intact (digest errors on every copy).
         "unreadableEntries": {str(p): why for p, why in sorted(ml.unreadable.items())},
@@ -284,4 +288,17 @@ def internal_stats(topic: PersistentTopic) -> dict[str, Any]:
             for info, entries, size in ledgers
         ],
         "cursors": cursors,
+        "compactedLedger": _compacted_ledger(topic),
+    }
+
+
+def _compacted_ledger(topic: PersistentTopic) -> dict[str, Any]:
+    """Pulsar's ``compactedLedger`` (-1 fields: none)."""
+    view = topic.ml.compacted
+    return {
+        "ledgerId": view.ledger_id if view is not None else -1,
+        "entries": view.entries if view is not None else -1,
+        "size": view.size if view is not None else -1,
+        "offloaded": False,
+        "underReplicated": False,
     }

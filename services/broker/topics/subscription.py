@@ -278,7 +278,10 @@ class Subscription:
         messages from the new position, with nothing stale left in their queues)."""
         if position is None:
             position = await self._first_published_at(publish_time_ms or 0)
-        self.cursor.reset(max(position, self.topic.ml.first_position))
+        view = self.topic.ml.compacted
+        if not (self.cursor.read_compacted and view is not None and position <= view.horizon):
+            position = max(position, self.topic.ml.first_position)  # else: in the compacted view
+        self.cursor.reset(position)
         self.dispatcher.reset()
         consumers = list(self.dispatcher.consumers)
         for consumer in consumers:
