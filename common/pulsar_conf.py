@@ -213,9 +213,6 @@ PULSAR_KEYS: tuple[PulsarKey, ...] = (
 # Settings whose camelCase form is a Pulsar key with another meaning: never matched by name.
 NOT_PULSARS: frozenset[str] = frozenset(
     {
-        # ours is relative to the cluster's average (Pulsar's ThresholdShedder), Pulsar's is a
-        # broker's own usage
-        "load_balancer_broker_overloaded_threshold_percentage",
         # bookie: ours is the entry-log garbage ratio; BookKeeper has minor/major thresholds
         "compaction_threshold",
     }

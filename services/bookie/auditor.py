@@ -197,7 +197,11 @@ class Auditor:
         due = {a for a, since in self._missing_since.items() if now - since >= delay}
         if not due:
             return
+        started = time.monotonic()
         marked = await mark_ledgers_of(self.client.store, due)
+        self.metrics.bookkeeper.publish_time_for_lost_bookie.record_latency(
+            time.monotonic() - started
+        )
         for address in due:
             del self._missing_since[address]
         log.info(
@@ -210,10 +214,14 @@ class Auditor:
     async def check_all_ledgers(self) -> None:
         """Every bookie named by a ledger but not registered counts as missing from now on
         (if it is not already); the delay then decides."""
+        started = time.monotonic()
         named: set[str] = set()
-        for _, bookies in (await ledgers_by_bookie(self.client.store)).values():
+        ledgers = await ledgers_by_bookie(self.client.store)
+        for _, bookies in ledgers.values():
             named |= bookies
         now = time.monotonic()
+        self.metrics.bookkeeper.ledgers_checked += len(ledgers)
+        self.metrics.bookkeeper.check_all_ledgers_time.record_latency(now - started)
         for address in named - self._registered:
             self._missing_since.setdefault(address, now)
 

@@ -122,12 +122,21 @@ class BookKeeperStats:
         self.read_bytes = 0
         # bookie_journal: one journal group written and fsynced
         self.journal_sync = OpStats()
-        # replication_auditor: the number found at each count of under-replicated ledgers
+        # replication_auditor: the number found at each count of under-replicated ledgers,
+        # the ledgers looked at by each check of all ledgers and how long it took, how long
+        # marking the ledgers of lost bookies took
         self.auditor_under_replicated = OpStats()
-        # replication_replication_worker
+        self.ledgers_checked = 0
+        self.check_all_ledgers_time = OpStats()
+        self.publish_time_for_lost_bookie = OpStats()
+        # replication_replication_worker: fragments re-replicated, entries and bytes read from
+        # surviving replicas and written to new ones, each ledger's re-replication (ms)
         self.replicated_fragments = 0
+        self.entries_read = 0
+        self.bytes_read = 0
         self.entries_written = 0
         self.bytes_written = 0
+        self.rereplicate = OpStats()
 
     # -- events ------------------------------------------------------------------------------
 
@@ -168,11 +177,18 @@ class BookKeeperStats:
         out.extend(self.add_entry_request.lines("bookkeeper_server_ADD_ENTRY_REQUEST"))
         out.extend(self.read_entry.lines("bookkeeper_server_READ_ENTRY"))
         out.extend(self.read_entry_request.lines("bookkeeper_server_READ_ENTRY_REQUEST"))
+        auditor = "replication_auditor"
+        out.extend(self.auditor_under_replicated.lines(f"{auditor}_NUM_UNDER_REPLICATED_LEDGERS"))
+        counter(f"{auditor}_NUM_LEDGERS_CHECKED", self.ledgers_checked)
+        out.extend(self.check_all_ledgers_time.lines(f"{auditor}_CHECK_ALL_LEDGERS_TIME"))
         out.extend(
-            self.auditor_under_replicated.lines("replication_auditor_NUM_UNDER_REPLICATED_LEDGERS")
+            self.publish_time_for_lost_bookie.lines(f"{auditor}_URL_PUBLISH_TIME_FOR_LOST_BOOKIE")
         )
         worker = "replication_replication_worker"
         counter(f"{worker}_NUM_FULL_OR_PARTIAL_LEDGERS_REPLICATED", self.replicated_fragments)
+        counter(f"{worker}_NUM_ENTRIES_READ", self.entries_read)
+        counter(f"{worker}_NUM_BYTES_READ", self.bytes_read)
         counter(f"{worker}_NUM_ENTRIES_WRITTEN", self.entries_written)
         counter(f"{worker}_NUM_BYTES_WRITTEN", self.bytes_written)
+        out.extend(self.rereplicate.lines(f"{worker}_rereplicate"))
         return "\n".join(out) + "\n"

@@ -219,6 +219,9 @@ class Replicator:
                 raise ReplicationIncomplete(
                     f"ledger {ledger_id} entry {entry_id}: no surviving replica could be read: {e}"
                 ) from None
+            if self.metrics is not None:
+                self.metrics.bookkeeper.entries_read += 1
+                self.metrics.bookkeeper.bytes_read += len(entry)
             await self.limiter.acquire(len(entry) * len(targets))
             adds = [
                 self.client.bookie(change.new[p]).add(
@@ -310,6 +313,14 @@ class ReplicationWorker:
                 cleared += 1
         return cleared
 
+    def _timed(self, started: float, *, success: bool) -> None:
+        """One ledger's re-replication, as BookKeeper's ``rereplicate`` op stats."""
+        metrics = self.replicator.metrics
+        if metrics is not None:
+            metrics.bookkeeper.rereplicate.record_latency(
+                time.monotonic() - started, success=success
+            )
+
     async def _take(self, ledger_id: int) -> bool:
         store = self.client.store
         try:
@@ -321,6 +332,7 @@ class ReplicationWorker:
             if found is None:
                 return False
             mark = UnderReplicatedMark.from_json(found.value)
+            started = time.monotonic()
             try:
                 result = await self.replicator.replicate(
                     ledger_id, mark.bookies, marked_at=mark.marked_at
@@ -333,6 +345,7 @@ class ReplicationWorker:
                 NotEnoughBookiesError,
                 LedgerError,
             ) as e:
+                self._timed(started, success=False)
                 log.warning(
                     "ledger %d: re-replication away from %s not done, will retry: %s",
                     ledger_id,
@@ -340,6 +353,7 @@ class ReplicationWorker:
                     e,
                 )
                 return False
+            self._timed(started, success=result.complete)
             if not result.complete:
                 return False
             try:

@@ -25,6 +25,7 @@ from magnetar.broker.cluster.load_manager import LoadManager
 from magnetar.broker.cluster.membership import Membership
 from magnetar.broker.cluster.ownership import OwnershipStore
 from magnetar.broker.cluster.registry import BrokerRegistry
+from magnetar.broker.cluster.resource_usage import ResourceUsage
 from magnetar.broker.config import BrokerConfig
 from magnetar.broker.metrics import BrokerMetrics
 from magnetar.broker.model.topic_name import TopicName
@@ -368,6 +369,11 @@ class Broker:
     @property
     def load_manager(self) -> LoadManager | None:
         return self.membership.load_manager
+
+    @property
+    def resource_usage(self) -> ResourceUsage:
+        """CPU, memory and bandwidth usage (percent) as of the last load report."""
+        return self.membership.resource_usage
 
     def may_serve(self) -> bool:
         return self.membership.may_serve()

@@ -211,10 +211,21 @@ class BrokerConfig(TopicSettings):
         "how often, in seconds, the leader looks for overloaded brokers and hot bundles "
         "(Pulsar's loadBalancerSheddingIntervalMinutes, in seconds)",
     )
-    load_balancer_broker_overloaded_threshold_percentage: float = setting(
+    load_balancer_broker_threshold_shedder_percentage: float = setting(
         10.0,
         "a broker whose load exceeds the cluster's average by more than this percentage of "
         "the average sheds its hottest bundles (Pulsar's threshold shedder)",
+    )
+    load_balancer_broker_overloaded_threshold_percentage: float = setting(
+        85.0,
+        "a broker whose highest resource usage (CPU, memory, bandwidth in or out, in percent "
+        "of what it may use) is above this is overloaded: new bundles go elsewhere while "
+        "another broker is not",
+    )
+    load_balancer_override_broker_nic_speed_gbps: float = setting(
+        0.0,
+        "the NIC speed bandwidth usage is measured against, in Gbit/s (0: the fastest "
+        "physical interface /sys/class/net reports; no bandwidth usage when none does)",
     )
     load_balancer_shedding_grace_period_seconds: float = setting(
         1800.0,
@@ -313,7 +324,9 @@ class BrokerConfig(TopicSettings):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")
         for name in (
+            "load_balancer_broker_threshold_shedder_percentage",
             "load_balancer_broker_overloaded_threshold_percentage",
+            "load_balancer_override_broker_nic_speed_gbps",
             "load_balancer_shedding_grace_period_seconds",
             "load_balancer_namespace_bundle_max_topics",
             "load_balancer_namespace_bundle_max_msg_rate",

@@ -21,16 +21,26 @@ Pulsar has no family for, are ``magnetar_broker_owned_bundles`` and
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence, Sized
-from typing import Protocol, cast
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
 
 from prometheus_client import Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from magnetar.broker.cluster.bundles import BundleRange, topic_hash
+from magnetar.broker.ledger.entry_cache import EntryCache
+from magnetar.broker.ledger.ml_stats import (
+    ENTRY_SIZE_BOUNDS,
+    LATENCY_BOUNDS_MS,
+    Buckets,
+    ManagedLedgerStats,
+)
 from magnetar.broker.model.topic_name import TopicName
+from magnetar.broker.protocol.counts import ConnectionCounts, LookupCounts
 from magnetar.common.cluster.broker_info import BrokerInfo
 from magnetar.common.metrics import service_registry
 
@@ -75,13 +85,21 @@ class BrokerMetrics:
         self.connections = Gauge(
             "magnetar_broker_connections", "Client connections open", registry=r
         )
+        #: Counted by the protocol room; read when scraped (pulsar_connection_*, lookups).
+        self.connection_counts = ConnectionCounts()
+        self.lookup_counts = LookupCounts()
         self.collector: PulsarCollector | None = None
 
     def bind(self, broker: MetricsSource, *, topic_level: bool = True) -> PulsarCollector:
         """Expose Pulsar's families for ``broker`` in this registry (once; later calls return
         the collector already bound)."""
         if self.collector is None:
-            self.collector = PulsarCollector(broker, topic_level=topic_level)
+            self.collector = PulsarCollector(
+                broker,
+                topic_level=topic_level,
+                connections=self.connection_counts,
+                lookups=self.lookup_counts,
+            )
             self.registry.register(self.collector)
         return self.collector
 
@@ -103,21 +121,34 @@ class CounterRates:
     ) -> None:
         self._min_window_s = min_window_s
         self._clock = clock
-        #: key -> (when, counters then, rates computed then)
-        self._last: dict[Hashable, tuple[float, tuple[int, ...], tuple[float, ...]]] = {}
+        #: key -> (when, counters then, rates and deltas computed then)
+        self._last: dict[
+            Hashable, tuple[float, tuple[int, ...], tuple[float, ...], tuple[int, ...]]
+        ] = {}
         self._seen: set[Hashable] = set()
 
     def rates(self, key: Hashable, counters: tuple[int, ...], since: float) -> tuple[float, ...]:
+        return self.window(key, counters, since)[0]
+
+    def deltas(self, key: Hashable, counters: tuple[int, ...], since: float) -> tuple[int, ...]:
+        """How much each counter grew in the last window (the first: since ``since``), for
+        Pulsar's per-period bucket counts."""
+        return self.window(key, counters, since)[1]
+
+    def window(
+        self, key: Hashable, counters: tuple[int, ...], since: float
+    ) -> tuple[tuple[float, ...], tuple[int, ...]]:
         now = self._clock()
         self._seen.add(key)
         last = self._last.get(key)
         if last is not None and now - last[0] < self._min_window_s:
-            return last[2]
+            return last[2], last[3]
         then, before = (since, (0,) * len(counters)) if last is None else last[:2]
         elapsed = max(now - then, 1e-3)
-        rates = tuple(max(c - b, 0) / elapsed for c, b in zip(counters, before, strict=True))
-        self._last[key] = (now, counters, rates)
-        return rates
+        deltas = tuple(max(c - b, 0) for c, b in zip(counters, before, strict=True))
+        rates = tuple(d / elapsed for d in deltas)
+        self._last[key] = (now, counters, rates, deltas)
+        return rates, deltas
 
     def forget_unseen(self) -> None:
         """Drop what was not asked about since the previous call (unloaded topics, removed
@@ -179,11 +210,34 @@ class CountedTopic(Protocol):
     def subscriptions(self) -> Mapping[str, CountedSubscription]: ...
 
 
+class ReadSide(Protocol):
+    """A managed ledger's reader: its cache of recent entries."""
+
+    cache: EntryCache
+
+
+class LedgerSettings(Protocol):
+    @property
+    def write_quorum(self) -> int: ...
+
+
 class StoredLedger(Protocol):
-    """A persistent topic's managed ledger: the bytes of its ledgers (one copy)."""
+    """A persistent topic's managed ledger: the bytes of its ledgers (one copy), its
+    counters and entry cache, and what the backlog size is estimated from."""
+
+    stats: ManagedLedgerStats
+    reader: ReadSide
+    config: LedgerSettings
 
     @property
     def total_size(self) -> int: ...
+
+    @property
+    def number_of_entries(self) -> int: ...
+
+    def slowest_mark_delete(self) -> Any: ...
+
+    def entries_after(self, position: Any) -> int: ...
 
 
 class StoredTopic(CountedTopic, Protocol):
@@ -231,6 +285,22 @@ class Named(Protocol):
     def cluster_name(self) -> str: ...
 
 
+class Usage(Protocol):
+    """Resource usage in percent (cluster/resource_usage.py)."""
+
+    @property
+    def cpu(self) -> float: ...
+
+    @property
+    def memory(self) -> float: ...
+
+    @property
+    def bandwidth_in(self) -> float: ...
+
+    @property
+    def bandwidth_out(self) -> float: ...
+
+
 class MetricsSource(Protocol):
     """The live objects the collector reads when scraped (the broker, wired by broker.py)."""
 
@@ -248,8 +318,12 @@ class MetricsSource(Protocol):
 
     @property
     def load_manager(self) -> Balancing | None: ...
+
     @property
     def authentication(self) -> Authenticating: ...
+
+    @property
+    def resource_usage(self) -> Usage: ...
 
 
 # -- the collector ----------------------------------------------------------------------------
@@ -274,7 +348,17 @@ TOPIC_FAMILIES: tuple[tuple[str, str, bool], ...] = (
     ("pulsar_in_messages", "Messages received for the topic since it was loaded", True),
     ("pulsar_out_bytes", "Bytes dispatched from the topic since it was loaded", True),
     ("pulsar_out_messages", "Messages dispatched from the topic since it was loaded", True),
+    (
+        "pulsar_storage_backlog_size",
+        "Bytes of the topic's backlog: the entries after its slowest subscription's "
+        "mark-delete position, at the topic's average entry size (estimated, one copy)",
+        False,
+    ),
+    ("pulsar_storage_read_rate", "Entries per second read from storage (cache included)", False),
+    ("pulsar_average_msg_size", "Average size of the messages coming in (bytes)", False),
 )
+#: Topic families that mean nothing summed over a namespace (Pulsar leaves them out there).
+TOPIC_ONLY = frozenset({"pulsar_average_msg_size"})
 
 #: Broker-wide sums (label ``cluster``): Pulsar's pulsar_broker_* of the topic families above.
 BROKER_FAMILIES: tuple[tuple[str, int], ...] = (
@@ -287,7 +371,24 @@ BROKER_FAMILIES: tuple[tuple[str, int], ...] = (
     ("pulsar_broker_throughput_out", 6),
     ("pulsar_broker_storage_size", 7),
     ("pulsar_broker_msg_backlog", 8),
+    ("pulsar_broker_storage_write_rate", 9),
+    ("pulsar_broker_storage_read_rate", 15),
 )
+
+#: Pulsar's names of the write latency buckets (ms bounds of ml_stats.LATENCY_BOUNDS_MS, then
+#: the overflow) and of the entry size buckets (ENTRY_SIZE_BOUNDS, then the overflow).
+WRITE_LATENCY_NAMES: tuple[str, ...] = (
+    *tuple(
+        f"pulsar_storage_write_latency_le_{b}" for b in ("0_5", 1, 5, 10, 20, 50, 100, 200, 1000)
+    ),
+    "pulsar_storage_write_latency_overflow",
+)
+ENTRY_SIZE_NAMES: tuple[str, ...] = tuple(
+    f"pulsar_entry_size_le_{b}"
+    for b in ("128", "512", "1_kb", "2_kb", "4_kb", "16_kb", "100_kb", "1_mb", "overflow")
+)
+assert len(WRITE_LATENCY_NAMES) == len(LATENCY_BOUNDS_MS) + 1
+assert len(ENTRY_SIZE_NAMES) == len(ENTRY_SIZE_BOUNDS) + 1
 
 SUBSCRIPTION_FAMILIES: tuple[tuple[str, str], ...] = (
     ("pulsar_subscription_back_log", "Backlog of the subscription (entries)"),
@@ -295,6 +396,19 @@ SUBSCRIPTION_FAMILIES: tuple[tuple[str, str], ...] = (
     ("pulsar_subscription_msg_rate_out", "Messages per second dispatched to the subscription"),
     ("pulsar_subscription_msg_throughput_out", "Bytes per second dispatched to it"),
     ("pulsar_subscription_consumers_count", "Consumers of the subscription"),
+    ("pulsar_subscription_delayed", "Messages held for delayed delivery (entries)"),
+    (
+        "pulsar_subscription_msg_rate_redeliver",
+        "Messages per second sent back for redelivery (negative acks, redelivery requests, "
+        "ack timeouts, consumers leaving)",
+    ),
+    ("pulsar_subscription_msg_ack_rate", "Messages per second acknowledged"),
+    (
+        "pulsar_subscription_blocked_on_unacked_messages",
+        "1 while the subscription is at its bound of unacknowledged messages, else 0",
+    ),
+    ("pulsar_subscription_msg_rate_expired", "Entries per second expired by TTL"),
+    ("pulsar_subscription_total_msg_expired", "Entries expired since the topic was loaded"),
 )
 
 BUNDLE_FAMILIES: tuple[tuple[str, str], ...] = (
@@ -316,10 +430,14 @@ class PulsarCollector(Collector):
         broker: MetricsSource,
         *,
         topic_level: bool = True,
+        connections: ConnectionCounts | None = None,
+        lookups: LookupCounts | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._broker = broker
         self.topic_level = topic_level
+        self._connections = ConnectionCounts() if connections is None else connections
+        self._lookups = LookupCounts() if lookups is None else lookups
         self._rates = CounterRates(clock=clock)
 
     def describe(self) -> Iterable[Metric]:
@@ -329,11 +447,17 @@ class PulsarCollector(Collector):
         broker = self._broker
         cluster = broker.config.cluster_name
         topics: list[CountedTopic] = list(broker.topics.values())
-        values = {id(t): self._topic_values(t) for t in topics}
+        ledgers = {id(t): self._ledger_view(t) for t in topics if t.name.persistent}
+        values = {id(t): self._topic_values(t, ledgers.get(id(t))) for t in topics}
         yield from self._topic_families(cluster, topics, values)
+        yield from self._histogram_families(cluster, topics, ledgers)
         yield from self._broker_families(cluster, topics, values)
         if self.topic_level:
             yield from self._subscription_families(cluster, topics)
+        yield from self._managed_ledger_families(cluster, topics, ledgers)
+        yield from self._connection_families(cluster)
+        yield from self._lookup_families(cluster)
+        yield from self._usage_families(cluster)
         yield from self._bundle_families(cluster, topics, values)
         yield from self._replication_families(cluster, topics)
         yield from self._load_manager_families(cluster)
@@ -342,7 +466,25 @@ class PulsarCollector(Collector):
 
     # -- topics --------------------------------------------------------------------------------
 
-    def _topic_values(self, topic: CountedTopic) -> list[float]:
+    def _ledger_view(self, topic: CountedTopic) -> LedgerView:
+        """A persistent topic's managed-ledger counters over the last window: rates of
+        :meth:`ManagedLedgerStats.counters` and the failures, bucket counts grown."""
+        ml = cast(StoredTopic, topic).ml
+        stats = ml.stats
+        counters = (*stats.counters(), stats.adds_failed, stats.reads_failed)
+        rates, deltas = self._rates.window((topic, "ml"), counters, topic.loaded_at)
+        buckets = {
+            name: self._rates.deltas((topic, name), _snapshot(b), topic.loaded_at)
+            for name, b in (
+                ("add", stats.add_latency),
+                ("ledger_add", stats.ledger_add_latency),
+                ("switch", stats.ledger_switch_latency),
+                ("size", stats.entry_size),
+            )
+        }
+        return LedgerView(ml, rates, deltas, buckets)
+
+    def _topic_values(self, topic: CountedTopic, ledger: LedgerView | None) -> list[float]:
         rate_in, throughput_in, rate_out, throughput_out, write_rate = self._rates.rates(
             topic,
             (topic.messages_in, topic.bytes_in, topic.msg_out, topic.bytes_out, topic.msg_in),
@@ -365,6 +507,9 @@ class PulsarCollector(Collector):
             topic.messages_in,
             topic.bytes_out,
             topic.msg_out,
+            _backlog_size(stored),
+            ledger.rates[2] if ledger is not None else 0.0,
+            throughput_in / rate_in if rate_in > 0 else 0.0,
         ]
 
     def _topic_families(
@@ -386,6 +531,8 @@ class PulsarCollector(Collector):
         yield count
         labels = _TOPIC_LABELS if self.topic_level else _NS_LABELS
         for i, (name, documentation, is_counter) in enumerate(TOPIC_FAMILIES):
+            if not self.topic_level and name in TOPIC_ONLY:
+                continue
             family = _family(name, documentation, is_counter, labels)
             if self.topic_level:
                 for topic in topics:
@@ -419,23 +566,250 @@ class PulsarCollector(Collector):
             GaugeMetricFamily(name, documentation, labels=_SUBSCRIPTION_LABELS)
             for name, documentation in SUBSCRIPTION_FAMILIES
         ]
-        back_log, unacked, rate_out, throughput_out, consumers = families
+        (
+            back_log,
+            unacked,
+            rate_out,
+            throughput_out,
+            consumers,
+            delayed,
+            rate_redeliver,
+            ack_rate,
+            blocked,
+            rate_expired,
+            total_expired,
+        ) = families
         for topic in topics:
             labels_of_topic = [cluster, topic.name.namespace_name, str(topic.name)]
             for subscription in topic.subscriptions.values():
                 labels = [*labels_of_topic, subscription.name]
-                rate, throughput = self._rates.rates(
-                    subscription, (subscription.msg_out, subscription.bytes_out), topic.loaded_at
+                expired = getattr(subscription, "expired", 0)
+                rate, throughput, acks, redeliveries, expiries = self._rates.rates(
+                    subscription,
+                    (
+                        subscription.msg_out,
+                        subscription.bytes_out,
+                        getattr(subscription, "msg_acked", 0),
+                        getattr(subscription, "msg_redelivered", 0),
+                        expired,
+                    ),
+                    topic.loaded_at,
                 )
+                dispatcher = getattr(subscription, "dispatcher", None)
                 if topic.name.persistent:
                     back_log.add_metric(
                         labels, cast(StoredSubscription, subscription).cursor.backlog
                     )
                     unacked.add_metric(labels, sum(c.unacked for c in subscription.consumers))
+                    held = getattr(dispatcher, "delayed", ())
+                    delayed.add_metric(labels, len(held))
+                    full = getattr(dispatcher, "subscription_full", None)
+                    blocked.add_metric(labels, 1 if full is not None and full() else 0)
+                    rate_expired.add_metric(labels, expiries)
+                    total_expired.add_metric(labels, expired)
+                    rate_redeliver.add_metric(labels, redeliveries)
+                    ack_rate.add_metric(labels, acks)
                 rate_out.add_metric(labels, rate)
                 throughput_out.add_metric(labels, throughput)
                 consumers.add_metric(labels, len(subscription.consumers))
         yield from families
+
+    # -- storage: latency and entry size buckets, the managed ledgers -----------------------------
+
+    def _histogram_families(
+        self, cluster: str, topics: list[CountedTopic], ledgers: dict[int, LedgerView]
+    ) -> Iterator[Metric]:
+        """Pulsar's ``pulsar_storage_write_latency_*`` and ``pulsar_entry_size_*``: per
+        bucket, the entries of the last window (between scrapes) whose add latency or size
+        fell in it, with ``_count`` and ``_sum`` (µs, bytes); gauges, as Pulsar types them."""
+        labels = _TOPIC_LABELS if self.topic_level else _NS_LABELS
+        for prefix, names, key in (
+            ("pulsar_storage_write_latency", WRITE_LATENCY_NAMES, "add"),
+            ("pulsar_entry_size", ENTRY_SIZE_NAMES, "size"),
+        ):
+            all_names = (*names, f"{prefix}_count", f"{prefix}_sum")
+            rows: dict[tuple[str, ...], list[float]] = {}
+            for topic in topics:
+                view = ledgers.get(id(topic))
+                if view is None:
+                    continue
+                key_labels: tuple[str, ...] = (cluster, topic.name.namespace_name)
+                if self.topic_level:
+                    key_labels = (*key_labels, str(topic.name))
+                row = rows.setdefault(key_labels, [0.0] * len(all_names))
+                for i, value in enumerate(view.buckets[key]):
+                    row[i] += value
+            for i, name in enumerate(all_names):
+                family = GaugeMetricFamily(name, _HISTOGRAM_HELP[prefix], labels=labels)
+                for key_labels, row in sorted(rows.items()):
+                    family.add_metric(list(key_labels), row[i])
+                yield family
+
+    def _managed_ledger_families(
+        self, cluster: str, topics: list[CountedTopic], ledgers: dict[int, LedgerView]
+    ) -> Iterator[Metric]:
+        """Pulsar's ``pulsar_ml_*``: per namespace (label ``namespace="tenant/ns/persistent"``,
+        as Pulsar names a managed ledger's namespace) and the entry cache's per broker."""
+        per_namespace: dict[str, list[LedgerView]] = {}
+        for topic in topics:
+            view = ledgers.get(id(topic))
+            if view is not None:
+                per_namespace.setdefault(f"{topic.name.namespace_name}/persistent", []).append(view)
+        labels = _NS_LABELS
+        scalar = [GaugeMetricFamily(n, d, labels=labels) for n, d, _ in ML_FAMILIES]
+        bucketed = [
+            (
+                GaugeMetricFamily(n, d, labels=[*labels, "quantile"]),
+                GaugeMetricFamily(f"{n}_OVERFLOW", f"{d}: above the last bound", labels=labels),
+                key,
+                quantiles,
+            )
+            for n, d, key, quantiles in ML_BUCKET_FAMILIES
+        ]
+        for namespace, views in sorted(per_namespace.items()):
+            for family, (_, _, value_of) in zip(scalar, ML_FAMILIES, strict=True):
+                family.add_metric([cluster, namespace], sum(value_of(v) for v in views))
+            for family, overflow, key, quantiles in bucketed:
+                counts = [sum(v.buckets[key][i] for v in views) for i in range(len(quantiles) + 1)]
+                for quantile, count in zip(quantiles, counts, strict=False):
+                    family.add_metric([cluster, namespace, quantile], count)
+                overflow.add_metric([cluster, namespace], counts[len(quantiles)])
+        yield from scalar
+        for family, overflow, _, _ in bucketed:
+            yield family
+            yield overflow
+        views = list(ledgers.values())
+        caches = [v.ml.reader.cache for v in views]
+        for name, documentation, value in (
+            ("pulsar_ml_count", "Managed ledgers open on this broker", len(views)),
+            (
+                "pulsar_ml_cache_used_size",
+                "Bytes of entries in the managed ledgers' caches",
+                sum(c.size for c in caches),
+            ),
+            (
+                "pulsar_ml_cache_entries",
+                "Entries in the managed ledgers' caches",
+                sum(len(c.entries) for c in caches),
+            ),
+            (
+                "pulsar_ml_cache_hits_rate",
+                "Entries per second read from the caches",
+                sum(v.rates[4] for v in views),
+            ),
+            (
+                "pulsar_ml_cache_hits_throughput",
+                "Bytes per second read from the caches",
+                sum(v.rates[5] for v in views),
+            ),
+            (
+                "pulsar_ml_cache_misses_rate",
+                "Entries per second read from the bookies (not in a cache)",
+                sum(v.rates[6] for v in views),
+            ),
+            (
+                "pulsar_ml_cache_misses_throughput",
+                "Bytes per second read from the bookies (not in a cache)",
+                sum(v.rates[7] for v in views),
+            ),
+            (
+                "pulsar_ml_cache_inserted_entries_total",
+                "Entries put in the caches of the open managed ledgers",
+                sum(c.inserted for c in caches),
+            ),
+            (
+                "pulsar_ml_cache_evicted_entries_total",
+                "Entries evicted from the caches of the open managed ledgers",
+                sum(c.evicted for c in caches),
+            ),
+        ):
+            family = GaugeMetricFamily(name, documentation, labels=["cluster"])
+            family.add_metric([cluster], value)
+            yield family
+
+    # -- connections, lookups, resource usage ---------------------------------------------------
+
+    def _connection_families(self, cluster: str) -> Iterator[Metric]:
+        """Pulsar's connection gauges (counts since the broker started), labels ``cluster``,
+        ``broker`` and ``metric="broker_connection"``."""
+        counts = self._connections
+        labels = [cluster, self._broker.info.broker_id, "broker_connection"]
+        for name, documentation, value in (
+            (
+                "pulsar_active_connections",
+                "Client connections open",
+                counts.created - counts.closed,
+            ),
+            ("pulsar_connection_created_total_count", "Connections accepted", counts.created),
+            (
+                "pulsar_connection_create_success_count",
+                "Connections whose CONNECT was accepted",
+                counts.succeeded,
+            ),
+            (
+                "pulsar_connection_create_fail_count",
+                "Connections whose CONNECT was refused",
+                counts.failed,
+            ),
+            ("pulsar_connection_closed_total_count", "Connections closed", counts.closed),
+        ):
+            family = GaugeMetricFamily(name, documentation, labels=["cluster", "broker", "metric"])
+            family.add_metric(labels, value)
+            yield family
+
+    def _lookup_families(self, cluster: str) -> Iterator[Metric]:
+        """Pulsar's lookup metrics: ``pulsar_broker_lookup`` (a summary of LOOKUP times in
+        ms, quantiles of the last 1024), answers, redirects, failures and pending."""
+        counts = self._lookups
+        summary = Metric("pulsar_broker_lookup", "Time to answer a LOOKUP (ms)", "summary")
+        for q in LOOKUP_QUANTILES:
+            summary.add_sample(
+                "pulsar_broker_lookup",
+                {"cluster": cluster, "quantile": repr(q)},
+                counts.quantile(q),
+            )
+        summary.add_sample("pulsar_broker_lookup_count", {"cluster": cluster}, counts.count)
+        summary.add_sample("pulsar_broker_lookup_sum", {"cluster": cluster}, counts.sum_ms)
+        yield summary
+        for name, documentation, value in (
+            ("pulsar_broker_lookup_answers", "LOOKUPs answered by this broker", counts.answers),
+            (
+                "pulsar_broker_lookup_redirects",
+                "LOOKUPs redirected to another broker",
+                counts.redirects,
+            ),
+            ("pulsar_broker_lookup_failures", "LOOKUPs that failed", counts.failures),
+        ):
+            family = CounterMetricFamily(name, documentation, labels=["cluster"])
+            family.add_metric([cluster], value)
+            yield family
+        pending = GaugeMetricFamily(
+            "pulsar_broker_lookup_pending_requests", "LOOKUPs in progress", labels=["cluster"]
+        )
+        pending.add_metric([cluster], counts.pending)
+        yield pending
+
+    def _usage_families(self, cluster: str) -> Iterator[Metric]:
+        """Pulsar's ``pulsar_lb_*_usage`` (percent), as of this broker's last load report."""
+        usage = self._broker.resource_usage
+        labels = [cluster, self._broker.info.broker_id, "loadBalancing"]
+        for name, documentation, value in (
+            ("pulsar_lb_cpu_usage", "CPU used, in percent of the CPUs allowed", usage.cpu),
+            ("pulsar_lb_memory_usage", "Memory used, in percent of the limit", usage.memory),
+            (
+                "pulsar_lb_bandwidth_in_usage",
+                "Bytes in, in percent of the NIC speed",
+                usage.bandwidth_in,
+            ),
+            (
+                "pulsar_lb_bandwidth_out_usage",
+                "Bytes out, in percent of the NIC speed",
+                usage.bandwidth_out,
+            ),
+        ):
+            family = GaugeMetricFamily(name, documentation, labels=["cluster", "broker", "metric"])
+            family.add_metric(labels, value)
+            yield family
 
     # -- geo-replication ------------------------------------------------------------------------
 
@@ -592,6 +966,117 @@ def _family(
     if is_counter:
         return CounterMetricFamily(name, documentation, labels=labels)
     return GaugeMetricFamily(name, documentation, labels=labels)
+
+
+@dataclass(slots=True, frozen=True)
+class LedgerView:
+    """One managed ledger as a scrape sees it: rates and growth of its counters over the last
+    window (order of :meth:`ManagedLedgerStats.counters`, then adds failed, reads failed),
+    and its buckets' growth (counts, then number, then sum)."""
+
+    ml: StoredLedger
+    rates: tuple[float, ...]
+    deltas: tuple[int, ...]
+    buckets: dict[str, tuple[int, ...]]
+
+
+def _snapshot(buckets: Buckets) -> tuple[int, ...]:
+    return (*buckets.snapshot(), int(buckets.sum))
+
+
+def _quantiles(bounds: tuple[float, ...]) -> tuple[str, ...]:
+    """Pulsar's ``quantile`` labels of bucket ranges: ``0.0_0.5``, ``0.5_1.0``, ..."""
+    edges = (0.0, *bounds)
+    return tuple(f"{float(a)}_{float(b)}" for a, b in itertools.pairwise(edges))
+
+
+LOOKUP_QUANTILES = (0.5, 0.99, 0.999, 1.0)
+
+#: Per-namespace managed-ledger gauges: (name, help, value from one LedgerView).
+ML_FAMILIES: tuple[tuple[str, str, Callable[[LedgerView], float]], ...] = (
+    ("pulsar_ml_AddEntryBytesRate", "Bytes per second added", lambda v: v.rates[1]),
+    (
+        "pulsar_ml_AddEntryWithReplicasBytesRate",
+        "Bytes per second added, times the write quorum",
+        lambda v: v.rates[1] * v.ml.config.write_quorum,
+    ),
+    ("pulsar_ml_AddEntryMessagesRate", "Entries per second added", lambda v: v.rates[0]),
+    ("pulsar_ml_AddEntrySucceed", "Adds acknowledged in the last window", lambda v: v.deltas[0]),
+    ("pulsar_ml_AddEntryErrors", "Adds failed in the last window", lambda v: v.deltas[9]),
+    ("pulsar_ml_ReadEntriesRate", "Entries per second read", lambda v: v.rates[2]),
+    ("pulsar_ml_ReadEntriesBytesRate", "Bytes per second read", lambda v: v.rates[3]),
+    (
+        "pulsar_ml_ReadEntriesSucceeded",
+        "Entries read in the last window",
+        lambda v: v.deltas[2],
+    ),
+    ("pulsar_ml_ReadEntriesErrors", "Reads failed in the last window", lambda v: v.deltas[10]),
+    (
+        "pulsar_ml_MarkDeleteRate",
+        "Acknowledgements per second moving cursors",
+        lambda v: v.rates[8],
+    ),
+    (
+        "pulsar_ml_NumberOfMessagesInBacklog",
+        "Entries after the slowest cursor's mark-delete position",
+        lambda v: _ledger_backlog(v.ml),
+    ),
+    (
+        "pulsar_ml_StoredMessagesSize",
+        "Bytes of the ledgers, times the write quorum",
+        lambda v: v.ml.total_size * v.ml.config.write_quorum,
+    ),
+)
+
+#: Per-namespace bucket gauges (label ``quantile``) and their ``_OVERFLOW``.
+ML_BUCKET_FAMILIES: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    (
+        "pulsar_ml_AddEntryLatencyBuckets",
+        "Adds of the last window by latency (ms), queueing included",
+        "add",
+        _quantiles(LATENCY_BOUNDS_MS),
+    ),
+    (
+        "pulsar_ml_LedgerAddEntryLatencyBuckets",
+        "Adds of the last window by latency at the bookies (ms)",
+        "ledger_add",
+        _quantiles(LATENCY_BOUNDS_MS),
+    ),
+    (
+        "pulsar_ml_LedgerSwitchLatencyBuckets",
+        "Ledger rollovers of the last window by latency (ms)",
+        "switch",
+        _quantiles(LATENCY_BOUNDS_MS),
+    ),
+    (
+        "pulsar_ml_EntrySizeBuckets",
+        "Adds of the last window by entry size (bytes)",
+        "size",
+        _quantiles(tuple(float(b) for b in ENTRY_SIZE_BOUNDS)),
+    ),
+)
+
+_HISTOGRAM_HELP = {
+    "pulsar_storage_write_latency": "Entries of the last window by add latency (ms; sum in µs)",
+    "pulsar_entry_size": "Entries of the last window by size (bytes)",
+}
+
+
+def _ledger_backlog(ml: StoredLedger) -> int:
+    slowest = ml.slowest_mark_delete()
+    return 0 if slowest is None else ml.entries_after(slowest)
+
+
+def _backlog_size(topic: StoredTopic | None) -> float:
+    """Pulsar's estimated backlog size: the entries after the slowest subscription's
+    mark-delete position at the ledger's average entry size (bytes, one copy)."""
+    if topic is None:
+        return 0.0
+    ml = topic.ml
+    entries = ml.number_of_entries
+    if entries <= 0:
+        return 0.0
+    return _ledger_backlog(ml) * ml.total_size / entries
 
 
 def _backlog(topic: StoredTopic | None) -> int:

@@ -45,7 +45,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MagnetarCluste
             "write_quorum": 1,
             "ack_quorum": 1,
             "load_balancer_shedding_interval_seconds": 1,
-            "load_balancer_broker_overloaded_threshold_percentage": 10,
+            "load_balancer_broker_threshold_shedder_percentage": 10,
             "load_balancer_shedding_grace_period_seconds": 3600,
             "load_balancer_auto_bundle_split_enabled": True,
             "load_balancer_namespace_bundle_max_topics": MAX_TOPICS,

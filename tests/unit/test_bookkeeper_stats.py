@@ -76,6 +76,9 @@ def test_render_has_bookkeepers_names_types_and_labels() -> None:
         "bookkeeper_server_READ_ENTRY_REQUEST",
         "bookie_journal_JOURNAL_SYNC",
         "replication_auditor_NUM_UNDER_REPLICATED_LEDGERS",
+        "replication_auditor_CHECK_ALL_LEDGERS_TIME",
+        "replication_auditor_URL_PUBLISH_TIME_FOR_LOST_BOOKIE",
+        "replication_replication_worker_rereplicate",
     ):
         kind, samples = found[name]
         assert kind == "summary", name
@@ -90,10 +93,13 @@ def test_render_has_bookkeepers_names_types_and_labels() -> None:
     assert read[("bookkeeper_server_READ_ENTRY_count", "true")] == 1
     for name in (
         "NUM_FULL_OR_PARTIAL_LEDGERS_REPLICATED",
+        "NUM_ENTRIES_READ",
+        "NUM_BYTES_READ",
         "NUM_ENTRIES_WRITTEN",
         "NUM_BYTES_WRITTEN",
     ):
         assert f"# TYPE replication_replication_worker_{name} counter\n" in text
+    assert "# TYPE replication_auditor_NUM_LEDGERS_CHECKED counter\n" in text
     read_only = BookKeeperStats().render(
         StorageGauges(False, 0, 0, 0, 0, 0, "/l/current", "/l/current")
     )
@@ -122,4 +128,5 @@ def test_every_service_registry_has_process_and_python_and_no_created() -> None:
             "python_gc_collections",
         ):
             assert name in names, (name, sorted(names))
-        assert "_created" not in text
+        series = {line.split("{")[0].split(" ")[0] for line in text.splitlines()}
+        assert not [n for n in series if n.endswith("_created")], series

@@ -10,7 +10,15 @@ from typing import Any
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from magnetar.broker.metrics import BrokerMetrics, CounterRates
+from magnetar.broker.cluster.resource_usage import ResourceUsage
+from magnetar.broker.ledger.ml_stats import ENTRY_SIZE_BOUNDS, LATENCY_BOUNDS_MS, Buckets
+from magnetar.broker.metrics import (
+    ENTRY_SIZE_NAMES,
+    ML_BUCKET_FAMILIES,
+    WRITE_LATENCY_NAMES,
+    BrokerMetrics,
+    CounterRates,
+)
 from magnetar.broker.model.topic_name import TopicName
 
 
@@ -33,6 +41,44 @@ def test_first_rate_is_the_average_since_loaded_then_deltas_between_scrapes() ->
     assert rates.rates(key, (1000, 500), since=90.0) == (10.0, 0.0)
     clock.now = 104.0
     assert rates.rates(key, (1000, 500), since=90.0) == (465.0, 0.0)
+
+
+def test_deltas_are_the_growth_of_the_window_rates_share() -> None:
+    clock = Clock()
+    rates = CounterRates(min_window_s=1.0, clock=clock)
+    key = object()
+    assert rates.deltas(key, (3, 7), since=98.0) == (3, 7)
+    clock.now = 101.0
+    assert rates.deltas(key, (5, 7), since=98.0) == (2, 0)
+    assert rates.rates(key, (9, 9), since=98.0) == (2.0, 0.0)  # same window: same answer
+
+
+def test_buckets_put_a_bound_in_its_own_bucket_as_pulsar_ranges_do() -> None:
+    """Pulsar's ranges are (lower, upper]: 0.5 ms is in le_0_5, 0.51 ms in le_1, and what
+    passes the last bound in the overflow."""
+    latency = Buckets(LATENCY_BOUNDS_MS)
+    for seconds in (0.0005, 0.00051, 0.001, 2.0):
+        latency.add_latency(seconds)
+    assert latency.counts == [1, 2, 0, 0, 0, 0, 0, 0, 0, 1]
+    assert latency.count == 4 and round(latency.sum) == 500 + 510 + 1000 + 2_000_000  # µs
+    size = Buckets(ENTRY_SIZE_BOUNDS)
+    for n in (128, 129, 1_048_576, 1_048_577):
+        size.add(n)
+    assert size.counts == [1, 1, 0, 0, 0, 0, 0, 1, 1]
+
+
+def test_pulsars_bucket_names_and_quantile_labels() -> None:
+    assert WRITE_LATENCY_NAMES[0] == "pulsar_storage_write_latency_le_0_5"
+    assert WRITE_LATENCY_NAMES[-2:] == (
+        "pulsar_storage_write_latency_le_1000",
+        "pulsar_storage_write_latency_overflow",
+    )
+    assert ENTRY_SIZE_NAMES[2] == "pulsar_entry_size_le_1_kb"
+    assert ENTRY_SIZE_NAMES[-2:] == ("pulsar_entry_size_le_1_mb", "pulsar_entry_size_le_overflow")
+    quantiles = {name: q for name, _, _, q in ML_BUCKET_FAMILIES}
+    assert quantiles["pulsar_ml_AddEntryLatencyBuckets"][:2] == ("0.0_0.5", "0.5_1.0")
+    assert quantiles["pulsar_ml_AddEntryLatencyBuckets"][-1] == "200.0_1000.0"
+    assert quantiles["pulsar_ml_EntrySizeBuckets"][-1] == "102400.0_1048576.0"
 
 
 def test_objects_not_asked_about_are_forgotten() -> None:
@@ -75,6 +121,7 @@ def _broker(*topics: FakeTopic) -> Any:
         authentication=SimpleNamespace(
             successes={("AuthenticationProviderToken", "token"): 2}, refusals={}
         ),
+        resource_usage=ResourceUsage(cpu=12.5, memory=40.0),
     )
 
 

@@ -46,6 +46,20 @@ def test_select_prefers_fewest_bundles_then_lowest_rate_then_id() -> None:
         select_broker({}, {})
 
 
+def test_select_leaves_out_brokers_above_the_overloaded_threshold() -> None:
+    """Pulsar's loadBalancerBrokerOverloadedThresholdPercentage: a broker whose highest
+    resource usage passes it gets no new bundle while another broker is below it."""
+    idle_but_hot = LoadReport(bundles=0, memory_usage=91.0)
+    busy = LoadReport(bundles=4, cpu_usage=40.0, bandwidth_out_usage=60.0)
+    reports = {"a:1": idle_but_hot, "b:1": busy}
+    assert idle_but_hot.max_resource_usage == 91.0 and busy.max_resource_usage == 60.0
+    assert select_broker(reports, {}, 85.0) == "b:1"
+    assert select_broker(reports, {}, 95.0) == "a:1"  # under the bound: fewest bundles wins
+    # Every broker overloaded: placement goes on by the usual order rather than failing.
+    hot = {"a:1": idle_but_hot, "b:1": LoadReport(bundles=4, bandwidth_in_usage=99.0)}
+    assert select_broker(hot, {}, 85.0) == "a:1"
+
+
 @given(st.dictionaries(st.sampled_from("abcdef"), st.integers(0, 20), min_size=1))
 def test_repeated_placement_spreads_evenly(start: dict[str, int]) -> None:
     counts = dict(start)

@@ -12,6 +12,7 @@ import pytest
 
 from magnetar.broker.config import BrokerConfig
 from magnetar.broker.errors import NamespaceNotFoundError, TopicNotFoundError, TopicNotOwnedError
+from magnetar.broker.metrics import BrokerMetrics
 from magnetar.broker.model.topic_name import TopicName
 from magnetar.broker.protocol import errors
 from magnetar.broker.protocol.connection import ServerConnection
@@ -186,6 +187,7 @@ class FakeBroker:
         default_factory=lambda: BrokerConfig(keep_alive_interval_seconds=0)
     )
     connections: set[Any] = field(default_factory=set)
+    metrics: BrokerMetrics = field(default_factory=BrokerMetrics)
 
 
 def open_connection() -> tuple[ServerConnection, FakeTransport]:

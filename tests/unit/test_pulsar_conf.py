@@ -70,11 +70,32 @@ def test_camel_case_keys_and_pulsar_names_with_units() -> None:
 
 
 def test_same_words_other_meaning_is_not_matched() -> None:
+    t = translate([("compactionThreshold", "0.5")], ["compaction_threshold"])
+    assert t.values == {} and t.unknown == ["compactionThreshold"]
+
+
+def test_load_balancer_thresholds_take_pulsars_names_and_meanings() -> None:
+    """loadBalancerBrokerOverloadedThresholdPercentage is Pulsar's absolute usage bound;
+    loadBalancerBrokerThresholdShedderPercentage the ThresholdShedder's margin over the
+    average: each lands on the setting of the same meaning."""
     t = translate(
-        [("loadBalancerBrokerOverloadedThresholdPercentage", "85")],
-        ["load_balancer_broker_overloaded_threshold_percentage"],
+        [
+            ("loadBalancerBrokerOverloadedThresholdPercentage", "80"),
+            ("loadBalancerBrokerThresholdShedderPercentage", "15"),
+            ("loadBalancerOverrideBrokerNicSpeedGbps", "25"),
+        ],
+        [
+            "load_balancer_broker_overloaded_threshold_percentage",
+            "load_balancer_broker_threshold_shedder_percentage",
+            "load_balancer_override_broker_nic_speed_gbps",
+        ],
     )
-    assert t.values == {} and t.unknown == ["loadBalancerBrokerOverloadedThresholdPercentage"]
+    assert t.unknown == []
+    assert t.values == {
+        "load_balancer_broker_overloaded_threshold_percentage": "80",
+        "load_balancer_broker_threshold_shedder_percentage": "15",
+        "load_balancer_override_broker_nic_speed_gbps": "25",
+    }
 
 
 @pytest.mark.parametrize(
@@ -117,8 +138,10 @@ def test_broker_conf(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
         "managedLedgerDefaultAckQuorum=2\n"
         "defaultRetentionTimeInMinutes=60\n"
         "metadataStoreSessionTimeoutMillis=30000\n"
-        "loadBalancerBrokerOverloadedThresholdPercentage=85\n"
+        "loadBalancerBrokerOverloadedThresholdPercentage=80\n"
+        "loadBalancerBrokerThresholdShedderPercentage=15\n"
         "numIOThreads=8\n"
+        "managedLedgerCacheEvictionFrequency=100\n"
         "maxMessageSize=5242880\n"
         "exposeTopicLevelMetricsInPrometheus=false\n"
     )
@@ -132,9 +155,11 @@ def test_broker_conf(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     assert config.broker_session_ttl_seconds == 30
     assert config.max_message_size == 5242880
     assert config.expose_topic_level_metrics_in_prometheus is False
+    assert config.load_balancer_broker_overloaded_threshold_percentage == 80
+    assert config.load_balancer_broker_threshold_shedder_percentage == 15
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
-    assert "loadBalancerBrokerOverloadedThresholdPercentage, numIOThreads" in warnings[0].message
+    assert "numIOThreads, managedLedgerCacheEvictionFrequency" in warnings[0].message
 
 
 def test_bookkeeper_conf(tmp_path: Path) -> None:

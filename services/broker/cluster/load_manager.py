@@ -7,10 +7,13 @@ registry and the ownership cache and acts on them.
 Rules:
 
 - **Placement** (Pulsar's least-loaded choice): an unowned bundle goes to the broker with the
-  fewest bundles, then the lowest message rate, then the smallest broker id (deterministic).
+  fewest bundles, then the lowest message rate, then the smallest broker id (deterministic),
+  leaving out brokers whose highest resource usage (CPU, memory, bandwidth; percent) is above
+  ``load_balancer_broker_overloaded_threshold_percentage`` unless all are.
 - **Shedding** (after Pulsar's ``ThresholdShedder``): a broker's load is the sum of its
   bundles' message rates (in + out), or its bundle count when the whole cluster is idle. A
-  broker loaded more than ``threshold_pct`` percent above the cluster average sheds its
+  broker loaded more than ``threshold_pct`` percent above the cluster average
+  (``load_balancer_broker_threshold_shedder_percentage``) sheds its
   hottest bundles until it is at the average, skipping a bundle that would take it more than
   ``threshold_pct`` below the average (it would only move the overload elsewhere), a bundle
   moved within the grace period, and its last bundle. Shed bundles are unloaded; the clients'
@@ -76,14 +79,25 @@ class Shed(NamedTuple):
 # -- pure decisions -------------------------------------------------------------------------
 
 
-def select_broker(candidates: Mapping[str, LoadReport], bundle_counts: Mapping[str, int]) -> str:
+def select_broker(
+    candidates: Mapping[str, LoadReport],
+    bundle_counts: Mapping[str, int],
+    overloaded_threshold_pct: float = 100.0,
+) -> str:
     """The least-loaded broker id: fewest bundles (``bundle_counts``, else the report's), then
     lowest message rate, then smallest id. A draining broker (shutting down) is chosen only when
-    every candidate is draining: a bundle placed there would have to move again at once."""
+    every candidate is draining: a bundle placed there would have to move again at once. A
+    broker whose highest resource usage is above ``overloaded_threshold_pct`` (Pulsar's
+    ``loadBalancerBrokerOverloadedThresholdPercentage``) is chosen only when every serving
+    candidate is overloaded, as Pulsar's placement scores it out."""
     if not candidates:
         raise NoBrokerAvailableError("no active broker to place a bundle on")
     serving = {b: r for b, r in candidates.items() if not r.draining}
     candidates = serving or candidates
+    roomy = {
+        b: r for b, r in candidates.items() if r.max_resource_usage <= overloaded_threshold_pct
+    }
+    candidates = roomy or candidates
     return min(
         candidates,
         key=lambda b: (
@@ -246,7 +260,7 @@ class LoadManager:
         candidates = {b: report for b, (_, report) in active.items()}
         if left in candidates and len(candidates) > 1:
             del candidates[left]  # an unloaded (or shed) bundle moves to another broker
-        chosen = select_broker(candidates, counts)
+        chosen = select_broker(candidates, counts, self._overloaded_threshold())
         self._pending[(namespace, bundle)] = (chosen, now + PENDING_PLACEMENT_SECONDS)
         log.info("bundle %s/%s: placed on broker %s", namespace, bundle, chosen)
         return active[chosen][0]
@@ -258,7 +272,13 @@ class LoadManager:
         candidates = {b: report for b, (_, report) in active.items() if b != leaving}
         if not candidates:
             return None
-        return active[select_broker(candidates, self._bundle_counts(self._clock()))][0]
+        chosen = select_broker(
+            candidates, self._bundle_counts(self._clock()), self._overloaded_threshold()
+        )
+        return active[chosen][0]
+
+    def _overloaded_threshold(self) -> float:
+        return self._config.load_balancer_broker_overloaded_threshold_percentage
 
     def _bundle_counts(self, now: float) -> dict[str, int]:
         owners = self._ownership.owners()
@@ -299,7 +319,7 @@ class LoadManager:
         shed = bundles_to_shed(
             {b: report for b, (_, report) in active.items()},
             owned,
-            self._config.load_balancer_broker_overloaded_threshold_percentage,
+            self._config.load_balancer_broker_threshold_shedder_percentage,
             self._moved.keys(),
         )
         shed_from: set[str] = set()

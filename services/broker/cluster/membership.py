@@ -25,6 +25,7 @@ from magnetar.broker.cluster.bundles import BundleRange
 from magnetar.broker.cluster.load_manager import LoadManager
 from magnetar.broker.cluster.ownership import SESSION_SAFETY_MARGIN_S, OwnershipStore
 from magnetar.broker.cluster.registry import BrokerRegistry, BundleStats, LoadReport, cpu_and_memory
+from magnetar.broker.cluster.resource_usage import ResourceSampler, ResourceUsage
 from magnetar.broker.config import BrokerConfig
 from magnetar.common.cluster.broker_info import BrokerInfo
 from magnetar.common.metadata import MetadataStore
@@ -39,8 +40,9 @@ SESSION_CHECK_INTERVAL_S = 0.25
 class ServedTopics(Protocol):
     """What membership needs of the loaded topics."""
 
-    def counters(self) -> dict[str, tuple[int, int]]:
-        """``(messages_in, bytes_in)`` of every loaded topic, by topic name."""
+    def counters(self) -> dict[str, tuple[int, int, int, int]]:
+        """``(messages_in, bytes_in, messages_out, bytes_out)`` of every loaded topic, by
+        topic name."""
         ...
 
     def topic_names_in(self, namespace: str, bundle: BundleRange) -> list[str]:
@@ -97,7 +99,15 @@ class Membership:
         self._bundles_watch: asyncio.Task[None] | None = None
         self._session_watch: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._last_report: tuple[float, dict[str, tuple[int, int]]] = (time.monotonic(), {})
+        self._last_report: tuple[float, dict[str, tuple[int, int, int, int]]] = (
+            time.monotonic(),
+            {},
+        )
+        self._resources = ResourceSampler(
+            host.config.load_balancer_override_broker_nic_speed_gbps or None
+        )
+        #: The usage of the last load report (``pulsar_lb_*_usage``).
+        self.resource_usage = ResourceUsage()
         #: Shutting down (:meth:`drain`): reported, so the load manager places nothing here.
         self.draining = False
 
@@ -165,7 +175,7 @@ class Membership:
         self._last_report = (now, counters)
 
         def delta(key: str, index: int) -> float:
-            before = previous.get(key, (0, 0))[index]
+            before = previous.get(key, (0, 0, 0, 0))[index]
             return max(counters[key][index] - before, 0) / elapsed
 
         owned = self.ownership.owned() if self.ownership is not None else set()
@@ -175,15 +185,22 @@ class Membership:
             rate = sum(delta(key, 0) for key in topics)
             bundle_stats.append(BundleStats(namespace, bundle, rate, len(topics)))
         cpu, memory = cpu_and_memory()
+        throughput_in = sum(delta(key, 1) for key in counters)
+        throughput_out = sum(delta(key, 3) for key in counters)
+        usage = self.resource_usage = self._resources.sample(throughput_in, throughput_out)
         return LoadReport(
             msg_rate_in=sum(delta(key, 0) for key in counters),
-            msg_rate_out=0.0,
-            throughput_in=sum(delta(key, 1) for key in counters),
-            throughput_out=0.0,
+            msg_rate_out=sum(delta(key, 2) for key in counters),
+            throughput_in=throughput_in,
+            throughput_out=throughput_out,
             topics=len(counters),
             bundles=len(owned),
             cpu_percent=cpu,
             memory_mb=memory,
+            cpu_usage=usage.cpu,
+            memory_usage=usage.memory,
+            bandwidth_in_usage=usage.bandwidth_in,
+            bandwidth_out_usage=usage.bandwidth_out,
             timestamp_ms=int(time.time() * 1000),
             bundle_stats=tuple(bundle_stats),
             draining=self.draining,

@@ -56,10 +56,23 @@ class LoadReport:
     #: (Pulsar removes a stopping broker from the load-balance registry; here it stays
     #: registered so the proxy and redirects still reach it while its bundles move.)
     draining: bool = False
+    #: Usage in percent of what the broker may use (cluster/resource_usage.py), as Pulsar's
+    #: LocalBrokerData has them.
+    cpu_usage: float = 0.0
+    memory_usage: float = 0.0
+    bandwidth_in_usage: float = 0.0
+    bandwidth_out_usage: float = 0.0
 
     @property
     def msg_rate(self) -> float:
         return self.msg_rate_in + self.msg_rate_out
+
+    @property
+    def max_resource_usage(self) -> float:
+        """The highest usage percentage (Pulsar's ``getMaxResourceUsage``)."""
+        return max(
+            self.cpu_usage, self.memory_usage, self.bandwidth_in_usage, self.bandwidth_out_usage
+        )
 
     def to_dict(self) -> dict[str, Any]:
         document = asdict(self)
@@ -111,6 +124,10 @@ _CAMEL = {
     "bundles": "numBundles",
     "cpu_percent": "cpuPercent",
     "memory_mb": "memoryMb",
+    "cpu_usage": "cpuUsage",
+    "memory_usage": "memoryUsage",
+    "bandwidth_in_usage": "bandwidthInUsage",
+    "bandwidth_out_usage": "bandwidthOutUsage",
     "timestamp_ms": "timestamp",
     "bundle_stats": "bundleStats",
     "draining": "draining",

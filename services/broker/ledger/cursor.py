@@ -406,6 +406,7 @@ class ManagedCursor:
         if position <= self._mark_delete:
             return
         self._mark_delete = position
+        self.ml.stats.mark_deletes += 1
         self._forget_through(position)
         self._advance()
         self._after_ack()
@@ -419,6 +420,7 @@ class ManagedCursor:
             self._batch_acks.pop(position, None)
             changed |= self._acked.add(position)
         if changed:
+            self.ml.stats.mark_deletes += 1
             self._advance()
             self._after_ack()
 

@@ -17,15 +17,20 @@ class EntryCache:
         default_factory=collections.OrderedDict
     )
     size: int = 0
+    #: Entries put in, and entries evicted to make room, since it was made (for metrics).
+    inserted: int = 0
+    evicted: int = 0
 
     def put(self, position: Position, data: bytes) -> None:
         if len(data) > self.max_bytes:
             return
         self.entries[position] = data
         self.size += len(data)
+        self.inserted += 1
         while self.size > self.max_bytes:
             _, old = self.entries.popitem(last=False)
             self.size -= len(old)
+            self.evicted += 1
 
     def get(self, position: Position) -> bytes | None:
         return self.entries.get(position)

@@ -9,6 +9,7 @@ import logging
 
 from magnetar.broker.ledger.entry_cache import EntryCache
 from magnetar.broker.ledger.errors import ManagedLedgerError, UnreadableEntryError
+from magnetar.broker.ledger.ml_stats import ManagedLedgerStats
 from magnetar.broker.model.position import Position
 from magnetar.common.ledger.client import LedgerClient
 from magnetar.common.ledger.errors import EntryDigestError, LedgerError, NoSuchLedgerError
@@ -21,10 +22,17 @@ log = logging.getLogger("magnetar.broker.ledger.managed_ledger")
 class EntryReader:
     """The read side of one managed ledger (``name``)."""
 
-    def __init__(self, name: str, client: LedgerClient, cache_bytes: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        client: LedgerClient,
+        cache_bytes: int,
+        stats: ManagedLedgerStats | None = None,
+    ) -> None:
         self.name = name
         self.client = client
         self.cache = EntryCache(cache_bytes)
+        self.stats = ManagedLedgerStats() if stats is None else stats
         #: Open read handles of closed ledgers, by ledger id.
         self.handles: dict[int, LedgerHandle] = {}
         #: Entries found with no intact copy on any bookie -> why (cleared once read again).
@@ -88,11 +96,16 @@ class EntryReader:
                 break
             result.append((Position(ledger_id, entry_id), cached))
             entry_id += 1
+        stats = self.stats
+        if result:
+            stats.cache_hits += len(result)
+            stats.cache_hit_bytes += sum(len(data) for _, data in result)
         if entry_id <= last:
             handle = await self._handle(ledger_id, current)
             try:
                 entries = await handle.read(entry_id, last)
             except EntryDigestError as e:
+                stats.reads_failed += 1
                 bad = Position(ledger_id, e.entry_id)
                 if e.entry_id > entry_id:
                     # Give what comes before the damaged entry; the next read stops at it.
@@ -112,14 +125,19 @@ class EntryReader:
                     f"managed ledger {self.name}: entry {bad} is unreadable: {e}", bad
                 ) from e
             except LedgerError as e:
+                stats.reads_failed += 1
                 raise ManagedLedgerError(
                     f"managed ledger {self.name}: reading ledger {ledger_id} "
                     f"entries {entry_id}..{last} failed: {e}"
                 ) from e
             result.extend((Position(ledger_id, e.entry_id), e.payload) for e in entries)
+            stats.cache_misses += len(entries)
+            stats.cache_miss_bytes += sum(len(e.payload) for e in entries)
             if self.unreadable:
                 for item in entries:
                     self.unreadable.pop(Position(ledger_id, item.entry_id), None)
+        stats.reads_succeeded += len(result)
+        stats.read_bytes += sum(len(data) for _, data in result)
         return result
 
     async def _handle(self, ledger_id: int, current: LedgerHandle | None) -> LedgerHandle:

@@ -47,6 +47,7 @@ from magnetar.broker.ledger.errors import (
     UnreadableEntryError,
 )
 from magnetar.broker.ledger.ledger_info import ManagedLedgerConfig, roll_backoff
+from magnetar.broker.ledger.ml_stats import ManagedLedgerStats
 from magnetar.broker.ledger.positions import LedgerPositions
 from magnetar.broker.model.keys import decode_name, managed_ledger_key
 from magnetar.broker.model.position import Position
@@ -102,8 +103,13 @@ class ManagedLedger(LedgerPositions):
         self._failed_rolls = 0  # rollovers in a row whose ledger took no entry
         self._pushed_entries = 0  # adds sent to the current ledger (acked or not)
         self._pushed_bytes = 0
-        self.reader = EntryReader(name, client, config.cache_bytes)
-        self._queue: collections.deque[tuple[bytes, asyncio.Future[Position]]] = collections.deque()
+        #: Counters for metrics (adds, reads, cache, latencies), shared with the reader.
+        self.stats = ManagedLedgerStats()
+        self.reader = EntryReader(name, client, config.cache_bytes, self.stats)
+        #: Adds waiting for the writer: data, its future, when it was called (monotonic).
+        self._queue: collections.deque[tuple[bytes, asyncio.Future[Position], float]] = (
+            collections.deque()
+        )
         self._wake = asyncio.Event()
         #: Set and dropped after each completed add; made only when a tailer waits.
         self._added: asyncio.Event | None = None
@@ -319,7 +325,7 @@ class ManagedLedger(LedgerPositions):
         elif self._state is not _State.OPEN:
             future.set_exception(ManagedLedgerClosedError(f"managed ledger {self.name} is closed"))
         else:
-            self._queue.append((data, future))
+            self._queue.append((data, future, time.monotonic()))
             self._wake.set()
         return future
 
@@ -364,7 +370,8 @@ class ManagedLedger(LedgerPositions):
 
     def _fail_queued(self, error: BaseException) -> None:
         while self._queue:
-            _, future = self._queue.popleft()
+            _, future, _ = self._queue.popleft()
+            self.stats.adds_failed += 1
             if not future.done():
                 future.set_exception(error)
 
@@ -377,7 +384,7 @@ class ManagedLedger(LedgerPositions):
                 if self._error is not None:
                     self._fail_queued(self._error)
                     break
-                data, future = self._queue[0]
+                data, future, queued_at = self._queue[0]
                 try:
                     if self._should_roll():
                         await self._wait_before_roll()
@@ -392,6 +399,7 @@ class ManagedLedger(LedgerPositions):
                 except EntryTooLargeError as e:  # the caller's error: the ledger is fine
                     if self._queue and self._queue[0][1] is future:
                         self._queue.popleft()
+                    self.stats.adds_failed += 1
                     if not future.done():
                         future.set_exception(
                             EntryTooLargeForLedgerError(f"managed ledger {self.name}: {e}")
@@ -400,6 +408,7 @@ class ManagedLedger(LedgerPositions):
                 except Exception as e:  # a failed rollover or handle: this add fails, next retries
                     if self._queue and self._queue[0][1] is future:
                         self._queue.popleft()
+                    self.stats.adds_failed += 1
                     if isinstance(e, LedgerError):
                         self._current_failed = True
                     if not future.done():
@@ -413,7 +422,13 @@ class ManagedLedger(LedgerPositions):
                 self._pushed_entries += 1
                 self._pushed_bytes += len(data)
                 entry_future.add_done_callback(
-                    functools.partial(self._add_done, self._current.ledger_id, data, future)
+                    functools.partial(
+                        self._add_done,
+                        self._current.ledger_id,
+                        data,
+                        future,
+                        (queued_at, time.monotonic()),
+                    )
                 )
                 if self._pushed_entries % YIELD_EVERY == 0:
                     # Let the bookies start on what was pushed: a burst is journaled in
@@ -427,10 +442,13 @@ class ManagedLedger(LedgerPositions):
         ledger_id: int,
         data: bytes,
         future: asyncio.Future[Position],
+        times: tuple[float, float],
         entry_future: asyncio.Future[int],
     ) -> None:
         error = entry_future.exception()
+        stats = self.stats
         if error is not None:
+            stats.adds_failed += 1
             if isinstance(error, LedgerFencedError):
                 error = self._fence(str(error))
             elif isinstance(error, EntryTooLargeError):
@@ -442,6 +460,12 @@ class ManagedLedger(LedgerPositions):
                 future.set_exception(error)
             return
         position = Position(ledger_id, entry_future.result())
+        now = time.monotonic()
+        stats.adds_succeeded += 1
+        stats.add_bytes += len(data)
+        stats.add_latency.add_latency(now - times[0])
+        stats.ledger_add_latency.add_latency(now - times[1])
+        stats.entry_size.add(len(data))
         if self._current is not None and ledger_id == self._current.ledger_id:
             self._confirmed_in_current = True
         self.reader.cache.put(position, data)
@@ -483,6 +507,7 @@ class ManagedLedger(LedgerPositions):
     async def _roll(self) -> None:
         """Close the current ledger, create the next, CAS both into the metadata. Adds wait in
         the queue meanwhile, so they land in the new ledger in order."""
+        started = time.monotonic()
         async with self._meta_lock:
             old = self._current
             assert old is not None
@@ -505,6 +530,7 @@ class ManagedLedger(LedgerPositions):
             self._current_failed = False
             self._confirmed_in_current = False
             self._pushed_entries = self._pushed_bytes = 0
+            self.stats.ledger_switch_latency.add_latency(time.monotonic() - started)
             if info.entries == 0:
                 await self._delete_ledgers([old.ledger_id])
             log.info(

@@ -138,6 +138,7 @@ async def _original_principal(
 
 
 def _connected(conn: ServerConnection) -> None:
+    conn.broker.metrics.connection_counts.succeeded += 1
     conn.send(
         pb.CommandConnected(
             server_version=SERVER_VERSION,
@@ -148,6 +149,8 @@ def _connected(conn: ServerConnection) -> None:
 
 
 def _refuse(conn: ServerConnection, what: str, reason: str) -> None:
+    if what == "CONNECT":
+        conn.broker.metrics.connection_counts.failed += 1
     conn.broker.authentication.failures.refused(what, conn.peer, reason)
     conn.send(pb.CommandError(request_id=NO_REQUEST, error=pb.AuthenticationError, message=reason))
     conn.close()

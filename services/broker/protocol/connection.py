@@ -83,6 +83,7 @@ class ServerConnection(FrameConnection):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self.broker.connections.add(self)
+        self.broker.metrics.connection_counts.created += 1
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._apply_buffered_acks()
@@ -90,6 +91,7 @@ class ServerConnection(FrameConnection):
 
     def closed(self, exc: Exception | None) -> None:
         self.broker.connections.discard(self)
+        self.broker.metrics.connection_counts.closed += 1
         for subscription, found in self.consumers.values():
             self.drop_consumer(subscription, found)
         self.consumers.clear()

@@ -13,6 +13,7 @@ from magnetar.broker.cluster.lookup import LookupContext
 from magnetar.broker.config import BrokerConfig
 from magnetar.broker.model.topic_name import TopicName
 from magnetar.broker.namespace.authorization import AuthorizationService
+from magnetar.broker.protocol.counts import ConnectionCounts, LookupCounts
 from magnetar.broker.topics.nonpersistent import NonPersistentTopic
 from magnetar.broker.topics.persistent import PersistentTopic
 from magnetar.common.auth.service import AuthenticationService
@@ -34,6 +35,12 @@ class ProtocolMetrics(Protocol):
 
     @property
     def send_errors(self) -> LabelledCounter: ...
+
+    @property
+    def connection_counts(self) -> ConnectionCounts: ...
+
+    @property
+    def lookup_counts(self) -> LookupCounts: ...
 
 
 class BrokerService(LookupContext, Protocol):

@@ -112,8 +112,12 @@ class Consumer:
         self.unacked += count - self.pending.get(position, 0)
         self.pending[position] = count
 
-    def acked(self, position: Position) -> None:
-        self.unacked -= self.pending.pop(position, 0)
+    def acked(self, position: Position) -> int:
+        """``position`` is acknowledged (or taken back for redelivery): the messages it held
+        out on this consumer (0 when it was not out here)."""
+        count = self.pending.pop(position, 0)
+        self.unacked -= count
+        return count
 
     def clear_pending(self) -> None:
         self.pending.clear()

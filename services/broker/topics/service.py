@@ -346,8 +346,11 @@ class TopicService:
     def topic_names_in(self, namespace: str, bundle: BundleRange) -> list[str]:
         return [str(topic.name) for topic in self.topics_in(namespace, bundle)]
 
-    def counters(self) -> dict[str, tuple[int, int]]:
-        return {key: (t.messages_in, t.bytes_in) for key, t in self.topics.items()}
+    def counters(self) -> dict[str, tuple[int, int, int, int]]:
+        return {
+            key: (t.messages_in, t.bytes_in, t.msg_out, t.bytes_out)
+            for key, t in self.topics.items()
+        }
 
     def bundle_lost(self, namespace: str, bundle: BundleRange) -> None:
         """Our ownership key of ``bundle`` was deleted or taken: stop serving its topics now."""

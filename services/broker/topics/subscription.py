@@ -87,6 +87,9 @@ class Subscription:
         #: Messages and bytes dispatched (redeliveries included), for metrics.
         self.msg_out = 0
         self.bytes_out = 0
+        #: Messages acknowledged and messages sent back for redelivery, for metrics.
+        self.msg_acked = 0
+        self.msg_redelivered = 0
         #: Entries expired (TTL or the admin's expireMessages), and when last (ms, 0: never).
         self.expired = 0
         self.last_expired_ms = 0
@@ -211,7 +214,7 @@ class Subscription:
         self.cursor.mark_delete(through)
         for c in self.dispatcher.consumers:
             for p in [p for p in c.pending if p <= through]:
-                c.acked(p)
+                self.msg_acked += c.acked(p)
         self._forget_through(through)
 
     def _batch_indexes(
@@ -222,7 +225,7 @@ class Subscription:
             self._forget(consumer, position)
 
     def _forget(self, consumer: Consumer, position: Position) -> None:
-        consumer.acked(position)
+        self.msg_acked += consumer.acked(position)
         self.redelivery_counts.pop(position, None)
         self.batch_sizes.pop(position, None)
 

@@ -199,8 +199,10 @@ class Dispatcher(abc.ABC):
         )
 
     def redelivered(self, position: Position) -> None:
-        counts = self.subscription.redelivery_counts
+        subscription = self.subscription
+        counts = subscription.redelivery_counts
         counts[position] = counts.get(position, 0) + 1
+        subscription.msg_redelivered += subscription.batch_sizes.get(position, 1)
 
     def reset(self) -> None:  # noqa: B027 - in-order modes keep nothing to forget
         """The cursor was reset (seek): forget positions held in memory."""
