@@ -11,7 +11,15 @@ from collections.abc import Iterator
 import pulsar
 import pytest
 
-from tests.support.metric_names import BOOKIE, BROKER, Families, check, scrape, value
+from tests.support.metric_names import (
+    BOOKIE,
+    BROKER,
+    Families,
+    check,
+    scrape,
+    scrape_drained,
+    value,
+)
 from tests.support.raw_client import assert_log_clean, module_standalone
 from tests.support.standalone import StandaloneProcess, client
 
@@ -56,7 +64,7 @@ def test_broker_and_bookie_metrics(node: StandaloneProcess) -> None:
         while received < N + 1:
             consumer.acknowledge(consumer.receive(timeout_millis=10_000))
             received += 1
-        content_type, text, broker = scrape(node.http_port)
+        content_type, text, broker = scrape_drained(node.http_port, topic, "s")
     finally:
         c.close()
 

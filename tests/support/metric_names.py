@@ -9,6 +9,7 @@ add ``quantile`` to the quantile samples.
 
 from __future__ import annotations
 
+import time
 import urllib.request
 
 Families = dict[str, tuple[str, list[tuple[str, dict[str, str], float]]]]
@@ -158,6 +159,22 @@ def scrape(port: int) -> tuple[str, str, Families]:
         for f in text_string_to_metric_families(text)
     }
     return content_type, text, found
+
+
+def scrape_drained(port: int, topic: str, subscription: str) -> tuple[str, str, Families]:
+    """Scrape until the subscription's backlog is 0 (the client sends acknowledgements in
+    groups, a little after ``acknowledge`` returns); the last scrape after 10 s otherwise."""
+    deadline = time.monotonic() + 10
+    while True:
+        scraped = scrape(port)
+        backlog = [
+            v
+            for _, labels, v in scraped[2].get("pulsar_subscription_back_log", ("", []))[1]
+            if labels.get("topic") == topic and labels.get("subscription") == subscription
+        ]
+        if backlog == [0.0] or time.monotonic() > deadline:
+            return scraped
+        time.sleep(0.2)
 
 
 def check(
