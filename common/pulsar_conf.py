@@ -186,6 +186,7 @@ PULSAR_KEYS: tuple[PulsarKey, ...] = (
     PulsarKey("ledgerDirectories", ("ledger_dir",), _first),
     PulsarKey("journalSyncData", ("journal_sync",)),
     PulsarKey("journalMaxGroupWaitMSec", ("journal_max_group_wait_ms",)),
+    PulsarKey("journalBufferedWritesThreshold", ("journal_max_group_bytes",)),
     PulsarKey("journalMaxSizeMB", ("journal_file_max_bytes",), _BYTES_FROM_MB),
     PulsarKey("logSizeLimit", ("entry_log_max_bytes",)),
     PulsarKey("nettyMaxFrameSizeBytes", ("max_entry_size",)),

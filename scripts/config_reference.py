@@ -37,7 +37,12 @@ name or unit differs, `common/pulsar_conf.py` maps it (`brokerServicePort`, `web
 `metadataStoreUrl`/`metadataServiceUri` as `etcd:http://h:p`, `managedLedgerDefault*`,
 `loadBalancer*Minutes`, `journalDirectories`, `dbStorage_*Mb`, `gcWaitTime` in ms, ...). Empty
 values mean the default; keys Magnetar has no setting for are named in one warning at start and
-ignored. TOML files take the camelCase names too.
+ignored. TOML files take the camelCase names too. A setting named like Pulsar's means what
+Pulsar means: `load_balancer_broker_overloaded_threshold_percentage` is a broker's own resource
+usage bound (placement), `load_balancer_broker_threshold_shedder_percentage` the threshold
+shedder's margin over the cluster average; the bookie's `compaction_threshold` (one garbage
+ratio, where BookKeeper has `minorCompactionThreshold` and `majorCompactionThreshold`) takes
+no camelCase key.
 
 `magnetar bk ...` tools take `--metadata-url` (or `MAGNETAR_METADATA_URL`).
 

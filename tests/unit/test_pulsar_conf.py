@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 from magnetar.bookie.config import BookieConfig
 from magnetar.broker.config import BrokerConfig
 from magnetar.common.config import ConfigError, load_config
-from magnetar.common.pulsar_conf import metadata_url, parse_properties, translate
+from magnetar.common.pulsar_conf import NOT_PULSARS, metadata_url, parse_properties, translate
 from magnetar.proxy.config import ProxyConfig
 from magnetar.standalone import StandaloneConfig
 
@@ -67,6 +68,23 @@ def test_camel_case_keys_and_pulsar_names_with_units() -> None:
         "ensemble_size": "3",
     }
     assert t.unknown == ["zookeeperServers"]
+
+
+@pytest.mark.parametrize("service", [BrokerConfig, BookieConfig, ProxyConfig])
+def test_every_setting_takes_its_camel_case_name(service: type) -> None:
+    """Each setting is reached by the camelCase of its name (Pulsar's form of it), except
+    those whose words mean something else in Pulsar (NOT_PULSARS). Settings Pulsar names
+    otherwise are reached by Pulsar's name too (PULSAR_KEYS, the tests below)."""
+    fields = [f.name for f in dataclasses.fields(service)]
+    for name in fields:
+        head, *rest = name.split("_")
+        camel = head + "".join(word[:1].upper() + word[1:] for word in rest)
+        t = translate([(camel, "7")], fields)
+        if name in NOT_PULSARS:
+            assert t.unknown == [camel], name
+        else:
+            # (the value converted where Pulsar's unit differs, e.g. BookKeeper's ms)
+            assert list(t.values) == [name] and t.unknown == [], (name, camel, t)
 
 
 def test_same_words_other_meaning_is_not_matched() -> None:
@@ -172,6 +190,7 @@ def test_bookkeeper_conf(tmp_path: Path) -> None:
         "ledgerDirectories=/data/ledgers\n"
         "journalSyncData=false\n"
         "journalMaxGroupWaitMSec=2\n"
+        "journalBufferedWritesThreshold=1048576\n"
         "dbStorage_writeCacheMaxSizeMb=16\n"
         "gcWaitTime=900000\n"
         "openLedgerRereplicationGracePeriod=30000\n"
@@ -186,6 +205,7 @@ def test_bookkeeper_conf(tmp_path: Path) -> None:
     assert (config.journal_dir, config.ledger_dir) == ("/data/journal", "/data/ledgers")
     assert config.journal_sync is False and config.journal_max_group_wait_ms == 2.0
     assert config.write_cache_bytes == 16 * 1024 * 1024
+    assert config.journal_max_group_bytes == 1048576
     assert config.gc_interval_s == 900.0
     assert config.open_ledger_rereplication_grace_period == 30.0
     assert config.auto_recovery_daemon_enabled is False
