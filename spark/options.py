@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from magnetar.common.ledger.bookie_client import BookieTls
+from magnetar.common.metadata.etcd import EtcdTls
+
 CLIENT_PREFIX = "pulsar.client."
 READER_PREFIX = "pulsar.reader."
 PRODUCER_PREFIX = "pulsar.producer."
@@ -58,6 +61,47 @@ def _positive(options: Mapping[str, str], name: str) -> int | None:
 
 STORAGE_MODES = ("auto", "always", "never")
 
+#: The TLS options of the storage path, by peer: ``<peer>.enabled`` and three PEM files,
+#: named after the brokers' settings (``bookkeeperTLS*FilePath``, ``etcd_tls_*_file_path``).
+TLS_FILES = ("trustCertsFilePath", "certificateFilePath", "keyFilePath")
+
+
+def _tls_files(options: Mapping[str, str], prefix: str) -> tuple[str, str, str] | None:
+    """``<prefix>.enabled`` and the files of one peer's TLS; None when TLS to it is off."""
+    files = tuple(options.get(f"{prefix}.{name}", "") for name in TLS_FILES)
+    enabled = _flag(options, f"{prefix}.enabled", any(files))
+    if not enabled:
+        if any(files):
+            raise OptionError(
+                f"options {prefix}.* name TLS files but {prefix}.enabled is false: remove "
+                "the files or turn it on"
+            )
+        return None
+    _trust, certificate, key = files
+    if bool(certificate) != bool(key):
+        raise OptionError(
+            f"a client certificate needs both {prefix}.certificateFilePath and "
+            f"{prefix}.keyFilePath (got {certificate!r} and {key!r})"
+        )
+    return files  # type: ignore[return-value]
+
+
+def _metadata_tls(options: Mapping[str, str]) -> EtcdTls | None:
+    files = _tls_files(options, "metadata.tls")
+    if files is None:
+        return None
+    if not options.get("metadata.url", "").startswith("etcd://"):
+        raise OptionError(
+            "options metadata.tls.* apply to an etcd:// metadata.url (a cluster's), not to "
+            f"{options.get('metadata.url')!r}"
+        )
+    return EtcdTls(*files)
+
+
+def _bookkeeper_tls(options: Mapping[str, str]) -> BookieTls | None:
+    files = _tls_files(options, "bookkeeper.tls")
+    return None if files is None else BookieTls(*files)
+
 
 def _storage_mode(options: Mapping[str, str]) -> str:
     text = options.get("readFromStorage", "auto").lower()
@@ -92,6 +136,10 @@ class SourceOptions:
     read_from_storage: str = "auto"
     #: The metadata store the storage path reads ledger lists and ledgers from.
     metadata_url: str | None = None
+    #: TLS of the storage path to etcd (``metadata.tls.*``) and to bookies
+    #: (``bookkeeper.tls.*``); None: plain gRPC.
+    metadata_tls: EtcdTls | None = None
+    bookkeeper_tls: BookieTls | None = None
     #: Rows handed to Spark as Arrow batches (False: tuples, row by row, as before issue 23).
     arrow: bool = True
 
@@ -124,6 +172,8 @@ class SourceOptions:
             reader=_prefixed(options, READER_PREFIX),
             read_from_storage=_storage_mode(options),
             metadata_url=options.get("metadata.url") or None,
+            metadata_tls=_metadata_tls(options),
+            bookkeeper_tls=_bookkeeper_tls(options),
             arrow=_flag(options, "arrow", True),
         )
 

@@ -209,7 +209,7 @@ def read_from_storage(partition: RangePartition, schema: StructType) -> Iterator
     assert opts.metadata_url is not None
     read = StorageRead(
         opts.metadata_url, partition.topic, partition.segments, RowBuffer(schema),
-        _decoder(partition),
+        _decoder(partition), metadata_tls=opts.metadata_tls, bookkeeper_tls=opts.bookkeeper_tls,
     )  # fmt: skip
     try:
         yield from read.batches()
@@ -482,7 +482,7 @@ class _Planner:
         if not names or opts.read_from_storage == "never" or opts.metadata_url is None:
             return None
         try:
-            return asyncio.run(closed_ledgers(opts.metadata_url, names))
+            return asyncio.run(closed_ledgers(opts.metadata_url, names, opts.metadata_tls))
         except UNREACHABLE as e:
             why = f"the metadata store {opts.metadata_url} could not be read: {e}"
             if opts.read_from_storage == "always":

@@ -33,10 +33,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from magnetar.common.ledger.bookie_client import BookieTls
 from magnetar.common.ledger.client import LedgerClient
 from magnetar.common.ledger.errors import LedgerError, NoSuchEntryError, NoSuchLedgerError
 from magnetar.common.ledger.managed_ledger_list import LedgerInfo, read_ledger_list
 from magnetar.common.metadata import MetadataError, MetadataStore, open_store
+from magnetar.common.metadata.etcd import EtcdTls
 from magnetar.common.metadata.readonly_local import ReadOnlyLocalStore
 from magnetar.common.protocol.stored_entry import schema_version, split_entry
 from magnetar.spark.arrow import ARROW_BATCH_ROWS, RowBuffer, micros
@@ -71,17 +73,19 @@ def log_fallback_once(why: str) -> None:
         log.warning("readFromStorage=auto: reading through the brokers instead: %s", why)
 
 
-async def open_metadata_store(url: str) -> MetadataStore:
-    """``etcd://...`` as the brokers open it; ``local:///abs/meta.db`` (a standalone's store)
-    opened read-only, next to the standalone that owns it."""
+async def open_metadata_store(url: str, tls: EtcdTls | None = None) -> MetadataStore:
+    """``etcd://...`` as the brokers open it (over TLS with ``tls``); ``local:///abs/meta.db``
+    (a standalone's store) opened read-only, next to the standalone that owns it."""
     if url.startswith("local://"):
         return ReadOnlyLocalStore(Path(url.removeprefix("local://")))
-    return await open_store(url)
+    return await open_store(url, tls=tls)
 
 
-async def closed_ledgers(url: str, topics: Sequence[str]) -> dict[str, frozenset[int]]:
+async def closed_ledgers(
+    url: str, topics: Sequence[str], tls: EtcdTls | None = None
+) -> dict[str, frozenset[int]]:
     """For each topic-partition, the ledgers its list records as closed."""
-    store = await open_metadata_store(url)
+    store = await open_metadata_store(url, tls)
     try:
         out = {}
         for topic in topics:
@@ -247,8 +251,13 @@ class StorageRead:
         segments: Segments,
         buffer: RowBuffer,
         decoder: PayloadDecoder | None,
+        *,
+        metadata_tls: EtcdTls | None = None,
+        bookkeeper_tls: BookieTls | None = None,
     ) -> None:
         self.metadata_url = metadata_url
+        self.metadata_tls = metadata_tls
+        self.bookkeeper_tls = bookkeeper_tls
         self.topic = topic
         self.segments = segments
         self.buffer = buffer
@@ -260,8 +269,10 @@ class StorageRead:
         store: MetadataStore | None = None
         client: LedgerClient | None = None
         try:
-            store = loop.run_until_complete(open_metadata_store(self.metadata_url))
-            client = LedgerClient(store)
+            store = loop.run_until_complete(
+                open_metadata_store(self.metadata_url, self.metadata_tls)
+            )
+            client = LedgerClient(store, tls=self.bookkeeper_tls)
             index = partition_index(self.topic)
             for ledger, first, last in self.segments:
                 try:
@@ -272,7 +283,7 @@ class StorageRead:
                 while entry <= last:
                     stop = min(last, entry + READ_CHUNK_ENTRIES - 1)
                     try:
-                        entries = loop.run_until_complete(handle.read(entry, stop))
+                        entries = loop.run_until_complete(handle.read_batch(entry, stop))
                     except NoSuchEntryError:
                         raise self._trimmed(ledger, entry, last) from None
                     for read in entries:

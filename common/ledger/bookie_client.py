@@ -51,6 +51,13 @@ class BookieUnavailableError(BookieError):
         self.args = (f"bookie {address}: unavailable: {message}",)
 
 
+class RangeReadUnsupportedError(BookieError):
+    """The bookie has no range read (it predates ``ReadEntries``): read its entries one by one."""
+
+    def __init__(self, address: str, message: str) -> None:
+        super().__init__(address, pb.BAD_REQUEST, f"no range read: {message}")
+
+
 class BookieTlsConfigError(ValueError):
     """A TLS file for bookie connections cannot be used; the message names the file."""
 
@@ -290,6 +297,26 @@ class BookieClient:
         )
         self._check(response)
         return response.entry  # type: ignore[attr-defined,no-any-return]
+
+    async def read_range(
+        self, ledger_id: int, first: int, max_count: int, max_bytes: int
+    ) -> list[bytes]:
+        """A range read (the bookie's ``ReadEntries``): formatted entries ``first``,
+        ``first + 1``, ..., at least one, at most ``max_count`` and about ``max_bytes``.
+        RangeReadUnsupportedError when the bookie predates range reads."""
+        request = pb.ReadRangeRequest(
+            ledger_id=ledger_id, first_entry_id=first, max_count=max_count, max_bytes=max_bytes
+        )
+        try:
+            response = await self._stub.ReadEntries(request, timeout=self.timeout)
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                raise RangeReadUnsupportedError(self.address, e.details() or "") from None
+            raise BookieUnavailableError(
+                self.address, f"ReadEntries: {e.code().name}: {e.details()}"
+            ) from None
+        self._check(response)
+        return list(response.entries)
 
     async def read_lac(
         self, ledger_id: int, *, previous: int = -2, wait_ms: int = 0

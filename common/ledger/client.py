@@ -11,13 +11,24 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
-from magnetar.common.ledger.bookie_client import BookieClient, BookieError, BookieTls
+from magnetar.common.ledger.bookie_client import (
+    BookieClient,
+    BookieError,
+    BookieTls,
+    RangeReadUnsupportedError,
+)
 from magnetar.common.ledger.bookies import BookieRegistration, list_bookies
 from magnetar.common.ledger.distribution import Quorum
-from magnetar.common.ledger.entry import DigestMismatchError, EntryFormatError, verify_entry
+from magnetar.common.ledger.entry import (
+    DigestMismatchError,
+    EntryFormatError,
+    check_entry,
+    verify_entry,
+)
 from magnetar.common.ledger.errors import (
     EntryDigestError,
     LedgerError,
@@ -42,6 +53,18 @@ log = logging.getLogger(__name__)
 
 _ABSENT = (pb.NO_SUCH_ENTRY, pb.NO_SUCH_LEDGER)
 DEFAULT_MAX_ENTRY_SIZE = 5 * 1024 * 1024 + 10 * 1024
+#: Entry bytes asked for in one range read (the bookie sends the first entry whatever its size).
+RANGE_READ_BYTES = 4 * 1024 * 1024
+
+T = TypeVar("T")
+
+
+class _NoReplicaAnswered(Exception):
+    """Every replica asked failed; ``errors`` by bookie address."""
+
+    def __init__(self, errors: dict[str, BaseException]) -> None:
+        super().__init__(errors)
+        self.errors = errors
 
 
 @dataclass(slots=True)
@@ -95,6 +118,8 @@ class LedgerClient:
         #: Bookies in this process, reached without gRPC (see ``add_local_bookie``).
         self._local: dict[str, BookieClient] = {}
         self.corrupt_reads = 0  # replicas that returned a corrupt entry (reported in the log too)
+        #: Bookies that said they have no range read (older ones): read one entry at a time.
+        self._no_range_read: set[str] = set()
 
     def add_local_bookie(self, address: str, client: object) -> None:
         """Reach the bookie at ``address`` through ``client`` (an object with BookieClient's
@@ -260,8 +285,71 @@ class LedgerClient:
         verified copy wins. If none is intact: NoSuchEntryError when every replica says it has
         no such entry, EntryDigestError when the copies that exist are all corrupt, else
         ReadError (some replica could not be asked; trying later may succeed)."""
+        try:
+            return await self._first_answer(
+                bookies, lambda address: self._read_verified(address, ledger_id, entry_id)
+            )
+        except _NoReplicaAnswered as failed:
+            errors = failed.errors
+        if errors and all(
+            isinstance(e, BookieError) and e.status in _ABSENT for e in errors.values()
+        ):
+            raise NoSuchEntryError(f"ledger {ledger_id} entry {entry_id}: no replica has it")
+        detail = "; ".join(f"{a}: {e}" for a, e in errors.items())
+        if any(isinstance(e, EntryDigestError) for e in errors.values()) and all(
+            isinstance(e, EntryDigestError) or (isinstance(e, BookieError) and e.status in _ABSENT)
+            for e in errors.values()
+        ):
+            raise EntryDigestError(ledger_id, entry_id, f"every replica failed: {detail}")
+        raise ReadError(f"ledger {ledger_id} entry {entry_id}: every replica failed ({detail})")
+
+    def has_range_read(self, address: str) -> bool:
+        """Whether range reads are tried on this bookie (not when it said it has none)."""
+        return address not in self._no_range_read
+
+    async def read_range_from_replicas(
+        self,
+        ledger_id: int,
+        first: int,
+        last: int,
+        bookies: Sequence[str],
+        max_bytes: int = RANGE_READ_BYTES,
+    ) -> list[bytes]:
+        """A range read (BookKeeper's batch read) of entries ``first`` .. at most ``last`` from
+        ``bookies``, each of which must store every entry of the range (one fragment of a
+        ledger whose ensemble size is its write quorum). Replicas are asked as
+        :meth:`read_from_replicas` asks them (the next on an error or after
+        ``speculative_read_s``); the first answer with entries wins. Every entry's digest and
+        ids are checked as a single read checks them; an answer is cut at its first bad
+        entry. Returns at least entry ``first`` and as many more as the bookie sent (at most
+        ``max_bytes`` or so). ReadError when no replica answered with entries (the caller
+        reads entry ``first`` alone, which says why); bookies without range reads are
+        remembered and left out (:meth:`has_range_read`)."""
+        capable = [b for b in bookies if b not in self._no_range_read]
+        if not capable:
+            raise ReadError(f"ledger {ledger_id}: no bookie of {list(bookies)} has range reads")
+        count = last - first + 1
+        try:
+            return await self._first_answer(
+                capable,
+                lambda address: self._read_range_verified(
+                    address, ledger_id, first, count, max_bytes
+                ),
+            )
+        except _NoReplicaAnswered as failed:
+            detail = "; ".join(f"{a}: {e}" for a, e in failed.errors.items())
+            raise ReadError(
+                f"ledger {ledger_id}: range read from entry {first} failed ({detail})"
+            ) from None
+
+    async def _first_answer(
+        self, bookies: Sequence[str], attempt: Callable[[str], Awaitable[T]]
+    ) -> T:
+        """``attempt`` on the first replica, then on the next one on an error or after
+        ``speculative_read_s`` without an answer; the first success wins (the others are
+        cancelled). _NoReplicaAnswered, with each replica's error, when every one failed."""
         errors: dict[str, BaseException] = {}
-        running: dict[asyncio.Task[bytes], str] = {}
+        running: dict[asyncio.Task[T], str] = {}
         next_index = 0
 
         def start_next() -> None:
@@ -269,9 +357,7 @@ class LedgerClient:
             if next_index < len(bookies):
                 address = bookies[next_index]
                 next_index += 1
-                running[asyncio.create_task(self._read_verified(address, ledger_id, entry_id))] = (
-                    address
-                )
+                running[asyncio.ensure_future(attempt(address))] = address
 
         start_next()
         try:
@@ -295,17 +381,47 @@ class LedgerClient:
         finally:
             for task in running:
                 task.cancel()
-        if errors and all(
-            isinstance(e, BookieError) and e.status in _ABSENT for e in errors.values()
-        ):
-            raise NoSuchEntryError(f"ledger {ledger_id} entry {entry_id}: no replica has it")
-        detail = "; ".join(f"{a}: {e}" for a, e in errors.items())
-        if any(isinstance(e, EntryDigestError) for e in errors.values()) and all(
-            isinstance(e, EntryDigestError) or (isinstance(e, BookieError) and e.status in _ABSENT)
-            for e in errors.values()
-        ):
-            raise EntryDigestError(ledger_id, entry_id, f"every replica failed: {detail}")
-        raise ReadError(f"ledger {ledger_id} entry {entry_id}: every replica failed ({detail})")
+        raise _NoReplicaAnswered(errors)
+
+    async def _read_range_verified(
+        self, address: str, ledger_id: int, first: int, count: int, max_bytes: int
+    ) -> list[bytes]:
+        bookie = self.bookie(address)
+        try:
+            read_range = bookie.read_range
+        except AttributeError:  # a bookie client object without range reads
+            self._no_range_read.add(address)
+            raise
+        try:
+            entries = await read_range(ledger_id, first, count, max_bytes)
+        except RangeReadUnsupportedError:
+            self._no_range_read.add(address)
+            log.info("bookie %s has no range read: its entries are read one by one", address)
+            raise
+        except BookieError as e:
+            if e.status == pb.DIGEST_MISMATCH:
+                raise self._report_corrupt(address, ledger_id, first, str(e)) from None
+            raise
+        verified: list[bytes] = []
+        for entry in entries[:count]:
+            entry_id = first + len(verified)
+            try:
+                got = check_entry(entry)
+            except (DigestMismatchError, EntryFormatError) as e:
+                corrupt = self._report_corrupt(address, ledger_id, entry_id, str(e))
+                break
+            if got[0] != ledger_id or got[1] != entry_id:
+                message = f"asked for {ledger_id}/{entry_id}, got {got[0]}/{got[1]}"
+                corrupt = self._report_corrupt(address, ledger_id, entry_id, message)
+                break
+            verified.append(entry)
+        else:
+            if verified:
+                return verified
+            raise ReadError(f"bookie {address}: range read from entry {first} returned nothing")
+        if verified:
+            return verified
+        raise corrupt
 
     async def _read_verified(self, address: str, ledger_id: int, entry_id: int) -> bytes:
         try:

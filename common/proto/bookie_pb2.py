@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"magnetar/common/proto/bookie.proto\x12\x0fmagnetar.bookie\"n\n\x05\x41\x64\x64Op\x12\x0b\n\x03tag\x18\x01 \x01(\x04\x12\x11\n\tledger_id\x18\x02 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x03 \x01(\x03\x12\r\n\x05\x65ntry\x18\x04 \x01(\x0c\x12\x10\n\x08recovery\x18\x05 \x01(\x08\x12\x12\n\nmaster_key\x18\x06 \x01(\x0c\"1\n\nAddRequest\x12#\n\x03ops\x18\x01 \x03(\x0b\x32\x16.magnetar.bookie.AddOp\"w\n\tAddResult\x12\x0b\n\x03tag\x18\x01 \x01(\x04\x12\x11\n\tledger_id\x18\x02 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x03 \x01(\x03\x12\'\n\x06status\x18\x04 \x01(\x0e\x32\x17.magnetar.bookie.Status\x12\x0f\n\x07message\x18\x05 \x01(\t\"K\n\x0b\x41\x64\x64Response\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.magnetar.bookie.AddResult\x12\x0f\n\x07ok_tags\x18\x02 \x03(\x04\"A\n\x0bReadRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\r\n\x05\x66\x65nce\x18\x03 \x01(\x08\"|\n\x0cReadResponse\x12\'\n\x06status\x18\x01 \x01(\x0e\x32\x17.magnetar.bookie.Status\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tledger_id\x18\x03 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x04 \x01(\x03\x12\r\n\x05\x65ntry\x18\x05 \x01(\x0c\"M\n\x0eReadLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x14\n\x0cprevious_lac\x18\x02 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x03 \x01(\r\"o\n\x0fReadLacResponse\x12\'\n\x06status\x18\x01 \x01(\x0e\x32\x17.magnetar.bookie.Status\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0b\n\x03lac\x18\x03 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x04 \x01(\x03\"!\n\x0c\x46\x65nceRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\"m\n\rFenceResponse\x12\'\n\x06status\x18\x01 \x01(\x0e\x32\x17.magnetar.bookie.Status\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0b\n\x03lac\x18\x03 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x04 \x01(\x03\"(\n\x13\x44\x65leteLedgerRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\"P\n\x14\x44\x65leteLedgerResponse\x12\'\n\x06status\x18\x01 \x01(\x0e\x32\x17.magnetar.bookie.Status\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x13\n\x11\x42ookieInfoRequest\"\x8d\x01\n\x12\x42ookieInfoResponse\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x11\n\tread_only\x18\x02 \x01(\x08\x12\x12\n\nfree_bytes\x18\x03 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x04\x12\x12\n\ndisk_usage\x18\x05 \x01(\x01\x12\x16\n\x0emax_entry_size\x18\x06 \x01(\x04*\xce\x01\n\x06Status\x12\x06\n\x02OK\x10\x00\x12\x12\n\x0eNO_SUCH_LEDGER\x10\x01\x12\x11\n\rNO_SUCH_ENTRY\x10\x02\x12\n\n\x06\x46\x45NCED\x10\x03\x12\r\n\tREAD_ONLY\x10\x04\x12\x0f\n\x0b\x42\x41\x44_REQUEST\x10\x05\x12\x13\n\x0f\x44IGEST_MISMATCH\x10\x06\x12\r\n\tTOO_LARGE\x10\x07\x12\x0b\n\x07TIMEOUT\x10\x08\x12\r\n\tDISK_FULL\x10\t\x12\x0c\n\x08INTERNAL\x10\n\x12\x10\n\x0cUNAUTHORIZED\x10\x0b\x12\t\n\x05WIPED\x10\x0c\x32\xec\x03\n\x06\x42ookie\x12K\n\nAddEntries\x12\x1b.magnetar.bookie.AddRequest\x1a\x1c.magnetar.bookie.AddResponse(\x01\x30\x01\x12H\n\tReadEntry\x12\x1c.magnetar.bookie.ReadRequest\x1a\x1d.magnetar.bookie.ReadResponse\x12L\n\x07ReadLac\x12\x1f.magnetar.bookie.ReadLacRequest\x1a .magnetar.bookie.ReadLacResponse\x12\x46\n\x05\x46\x65nce\x12\x1d.magnetar.bookie.FenceRequest\x1a\x1e.magnetar.bookie.FenceResponse\x12[\n\x0c\x44\x65leteLedger\x12$.magnetar.bookie.DeleteLedgerRequest\x1a%.magnetar.bookie.DeleteLedgerResponse\x12X\n\rGetBookieInfo\x12\".magnetar.bookie.BookieInfoRequest\x1a#.magnetar.bookie.BookieInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"magnetar/common/proto/bookie.proto\x12\x0fmagnetar.bookie\"n\n\x05\x41\x64\x64Op\x12\x0b\n\x03tag\x18\x01 \x01(\x04\x12\x11\n\tledger_id\x18\x02 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x03 \x01(\x03\x12\r\n\x05\x65ntry\x18\x04 \x01(\x0c\x12\x10\n\x08recovery\x18\x05 \x01(\x08\x12\x12\n\nmaster_key\x18\x06 \x01(\x0c\"1\n\nAddRequest\x12#\n\x03ops\x18\x01 \x03(\x0b\x32\x16.magnetar.bookie.AddOp\"w\n\tAddResult\x12\x0b\n\x03tag\x18\x01 \x01(\x04\x12\x11\n\tledger_id\x18\x02 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x03 \x01(\x03\x12\'\n\x06status\x18\x04 \x01(\x0e\x32\x17.magnetar.bookie.Status\x12\x0f\n\x07message\x18\x05 \x01(\t\"K\n\x0b\x41\x64\x64Response\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.magnetar.bookie.AddResult\x12\x0f\n\x07ok_tags\x18\x02 \x03(\x04\"A\n\x0bReadRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\r\n\x05\x66\x65nce\x18\x03 \x01(\x08\"|\n\x0cReadResponse\x12\'\n\x06status\x18\x01 \x01(\x0e\x32\x17.magnetar.bookie.Status\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tledger_id\x18\x03 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x04 \x01(\x03\x12\r\n\x05\x65ntry\x18\x05 \x01(\x0c\"c\n\x10ReadRangeRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x16\n\x0e\x66irst_entry_id\x18\x02 \x01(\x03\x12\x11\n\tmax_count\x18\x03 \x01(\r\x12\x11\n\tmax_bytes\x18\x04 \x01(\x04\"\x89\x01\n\x11ReadRangeResponse\x12\'\n\x06status\x18\x01 \x01(\x0e\x32\x17.magnetar.bookie.Status\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tledger_id\x18\x03 \x01(\x03\x12\x16\n\x0e\x66irst_entry_id\x18\x04 \x01(\x03\x12\x0f\n\x07\x65ntries\x18\x05 \x03(\x0c\"M\n\x0eReadLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x14\n\x0cprevious_lac\x18\x02 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x03 \x01(\r\"o\n\x0fReadLacResponse\x12\'\n\x06status\x18\x01 \x01(\x0e\x32\x17.magnetar.bookie.Status\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0b\n\x03lac\x18\x03 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x04 \x01(\x03\"!\n\x0c\x46\x65nceRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\"m\n\rFenceResponse\x12\'\n\x06status\x18\x01 \x01(\x0e\x32\x17.magnetar.bookie.Status\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0b\n\x03lac\x18\x03 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x04 \x01(\x03\"(\n\x13\x44\x65leteLedgerRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\"P\n\x14\x44\x65leteLedgerResponse\x12\'\n\x06status\x18\x01 \x01(\x0e\x32\x17.magnetar.bookie.Status\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x13\n\x11\x42ookieInfoRequest\"\x8d\x01\n\x12\x42ookieInfoResponse\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x11\n\tread_only\x18\x02 \x01(\x08\x12\x12\n\nfree_bytes\x18\x03 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x04\x12\x12\n\ndisk_usage\x18\x05 \x01(\x01\x12\x16\n\x0emax_entry_size\x18\x06 \x01(\x04*\xce\x01\n\x06Status\x12\x06\n\x02OK\x10\x00\x12\x12\n\x0eNO_SUCH_LEDGER\x10\x01\x12\x11\n\rNO_SUCH_ENTRY\x10\x02\x12\n\n\x06\x46\x45NCED\x10\x03\x12\r\n\tREAD_ONLY\x10\x04\x12\x0f\n\x0b\x42\x41\x44_REQUEST\x10\x05\x12\x13\n\x0f\x44IGEST_MISMATCH\x10\x06\x12\r\n\tTOO_LARGE\x10\x07\x12\x0b\n\x07TIMEOUT\x10\x08\x12\r\n\tDISK_FULL\x10\t\x12\x0c\n\x08INTERNAL\x10\n\x12\x10\n\x0cUNAUTHORIZED\x10\x0b\x12\t\n\x05WIPED\x10\x0c\x32\xc2\x04\n\x06\x42ookie\x12K\n\nAddEntries\x12\x1b.magnetar.bookie.AddRequest\x1a\x1c.magnetar.bookie.AddResponse(\x01\x30\x01\x12H\n\tReadEntry\x12\x1c.magnetar.bookie.ReadRequest\x1a\x1d.magnetar.bookie.ReadResponse\x12L\n\x07ReadLac\x12\x1f.magnetar.bookie.ReadLacRequest\x1a .magnetar.bookie.ReadLacResponse\x12\x46\n\x05\x46\x65nce\x12\x1d.magnetar.bookie.FenceRequest\x1a\x1e.magnetar.bookie.FenceResponse\x12[\n\x0c\x44\x65leteLedger\x12$.magnetar.bookie.DeleteLedgerRequest\x1a%.magnetar.bookie.DeleteLedgerResponse\x12X\n\rGetBookieInfo\x12\".magnetar.bookie.BookieInfoRequest\x1a#.magnetar.bookie.BookieInfoResponse\x12T\n\x0bReadEntries\x12!.magnetar.bookie.ReadRangeRequest\x1a\".magnetar.bookie.ReadRangeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'magnetar.common.proto.bookie_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STATUS']._serialized_start=1237
-  _globals['_STATUS']._serialized_end=1443
+  _globals['_STATUS']._serialized_start=1478
+  _globals['_STATUS']._serialized_end=1684
   _globals['_ADDOP']._serialized_start=55
   _globals['_ADDOP']._serialized_end=165
   _globals['_ADDREQUEST']._serialized_start=167
@@ -45,22 +45,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_READREQUEST']._serialized_end=481
   _globals['_READRESPONSE']._serialized_start=483
   _globals['_READRESPONSE']._serialized_end=607
-  _globals['_READLACREQUEST']._serialized_start=609
-  _globals['_READLACREQUEST']._serialized_end=686
-  _globals['_READLACRESPONSE']._serialized_start=688
-  _globals['_READLACRESPONSE']._serialized_end=799
-  _globals['_FENCEREQUEST']._serialized_start=801
-  _globals['_FENCEREQUEST']._serialized_end=834
-  _globals['_FENCERESPONSE']._serialized_start=836
-  _globals['_FENCERESPONSE']._serialized_end=945
-  _globals['_DELETELEDGERREQUEST']._serialized_start=947
-  _globals['_DELETELEDGERREQUEST']._serialized_end=987
-  _globals['_DELETELEDGERRESPONSE']._serialized_start=989
-  _globals['_DELETELEDGERRESPONSE']._serialized_end=1069
-  _globals['_BOOKIEINFOREQUEST']._serialized_start=1071
-  _globals['_BOOKIEINFOREQUEST']._serialized_end=1090
-  _globals['_BOOKIEINFORESPONSE']._serialized_start=1093
-  _globals['_BOOKIEINFORESPONSE']._serialized_end=1234
-  _globals['_BOOKIE']._serialized_start=1446
-  _globals['_BOOKIE']._serialized_end=1938
+  _globals['_READRANGEREQUEST']._serialized_start=609
+  _globals['_READRANGEREQUEST']._serialized_end=708
+  _globals['_READRANGERESPONSE']._serialized_start=711
+  _globals['_READRANGERESPONSE']._serialized_end=848
+  _globals['_READLACREQUEST']._serialized_start=850
+  _globals['_READLACREQUEST']._serialized_end=927
+  _globals['_READLACRESPONSE']._serialized_start=929
+  _globals['_READLACRESPONSE']._serialized_end=1040
+  _globals['_FENCEREQUEST']._serialized_start=1042
+  _globals['_FENCEREQUEST']._serialized_end=1075
+  _globals['_FENCERESPONSE']._serialized_start=1077
+  _globals['_FENCERESPONSE']._serialized_end=1186
+  _globals['_DELETELEDGERREQUEST']._serialized_start=1188
+  _globals['_DELETELEDGERREQUEST']._serialized_end=1228
+  _globals['_DELETELEDGERRESPONSE']._serialized_start=1230
+  _globals['_DELETELEDGERRESPONSE']._serialized_end=1310
+  _globals['_BOOKIEINFOREQUEST']._serialized_start=1312
+  _globals['_BOOKIEINFOREQUEST']._serialized_end=1331
+  _globals['_BOOKIEINFORESPONSE']._serialized_start=1334
+  _globals['_BOOKIEINFORESPONSE']._serialized_end=1475
+  _globals['_BOOKIE']._serialized_start=1687
+  _globals['_BOOKIE']._serialized_end=2265
 # @@protoc_insertion_point(module_scope)

@@ -104,6 +104,32 @@ class ReadResponse(_message.Message):
     entry: bytes
     def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., entry: _Optional[bytes] = ...) -> None: ...
 
+class ReadRangeRequest(_message.Message):
+    __slots__ = ("ledger_id", "first_entry_id", "max_count", "max_bytes")
+    LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_COUNT_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ledger_id: int
+    first_entry_id: int
+    max_count: int
+    max_bytes: int
+    def __init__(self, ledger_id: _Optional[int] = ..., first_entry_id: _Optional[int] = ..., max_count: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+
+class ReadRangeResponse(_message.Message):
+    __slots__ = ("status", "message", "ledger_id", "first_entry_id", "entries")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    message: str
+    ledger_id: int
+    first_entry_id: int
+    entries: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., ledger_id: _Optional[int] = ..., first_entry_id: _Optional[int] = ..., entries: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
 class ReadLacRequest(_message.Message):
     __slots__ = ("ledger_id", "previous_lac", "timeout_ms")
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]

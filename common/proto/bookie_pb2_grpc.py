@@ -64,6 +64,11 @@ class BookieStub:
                 request_serializer=magnetar_dot_common_dot_proto_dot_bookie__pb2.BookieInfoRequest.SerializeToString,
                 response_deserializer=magnetar_dot_common_dot_proto_dot_bookie__pb2.BookieInfoResponse.FromString,
                 _registered_method=True)
+        self.ReadEntries = channel.unary_unary(
+                '/magnetar.bookie.Bookie/ReadEntries',
+                request_serializer=magnetar_dot_common_dot_proto_dot_bookie__pb2.ReadRangeRequest.SerializeToString,
+                response_deserializer=magnetar_dot_common_dot_proto_dot_bookie__pb2.ReadRangeResponse.FromString,
+                _registered_method=True)
 
 
 class BookieServicer:
@@ -105,6 +110,12 @@ class BookieServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadEntries(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BookieServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +148,11 @@ def add_BookieServicer_to_server(servicer, server):
                     servicer.GetBookieInfo,
                     request_deserializer=magnetar_dot_common_dot_proto_dot_bookie__pb2.BookieInfoRequest.FromString,
                     response_serializer=magnetar_dot_common_dot_proto_dot_bookie__pb2.BookieInfoResponse.SerializeToString,
+            ),
+            'ReadEntries': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadEntries,
+                    request_deserializer=magnetar_dot_common_dot_proto_dot_bookie__pb2.ReadRangeRequest.FromString,
+                    response_serializer=magnetar_dot_common_dot_proto_dot_bookie__pb2.ReadRangeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -301,6 +317,33 @@ class Bookie:
             '/magnetar.bookie.Bookie/GetBookieInfo',
             magnetar_dot_common_dot_proto_dot_bookie__pb2.BookieInfoRequest.SerializeToString,
             magnetar_dot_common_dot_proto_dot_bookie__pb2.BookieInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadEntries(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/magnetar.bookie.Bookie/ReadEntries',
+            magnetar_dot_common_dot_proto_dot_bookie__pb2.ReadRangeRequest.SerializeToString,
+            magnetar_dot_common_dot_proto_dot_bookie__pb2.ReadRangeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -107,6 +107,21 @@ class LedgerIndex:
         )
         return row
 
+    def lookup_range(
+        self, ledger_id: int, first: int, count: int
+    ) -> list[tuple[int, int, int, int]]:
+        """(entry id, log id, offset, length) of the stored entries ``first`` ..
+        ``first + count - 1`` of a ledger, in entry order (absent ones left out)."""
+        return (
+            self._reader()
+            .execute(
+                "SELECT entry_id, log_id, offset, length FROM entries"
+                " WHERE ledger_id=? AND entry_id>=? AND entry_id<? ORDER BY entry_id",
+                (ledger_id, first, first + count),
+            )
+            .fetchall()
+        )
+
     def last_entry_id(self, ledger_id: int) -> int:
         row = (
             self._reader()

@@ -633,6 +633,85 @@ class LedgerStorage:
         self.metrics.bookkeeper.read(time.perf_counter() - started, len(entry))
         return entry
 
+    async def read_range(
+        self, ledger_id: int, first: int, max_count: int, max_bytes: int
+    ) -> list[bytes]:
+        """A range read (BookKeeper's batch read): entries ``first``, ``first + 1``, ... of a
+        ledger, digests checked, at most ``max_count`` of them and ``max_bytes`` in all (the
+        first whatever its size). The first entry is read as :meth:`read` reads it (its
+        errors are the range's); the range ends early at the first later entry not stored
+        here or not intact, for the reader to ask again from there.
+
+        Entries from the entry logs are read in one thread hop per run and not put in the read
+        cache: a range read is a scan of history, which would only evict what tailing readers
+        need."""
+        if first < 0 or max_count < 1:
+            raise StorageError(
+                pb.BAD_REQUEST, f"range read from entry {first} of {max_count} entries"
+            )
+        entries = [await self.read(ledger_id, first)]
+        size = len(entries[0])
+        started = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        entry_id = first + 1
+        while len(entries) < max_count and size < max_bytes and ledger_id not in self._deleted:
+            entry = self._memtable.get(ledger_id, entry_id)
+            if entry is None and self._flushing is not None:
+                entry = self._flushing.get(ledger_id, entry_id)
+            if entry is None:
+                entry = self._read_cache.get((ledger_id, entry_id))
+            if entry is not None:
+                if size + len(entry) > max_bytes:
+                    break
+                entries.append(entry)
+                size += len(entry)
+                entry_id += 1
+                continue
+            try:
+                run = await loop.run_in_executor(
+                    None,
+                    self._read_run_from_log,
+                    ledger_id,
+                    entry_id,
+                    max_count - len(entries),
+                    max_bytes - size,
+                )
+            except OSError as e:
+                log.warning("ledger %d: range read stopped at entry %d: %s", ledger_id, entry_id, e)
+                break
+            if not run:
+                break
+            entries.extend(run)
+            size += sum(map(len, run))
+            entry_id += len(run)
+        if len(entries) > 1:
+            self.metrics.reads.labels("OK").inc(len(entries) - 1)
+            self.metrics.bookkeeper.read(time.perf_counter() - started, size - len(entries[0]))
+        return entries
+
+    def _read_run_from_log(
+        self, ledger_id: int, first: int, count: int, max_bytes: int
+    ) -> list[bytes]:
+        """Consecutive entries from ``first`` out of the entry logs, digests checked, up to
+        the first one absent, moved by compaction meanwhile, or corrupt (a corrupt copy is
+        reported by the single read that asks for it next)."""
+        assert self._index is not None
+        run: list[bytes] = []
+        size = 0
+        for entry_id, log_id, offset, length in self._index.lookup_range(ledger_id, first, count):
+            if entry_id != first + len(run) or size + length > max_bytes:
+                break
+            try:
+                entry = self._entry_logger.read(log_id, offset, length)
+                got_ledger, got_entry, _lac = check_entry(entry)
+            except (EntryLogMissingError, EOFError, DigestMismatchError, EntryFormatError):
+                break
+            if got_ledger != ledger_id or got_entry != entry_id:
+                break
+            run.append(entry)
+            size += length
+        return run
+
     def _absence_after_wipe(self, ledger_id: int, error: StorageError) -> StorageError:
         """A "no such ledger/entry" answer from a bookie re-registered empty after the ledger
         was created proves nothing (the entry may have been on the lost disks): say WIPED."""

@@ -155,6 +155,14 @@ class LocalBookieClient:
         except StorageError as e:
             raise BookieError(self.address, e.status, e.message) from None
 
+    async def read_range(
+        self, ledger_id: int, first: int, max_count: int, max_bytes: int
+    ) -> list[bytes]:
+        try:
+            return await self.storage.read_range(ledger_id, first, max_count, max_bytes)
+        except StorageError as e:
+            raise BookieError(self.address, e.status, e.message) from None
+
     async def read_lac(
         self, ledger_id: int, *, previous: int = -2, wait_ms: int = 0
     ) -> LedgerPosition:

@@ -18,6 +18,8 @@ log = logging.getLogger(__name__)
 
 #: gRPC message limit: an add request may batch many entries of up to max_entry_size each.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+#: At most this many entry bytes in one range read's response (the first entry excepted).
+MAX_RANGE_BYTES = 16 * 1024 * 1024
 
 
 class BookieService(bookie_pb2_grpc.BookieServicer):
@@ -72,6 +74,29 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
         entry_id = decode_header(entry).entry_id  # -1 asked for the last one: say which it is
         return pb.ReadResponse(
             status=pb.OK, ledger_id=request.ledger_id, entry_id=entry_id, entry=entry
+        )
+
+    async def ReadEntries(
+        self, request: pb.ReadRangeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReadRangeResponse:
+        # The response must fit in one gRPC message, whatever the client asks for.
+        max_bytes = min(request.max_bytes or MAX_RANGE_BYTES, MAX_RANGE_BYTES)
+        try:
+            entries = await self.storage.read_range(
+                request.ledger_id, request.first_entry_id, request.max_count, max_bytes
+            )
+        except StorageError as e:
+            return pb.ReadRangeResponse(
+                status=e.status,
+                message=e.message,
+                ledger_id=request.ledger_id,
+                first_entry_id=request.first_entry_id,
+            )
+        return pb.ReadRangeResponse(
+            status=pb.OK,
+            ledger_id=request.ledger_id,
+            first_entry_id=request.first_entry_id,
+            entries=entries,
         )
 
     async def ReadLac(

@@ -553,10 +553,10 @@ async def test_concurrent_recoverers_agree(cluster3: LedgerCluster) -> None:
 
 
 async def test_corrupt_replica_is_detected_and_another_served(cluster3: LedgerCluster) -> None:
-    """Flip a payload byte in one bookie's entry log; reads return the good replica's bytes
-    and the client counts (reports) the corrupt copy."""
+    """Flip a payload byte in one bookie's entry log; reads, single and by range, return the
+    good replica's bytes and the client counts (reports) the corrupt copy."""
     async with cluster3.client() as client:
-        handle = await client.create_ledger(3, 2, 2)
+        handle = await client.create_ledger(2, 2, 2)  # every entry on both: range reads
         ledger_id = handle.ledger_id
         for i in range(60):
             await handle.add(payload_for(ledger_id, i, 400))
@@ -586,6 +586,9 @@ async def test_corrupt_replica_is_detected_and_another_served(cluster3: LedgerCl
         assert entry.payload == good
         assert reader.corrupt_reads >= 1, "the corrupt copy was not reported"
         entries = await opened.read(0, 59)
+        assert [e.payload for e in entries] == [payload_for(ledger_id, i, 400) for i in range(60)]
+        # The corrupt bookie's range ends before the bad copy; from it, the other replica.
+        entries = await opened.read_batch(0, 59)
         assert [e.payload for e in entries] == [payload_for(ledger_id, i, 400) for i in range(60)]
     # The bookie itself refuses to serve the bad copy as good.
     async with BookieClient(bookie.address) as direct:

@@ -70,6 +70,23 @@ async def read_all(client: BookieClient, ledger_id: int, sent: dict[int, bytes])
         assert actual == expected, f"ledger {ledger_id} entry {entry_id} read back different"
 
 
+async def read_ranges(
+    client: BookieClient, ledger_id: int, sent: dict[int, bytes], max_bytes: int = 64 << 10
+) -> int:
+    """Read ``sent`` (consecutive entry ids) back by range reads of at most ``max_bytes``;
+    assert each entry byte-identical; return how many requests it took."""
+    entry_id, last, requests = min(sent), max(sent), 0
+    while entry_id <= last:
+        got = await client.read_range(ledger_id, entry_id, last - entry_id + 1, max_bytes)
+        requests += 1
+        assert got, f"ledger {ledger_id}: empty range from entry {entry_id}"
+        assert len(got) == 1 or sum(map(len, got)) <= max_bytes
+        for offset, actual in enumerate(got):
+            assert actual == sent[entry_id + offset], f"entry {entry_id + offset} differs"
+        entry_id += len(got)
+    return requests
+
+
 async def status_of(awaitable: object) -> str:
     """The status name a call ends with ("OK" if it succeeds)."""
     try:
@@ -116,15 +133,28 @@ async def test_add_read_round_trip_and_last_entry(bookies: BookieFactory) -> Non
             assert await client.read(ledger_id, -1) == batch[last]
             position = await client.read_lac(ledger_id)
             assert (position.lac, position.last_entry_id) == (last - 1, last)
+            # Range reads (BookKeeper's batch read): bounded by count and bytes, the first
+            # entry whatever its size, ending at the last stored entry.
+            assert await read_ranges(client, ledger_id, batch) > 3
+            assert len(await client.read_range(ledger_id, 4, 100, 1)) == 1  # the 5 MiB entry
+            assert await client.read_range(ledger_id, 0, 3, 1 << 30) == [
+                batch[i] for i in (0, 1, 2)
+            ]
+            assert await client.read_range(ledger_id, last, 100, 1 << 30) == [batch[last]]
+            for first, status in ((last + 1, "NO_SUCH_ENTRY"), (-1, "BAD_REQUEST")):
+                assert await status_of(client.read_range(ledger_id, first, 10, 1000)) == status
+        assert await status_of(client.read_range(999, 0, 10, 1000)) == "NO_SUCH_LEDGER"
 
         # From the entry log (after a checkpoint) and after a restart: still byte-identical.
         bookie.checkpoint()
         await read_all(client, 1, {i: sent[1000 + i] for i in range(len(sizes))})
+        await read_ranges(client, 1, {i: sent[1000 + i] for i in range(len(sizes))})
     bookie.restart()
     async with BookieClient(bookie.address) as client:
         for ledger_id in (1, 2**40 + 7):
             batch = {i: sent[ledger_id * 1000 + i] for i in range(len(sizes))}
             await read_all(client, ledger_id, batch)
+            await read_ranges(client, ledger_id, batch, max_bytes=1 << 30)
             assert await client.read(ledger_id, -1) == batch[len(sizes) - 1]
             position = await client.read_lac(ledger_id)
             assert (position.lac, position.last_entry_id) == (len(sizes) - 2, len(sizes) - 1)
@@ -513,6 +543,26 @@ async def test_reads_stay_exact_while_checkpoints_and_gc_run(bookies: BookieFact
                 reads += 1
             return reads
 
+        async def range_reader(seed: int) -> int:
+            rng = random.Random(seed)
+            reads = 0
+            while not stop.is_set():
+                ledger_id = rng.choice(sorted(set(sent) - deleted))
+                known = sent[ledger_id]
+                first = rng.choice(sorted(known))
+                count = rng.randint(1, max(known) - first + 1)
+                try:
+                    got = await client.read_range(ledger_id, first, count, rng.choice((1, 1 << 20)))
+                except BookieError as e:
+                    errors.append(f"range read {ledger_id}/{first}: {e}")
+                    continue
+                if not 1 <= len(got) <= count or any(
+                    g != known[first + i] for i, g in enumerate(got)
+                ):
+                    errors.append(f"range read {ledger_id}/{first}+{count}: different entries")
+                reads += 1
+            return reads
+
         async def churn() -> None:
             for ledger_id in sorted(deleted):
                 await client.delete_ledger(ledger_id)
@@ -525,11 +575,14 @@ async def test_reads_stay_exact_while_checkpoints_and_gc_run(bookies: BookieFact
                 assert status == 200, body
             stop.set()
 
-        *reads, _ = await asyncio.gather(*(reader(i) for i in range(4)), churn())
+        *reads, ranges, _ = await asyncio.gather(
+            *(reader(i) for i in range(3)), range_reader(3), churn()
+        )
         assert not errors, errors[:10]
-        assert sum(reads) > 0
+        assert sum(reads) > 0 and ranges > 0
         for ledger_id in set(sent) - deleted:
             await read_all(client, ledger_id, sent[ledger_id])
+            await read_ranges(client, ledger_id, sent[ledger_id])
     bookie.restart()
     async with BookieClient(bookie.address) as client:
         for ledger_id in set(sent) - deleted:

@@ -91,6 +91,32 @@ async def test_create_add_read_close_round_trip(cluster: LedgerCluster) -> None:
         assert reader.corrupt_reads == 0
 
 
+async def test_batch_reads_by_range_and_by_entry_give_the_same_entries(
+    cluster: LedgerCluster,
+) -> None:
+    """``read_batch``: range reads where every bookie stores every entry (E = Qw), one read
+    per entry where entries are striped (E > Qw); the same entries as ``read`` either way."""
+    async with cluster.client() as client:
+        written = {}
+        for quorum in ((2, 2, 2), (3, 2, 2)):
+            handle = await client.create_ledger(*quorum)
+            sent = payloads(handle.ledger_id, 120, seed=7)
+            await asyncio.gather(*[await handle.add_async(p) for p in sent])
+            await handle.close()
+            written[handle.ledger_id] = sent
+    async with cluster.client() as reader:
+        for ledger_id, sent in written.items():
+            opened = await reader.open_ledger(ledger_id, recovery=False)
+            for first, last in ((0, 119), (5, 5), (17, 101)):
+                batch = await opened.read_batch(first, last)
+                assert [e.entry_id for e in batch] == list(range(first, last + 1))
+                assert [e.payload for e in batch] == sent[first : last + 1]
+                assert batch == await opened.read(first, last)
+            with pytest.raises(NoSuchEntryError):
+                await opened.read_batch(100, 120)
+        assert reader.corrupt_reads == 0
+
+
 async def test_empty_ledger_closes_with_no_entries(cluster: LedgerCluster) -> None:
     async with cluster.client() as client:
         handle = await client.create_ledger(2, 2, 1)

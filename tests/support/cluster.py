@@ -38,7 +38,8 @@ from magnetar.broker.cluster.ownership import OWNERSHIP_ROOT
 from magnetar.common.cluster.broker_info import BROKERS_ROOT, BrokerInfo
 from magnetar.common.metadata import open_store
 from magnetar.common.metadata.election import leader_key
-from tests.support.etcd import REPO_ROOT, free_port
+from magnetar.common.metadata.etcd import EtcdTls
+from tests.support.etcd import REPO_ROOT, EtcdServer, free_port
 from tests.support.ledger_cluster import LedgerCluster
 from tests.support.process import ServiceProcess
 
@@ -244,8 +245,12 @@ class MagnetarCluster(LedgerCluster):
         brokers: int = 3,
         broker_settings: Mapping[str, object] | None = None,
         bookie_settings: Mapping[str, object] | None = None,
+        etcd: EtcdServer | None = None,
+        store_tls: EtcdTls | None = None,
     ) -> None:
-        super().__init__(base_dir / "bookies", bookies, **(bookie_settings or {}))
+        super().__init__(
+            base_dir / "bookies", bookies, etcd=etcd, store_tls=store_tls, **(bookie_settings or {})
+        )
         self.base_dir = base_dir
         self.broker_settings = {**TEST_BROKER_SETTINGS, **(broker_settings or {})}
         self.brokers: list[BrokerProcess] = []
@@ -319,7 +324,7 @@ class MagnetarCluster(LedgerCluster):
 
     def scan(self, prefix: str) -> dict[str, bytes]:
         async def read() -> dict[str, bytes]:
-            store = await open_store(self.url)
+            store = await open_store(self.url, tls=self.store_tls)
             try:
                 return {k: v.value for k, v in (await store.scan(prefix)).items()}
             finally:
@@ -329,7 +334,7 @@ class MagnetarCluster(LedgerCluster):
 
     def delete(self, key: str) -> None:
         async def remove() -> None:
-            store = await open_store(self.url)
+            store = await open_store(self.url, tls=self.store_tls)
             try:
                 await store.delete(key)
             finally:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from magnetar.common.ledger.client import LedgerClient, LedgerClientConfig
 from magnetar.common.metadata import open_store
+from magnetar.common.metadata.etcd import EtcdTls
 from tests.support.bookie import BookieFactory, BookieProcess, BookieStartError
 from tests.support.etcd import REPO_ROOT, EtcdServer, free_port
 
@@ -54,9 +55,20 @@ def start_bookie(bookie: BookieProcess, attempts: int = 3) -> BookieProcess:
 class LedgerCluster:
     """etcd + bookies; ``client()`` gives LedgerClients, each with its own store session."""
 
-    def __init__(self, base_dir: Path, bookies: int, **settings: object) -> None:
+    def __init__(
+        self,
+        base_dir: Path,
+        bookies: int,
+        *,
+        etcd: EtcdServer | None = None,
+        store_tls: EtcdTls | None = None,
+        **settings: object,
+    ) -> None:
+        """``etcd``: another etcd than a plain one (a ``TlsEtcdServer``), reached by the
+        test's own stores with ``store_tls``; the bookies' TLS settings go in ``settings``."""
         self.base_dir = base_dir
-        self.etcd = EtcdServer()
+        self.etcd = etcd or EtcdServer()
+        self.store_tls = store_tls
         self.factory = BookieFactory(base_dir)
         self.settings = {**FAST_BOOKIE, **settings}
         self.bookie_count = bookies
@@ -98,7 +110,7 @@ class LedgerCluster:
 
     @asynccontextmanager
     async def client(self, config: LedgerClientConfig | None = None) -> AsyncIterator[LedgerClient]:
-        store = await open_store(self.url)
+        store = await open_store(self.url, tls=self.store_tls)
         try:
             async with LedgerClient(store, config) as client:
                 yield client
