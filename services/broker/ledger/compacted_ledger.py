@@ -120,13 +120,16 @@ class CompactedLedger:
         last = min(self.entries - 1, first + max_entries - 1)
         if first > last:
             return []
-        missing = [i for i in range(first, last + 1) if i not in self._cache]
-        if missing:
-            for entry in await self.handle.read(missing[0], missing[-1]):
+        found = {i: self._cache[i] for i in range(first, last + 1) if i in self._cache}
+        if len(found) <= last - first:
+            start = min(i for i in range(first, last + 1) if i not in found)
+            end = max(i for i in range(first, last + 1) if i not in found)
+            for entry in await self.handle.read(start, end):
+                found[entry.entry_id] = decoded = decode_entry(entry.payload)
                 if len(self._cache) >= CACHE_ENTRIES:
                     self._cache.pop(next(iter(self._cache)))
-                self._cache[entry.entry_id] = decode_entry(entry.payload)
-        return [(i, *self._cache[i]) for i in range(first, last + 1) if i in self._cache]
+                self._cache[entry.entry_id] = decoded
+        return [(i, *found[i]) for i in range(first, last + 1) if i in found]
 
     async def find(self, position: Position) -> int:
         """The first entry whose position is at or after ``position`` (``entries``: none)."""

@@ -65,6 +65,7 @@ class Compactor:
         await self._drop_pending()
         end = ml.last_confirmed_position
         previous = ml.compacted
+        log.info("topic %s: compacting through %s: reading the keys", ml.name, end)
         latest, seen = await self._latest_per_key(previous, end)
         handle = await ml.client.create_ledger(
             ml.config.ensemble_size,
@@ -78,6 +79,14 @@ class Compactor:
         )
         try:
             await ml.update_properties({PENDING_PROPERTY: str(handle.ledger_id)})
+            log.info(
+                "topic %s: compacting through %s: writing %d messages of %d keys to ledger %d",
+                ml.name,
+                end,
+                sum(len(v) for v in latest.values()),
+                len(latest),
+                handle.ledger_id,
+            )
             written = await self._write(previous, end, latest, handle)
             await handle.close()
             view = await CompactedLedger.open(ml.client, CompactionRecord(handle.ledger_id, end))
