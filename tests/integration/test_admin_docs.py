@@ -38,11 +38,12 @@ def as_run(line: str, node: StandaloneProcess) -> list[str]:
         ]
     assert argv[0] == "magnetar", line
     tool, rest = argv[1], argv[2:]
-    where = (
-        ["--admin-url", f"http://127.0.0.1:{node.http_port}"]
-        if tool == "admin"
-        else ["--url", node.url]
-    )
+    if tool == "admin":
+        where = ["--admin-url", f"http://127.0.0.1:{node.http_port}"]
+    elif tool == "perf":  # pulsar-perf's -u, after the mode
+        where, rest = [rest[0], "-u", node.url], rest[1:]
+    else:
+        where = ["--url", node.url]
     return [sys.executable, "-m", "magnetar.cli", tool, *where, *rest]
 
 
@@ -54,6 +55,9 @@ def test_every_example_runs(node: StandaloneProcess) -> None:
     for line in lines:
         done = subprocess.run(as_run(line, node), capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, (line, done.stdout, done.stderr)
+        if line.startswith("magnetar perf"):
+            assert "Aggregated throughput stats --- 200 records" in done.stdout, done.stdout
+            assert "Aggregated latency stats --- Latency: mean:" in done.stdout, done.stdout
         if "peek-messages" in line:
             assert '"payload": "e1"' in done.stdout, done.stdout
         if line.endswith("partitioned-stats persistent://acme/orders/incoming --per-partition"):
