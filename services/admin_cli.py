@@ -216,6 +216,11 @@ def _flag(*names: str, **kwargs: Any) -> tuple[tuple[str, ...], dict[str, Any]]:
 
 SUB = _flag("-s", "--subscription", required=True, help="subscription name")
 FORCE = _flag("-f", "--force", action="store_true", help="even with clients connected")
+BOOKIE = _flag("-b", "--bookie", required=True, help="bookie address (host:port)")
+
+
+def _bookie_rack(args: argparse.Namespace) -> str:
+    return "bookies/racks-info/" + urllib.parse.quote(args.bookie, safe=":")
 
 
 def _topic(args: argparse.Namespace, suffix: str = "") -> str:
@@ -621,6 +626,31 @@ VERBS: dict[str, dict[str, Verb]] = {
     },
     "bookies": {
         "list-bookies": Verb("the registered bookies", lambda a: ("GET", "bookies/all", None)),
+        "racks-placement": Verb(
+            "every bookie's rack, by group", lambda a: ("GET", "bookies/racks-info", None)
+        ),
+        "get-bookie-rack": Verb(
+            "a bookie's rack",
+            lambda a: ("GET", _bookie_rack(a), None),
+            (BOOKIE,),
+        ),
+        "set-bookie-rack": Verb(
+            "set a bookie's rack (and group)",
+            lambda a: (
+                "POST",
+                _bookie_rack(a) + "?group=" + urllib.parse.quote(a.group, safe=""),
+                {"rack": a.rack} | ({"hostname": a.hostname} if a.hostname else {}),
+            ),
+            (
+                BOOKIE,
+                _flag("-r", "--rack", required=True, help="rack name"),
+                _flag("--hostname", help="the bookie's host name"),
+                _flag("-g", "--group", default="default", help="group [default: default]"),
+            ),
+        ),
+        "delete-bookie-rack": Verb(
+            "remove a bookie's rack", lambda a: ("DELETE", _bookie_rack(a), None), (BOOKIE,)
+        ),
     },
     "tenants": {
         "list": Verb("list tenants", lambda a: ("GET", "tenants", None)),
@@ -788,6 +818,22 @@ VERBS: dict[str, dict[str, Verb]] = {
             ("namespace",),
         ),
         **_limit_verbs(),
+        "set-schema-compatibility-strategy": Verb(
+            "the strategy a new schema version is checked with",
+            lambda a: (
+                "PUT",
+                _policy("schemaCompatibilityStrategy")(a),
+                a.compatibility.upper(),
+            ),
+            (_flag("-c", "--compatibility", required=True, help="e.g. BACKWARD, FULL"),),
+            ("namespace",),
+        ),
+        "get-schema-compatibility-strategy": Verb(
+            "the namespace's schema compatibility strategy (UNDEFINED: the broker's, FULL)",
+            lambda a: ("GET", _policy("schemaCompatibilityStrategy")(a), None),
+            (),
+            ("namespace",),
+        ),
         **_rate_verbs(lambda a, s: _policy(s)(a), "a namespace"),
         "get-properties": Verb(
             "the namespace's properties",
@@ -1104,6 +1150,28 @@ VERBS: dict[str, dict[str, Verb]] = {
             ("topic",),
         ),
         **_topic_policy_verbs(),
+        "set-schema-compatibility-strategy": Verb(
+            "the topic's own schema compatibility strategy",
+            lambda a: ("PUT", _topic(a, "/schemaCompatibilityStrategy"), a.strategy.upper()),
+            (_flag("-s", "--strategy", required=True, help="e.g. BACKWARD, FULL"),),
+            ("topic",),
+        ),
+        "get-schema-compatibility-strategy": Verb(
+            "the topic's own strategy (null: the namespace's applies; -ap: the one in force)",
+            lambda a: (
+                "GET",
+                _topic(a, "/schemaCompatibilityStrategy" + ("?applied=true" if a.applied else "")),
+                None,
+            ),
+            (_flag("-ap", "--applied", action="store_true", help="the strategy in force"),),
+            ("topic",),
+        ),
+        "remove-schema-compatibility-strategy": Verb(
+            "back to the namespace's schema compatibility strategy",
+            lambda a: ("DELETE", _topic(a, "/schemaCompatibilityStrategy"), None),
+            (),
+            ("topic",),
+        ),
         **_rate_verbs(lambda a, s: _topic(a, f"/{s}"), "a topic"),
         "bundle-range": Verb(
             "the bundle serving a topic",

@@ -8,7 +8,7 @@ session, which is how clients (and the auditor) learn that a bookie is gone.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from magnetar.common.metadata import MetadataStore
 
@@ -23,9 +23,16 @@ class BookieRegistration:
     free_bytes: int
     total_bytes: int
     max_entry_size: int = 0  # largest entry it accepts, header included (0: not said)
+    #: Its rack, from the rack information the admin stores (not from the bookie; None: unset).
+    rack: str | None = None
 
     def to_json(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True).encode()
+        data = asdict(self)
+        del data["rack"]
+        return json.dumps(data, sort_keys=True).encode()
+
+    def on_rack(self, rack: str | None) -> BookieRegistration:
+        return replace(self, rack=rack)
 
     @classmethod
     def from_json(cls, raw: bytes) -> BookieRegistration:

@@ -44,7 +44,8 @@ from magnetar.common.ledger.metadata import (
     LedgerMetadata,
     ledger_key,
 )
-from magnetar.common.ledger.placement import PlacementPolicy, RandomPlacement
+from magnetar.common.ledger.placement import PlacementPolicy, RackAwarePlacement
+from magnetar.common.ledger.racks import load_racks
 from magnetar.common.ledger.recovery import recover_ledger
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError, MetadataStore
 from magnetar.common.proto import bookie_pb2 as pb
@@ -113,7 +114,7 @@ class LedgerClient:
         self.store = store
         self._credentials = None if tls is None else tls.channel_credentials()
         self.config = config or LedgerClientConfig()
-        self.placement = placement or RandomPlacement()
+        self.placement = placement or RackAwarePlacement()
         self._bookies: dict[str, BookieClient] = {}
         #: Bookies in this process, reached without gRPC (see ``add_local_bookie``).
         self._local: dict[str, BookieClient] = {}
@@ -149,7 +150,14 @@ class LedgerClient:
         await self.close()
 
     async def registered_bookies(self) -> list[BookieRegistration]:
-        return await list_bookies(self.store)
+        """The registered bookies, each with its rack when the admin set one (for placement)."""
+        registered = await list_bookies(self.store)
+        try:
+            racks = (await load_racks(self.store))[0].racks()
+        except ValueError as e:  # a damaged document must not stop ledgers being made
+            log.warning("bookie rack information unreadable, placing without it: %s", e)
+            racks = {}
+        return [b.on_rack(racks.get(b.address)) for b in registered]
 
     def entry_size_limit(
         self, ensemble: Sequence[str], registrations: Sequence[BookieRegistration]

@@ -1,7 +1,8 @@
 """Placement policies: which bookies a new ensemble, or a replacement, uses.
 
-A policy sees the registered bookies and picks writable ones. Random placement is the default;
-rack or zone awareness would be another policy with the same interface.
+A policy sees the registered bookies and picks writable ones. Rack-aware placement is the
+default: with rack information set (``racks.py``, Pulsar's ``/admin/v2/bookies/racks-info``) it
+prefers bookies on racks the ensemble does not use yet, and without any it is random placement.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import random
 from collections.abc import Collection, Sequence
 
 from magnetar.common.ledger.bookies import BookieRegistration
+from magnetar.common.ledger.racks import DEFAULT_RACK
 
 
 class NotEnoughBookiesError(Exception):
@@ -45,3 +47,42 @@ class RandomPlacement(PlacementPolicy):
         if len(candidates) < count:
             raise NotEnoughBookiesError(_shortage(count, bookies, exclude))
         return self._rng.sample(candidates, count)
+
+
+class RackAwarePlacement(PlacementPolicy):
+    """Spread an ensemble over racks, as BookKeeper's rack-aware policy prefers, without its
+    strictness: it never fails for want of racks.
+
+    Each pick is a random writable candidate among those whose rack holds the fewest bookies of
+    the ensemble so far; the bookies in ``exclude`` that are registered (for a replacement: the
+    rest of the ensemble) count as already placed. So with at least ``count`` racks free of the
+    ensemble, every chosen bookie is on a rack of its own; with fewer, racks are reused as evenly
+    as possible; a bookie without rack information is on ``/default-rack``. It fails only as
+    random placement does, when fewer writable bookies than ``count`` are left.
+    """
+
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self._rng = rng or random.Random()
+
+    def choose(
+        self, count: int, bookies: Sequence[BookieRegistration], exclude: Collection[str] = ()
+    ) -> list[str]:
+        candidates = [b for b in bookies if not b.read_only and b.address not in exclude]
+        if len(candidates) < count:
+            raise NotEnoughBookiesError(_shortage(count, bookies, exclude))
+        used: dict[str, int] = {}
+        for b in bookies:
+            if b.address in exclude:
+                rack = b.rack or DEFAULT_RACK
+                used[rack] = used.get(rack, 0) + 1
+        chosen: list[str] = []
+        for _ in range(count):
+            fewest = min(used.get(b.rack or DEFAULT_RACK, 0) for b in candidates)
+            pick = self._rng.choice(
+                [b for b in candidates if used.get(b.rack or DEFAULT_RACK, 0) == fewest]
+            )
+            candidates.remove(pick)
+            chosen.append(pick.address)
+            rack = pick.rack or DEFAULT_RACK
+            used[rack] = used.get(rack, 0) + 1
+        return chosen

@@ -370,6 +370,46 @@ def test_broker_and_bookie_routes(node: StandaloneProcess, pc: pulsar.Client) ->
     assert bookie["bookieId"].endswith(f":{node.bookie_port}")
 
 
+def test_bookie_rack_info(node: StandaloneProcess, pc: pulsar.Client) -> None:
+    """Pulsar's racks-info routes: stored, answered in Pulsar's shape, and ledgers are still
+    made with racks set (placement prefers distinct racks, never fails for want of them)."""
+    [bookie] = [b["bookieId"] for b in ok(node, "GET", "/bookies/all")["bookies"]]
+    other = "10.9.9.9:3181"  # not registered: information may be set ahead of a bookie
+    assert ok(node, "GET", "/bookies/racks-info") == {}
+    status, _, body = call(node, "GET", f"/bookies/racks-info/{bookie}")
+    assert (status, json.loads(body)) == (404, {"reason": f"Bookie address not found: {bookie}"})
+    rack_of = f"/bookies/racks-info/{bookie}"
+    assert (
+        call(node, "POST", f"{rack_of}?group=default", {"rack": "rack-a", "hostname": "bk"})[0]
+        == 204
+    )
+    assert (
+        call(node, "POST", f"/bookies/racks-info/{other}?group=east", {"rack": "/rack-b"})[0] == 204
+    )
+    assert ok(node, "GET", "/bookies/racks-info") == {
+        "default": {bookie: {"rack": "/rack-a", "hostname": "bk"}},
+        "east": {other: {"rack": "/rack-b"}},
+    }
+    assert ok(node, "GET", rack_of) == {"rack": "/rack-a", "hostname": "bk"}
+    # Moving a bookie to another group takes it out of the first.
+    assert call(node, "POST", f"{rack_of}?group=east", {"rack": "rack-c"})[0] == 204
+    assert ok(node, "GET", "/bookies/racks-info") == {
+        "east": {bookie: {"rack": "/rack-c"}, other: {"rack": "/rack-b"}}
+    }
+    # Bad input: Pulsar's 412s.
+    status, _, body = call(node, "POST", rack_of, {"rack": "r"})
+    assert (status, json.loads(body)["reason"]) == (412, "Bookie 'group' parameters is missing")
+    assert call(node, "POST", f"{rack_of}?group=g", {"rack": "region/rack"})[0] == 412
+    assert call(node, "POST", f"{rack_of}?group=g", {"hostname": "h"})[0] == 412
+    # A new ledger is placed with the racks set.
+    produce(pc, "racked", ["one", "two"])
+    assert ok(node, "GET", "/persistent/public/default/racked/stats")["msgInCounter"] == 2
+    assert call(node, "DELETE", rack_of)[0] == 204
+    assert call(node, "DELETE", rack_of)[0] == 404
+    assert call(node, "DELETE", f"/bookies/racks-info/{other}")[0] == 204
+    assert ok(node, "GET", "/bookies/racks-info") == {}
+
+
 #: Fields of Pulsar's Policies document (a few of them) and their JSON types.
 POLICIES = {
     "auth_policies": dict, "replication_clusters": list, "backlog_quota_map": dict,

@@ -198,6 +198,15 @@ def test_only_superusers_and_tenant_admins_manage_grants(
         superuser_only
     )
     assert reason(admin(node, "DELETE", "/tenants/theirs")) == superuser_only
+    # Bookie rack information too (Pulsar's Bookies resource checks superuser access).
+    rack = "/bookies/racks-info/10.0.0.1:3181"
+    assert reason(admin(node, "GET", "/bookies/racks-info")) == superuser_only
+    assert reason(admin(node, "POST", f"{rack}?group=g", {"rack": "r1"})) == superuser_only
+    assert admin(node, "POST", f"{rack}?group=g", {"rack": "r1"}, user="admin")[0] == 204
+    assert reason(admin(node, "GET", rack)) == superuser_only
+    assert reason(admin(node, "DELETE", rack)) == superuser_only
+    assert admin(node, "GET", rack, user="admin") == (200, {"rack": "/r1"})
+    assert admin(node, "DELETE", rack, user="admin")[0] == 204
     for tenant in ("theirs", "ours"):
         assert admin(node, "PUT", f"/namespaces/{tenant}/ns", user="admin")[0] == 204
 

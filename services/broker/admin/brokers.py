@@ -9,18 +9,32 @@ only when authorization is on, as Pulsar's BrokersBase, BrokerStatsBase and Book
   ``{namespace: {bundle: {"persistent"|"non-persistent": {topic: TopicStats}}}}``
 - ``GET /admin/v2/broker-stats/load-report``: this broker's last load report
 - ``GET /admin/v2/bookies/all``: ``{"bookies": [{"bookieId": "host:port"}]}``, the registered ones
+- ``GET /admin/v2/bookies/racks-info``: the rack information, ``{group: {bookie: {"rack",
+  "hostname"}}}``; ``GET|POST|DELETE .../racks-info/{bookie}`` (``POST`` with ``?group=`` and
+  ``{"rack", "hostname"}``): one bookie's, 404 ``Bookie address not found`` when it has none.
+  Stored in the metadata store (``common/ledger/racks.py``), read by the ledger client's
+  placement, which prefers distinct racks.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from magnetar.broker.admin.errors import AdminError
+from magnetar.broker.admin.requests import json_body
 from magnetar.common.ledger.bookies import list_bookies
+from magnetar.common.ledger.racks import (
+    BookieRackInfo,
+    InvalidRackError,
+    RackConfiguration,
+    load_racks,
+    update_racks,
+)
 
 if TYPE_CHECKING:
     from magnetar.broker.admin.service import AdminBroker
@@ -28,6 +42,8 @@ if TYPE_CHECKING:
 #: Settings whose values are never shown: words in their names.
 SECRET_WORDS = ("secret", "password", "authentication_parameters", "basic_auth_conf", "private")
 MASK = "********"
+
+log = logging.getLogger(__name__)
 
 
 def version() -> str:
@@ -92,3 +108,51 @@ def add_broker_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None:
         assert broker.store is not None
         registered = await list_bookies(broker.store)
         return web.json_response({"bookies": [{"bookieId": b.address} for b in registered]})
+
+    def not_found(address: str) -> AdminError:
+        return AdminError(404, f"Bookie address not found: {address}")
+
+    @routes.get("/admin/v2/bookies/racks-info")
+    async def racks_info(request: web.Request) -> web.Response:
+        assert broker.store is not None
+        config, _ = await load_racks(broker.store)
+        return web.json_response(config.to_dict())
+
+    @routes.get("/admin/v2/bookies/racks-info/{bookie}")
+    async def bookie_rack(request: web.Request) -> web.Response:
+        assert broker.store is not None
+        address = request.match_info["bookie"]
+        found = (await load_racks(broker.store))[0].get(address)
+        if found is None:
+            raise not_found(address)
+        return web.json_response(found.to_dict())
+
+    @routes.post("/admin/v2/bookies/racks-info/{bookie}")
+    async def set_bookie_rack(request: web.Request) -> web.Response:
+        assert broker.store is not None
+        address = request.match_info["bookie"]
+        group = request.query.get("group")
+        if group is None:
+            raise AdminError(412, "Bookie 'group' parameters is missing")
+        if not group:
+            raise AdminError(412, "Bookie 'group' parameter is empty")
+        try:
+            info = BookieRackInfo.from_dict(await json_body(request))
+        except InvalidRackError as e:
+            raise AdminError(412, str(e)) from None
+        await update_racks(broker.store, lambda config: config.update(group, address, info))
+        log.info("bookie %s: rack information set (group %s, rack %s)", address, group, info.rack)
+        return web.Response(status=204)
+
+    @routes.delete("/admin/v2/bookies/racks-info/{bookie}")
+    async def delete_bookie_rack(request: web.Request) -> web.Response:
+        assert broker.store is not None
+        address = request.match_info["bookie"]
+
+        def remove(config: RackConfiguration) -> bool:
+            return config.remove(address)
+
+        if not await update_racks(broker.store, remove):
+            raise not_found(address)
+        log.info("bookie %s: rack information removed", address)
+        return web.Response(status=204)
