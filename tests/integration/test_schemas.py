@@ -7,7 +7,7 @@
   one (a field's type changed) is refused to producers, consumers and uploads, with a message
   that says why; GET_SCHEMA and GET_OR_CREATE_SCHEMA answer from the registry.
 - The namespace's schemaCompatibilityStrategy (PUT/GET/DELETE as Pulsar's admin calls it)
-  decides what a producer may register; a schema can be tested (compatibility) and its version
+  decides what a producer may register, a topic's own strategy over it; a schema can be tested (compatibility) and its version
   found (version) without storing it; schemaValidationEnforced is a namespace policy.
 - The schemas survive a restart of the standalone; its log holds no traceback and no ERROR.
 """
@@ -237,6 +237,48 @@ def test_namespace_strategy_decides_evolution(node: StandaloneProcess, pc: pulsa
     assert status == 200 and len(json.loads(text)["getSchemaResponses"]) == 3
     assert admin(node, "DELETE", path)[0] == 204
     assert admin(node, "GET", path) == (200, '"UNDEFINED"')
+
+
+def test_topic_strategy_over_the_namespaces(node: StandaloneProcess, pc: pulsar.Client) -> None:
+    """A topic's own schemaCompatibilityStrategy (PUT/GET/DELETE on the topic, as Pulsar's
+    topic policies) wins over its namespace's; removed, the namespace's applies again."""
+    assert admin(node, "PUT", "/namespaces/public/topical")[0] == 204
+    ns_path = "/namespaces/public/topical/schemaCompatibilityStrategy"
+    assert admin(node, "PUT", ns_path, '"ALWAYS_COMPATIBLE"')[0] == 204
+    strict, loose = "persistent://public/topical/strict", "persistent://public/topical/loose"
+    for topic in (strict, loose):
+        pc.create_producer(topic, schema=JsonSchema(User)).close()
+    path = "/persistent/public/topical/strict/schemaCompatibilityStrategy"
+    assert admin(node, "GET", path) == (200, "null")
+    assert admin(node, "GET", path + "?applied=true") == (200, '"ALWAYS_COMPATIBLE"')
+    assert admin(node, "PUT", path, '"SOMETIMES"')[0] == 400
+    assert admin(node, "POST", path, '"FULL"')[0] == 405  # Pulsar sets it with PUT
+    assert admin(node, "PUT", "/persistent/public/topical/nosuch/schemaCompatibilityStrategy",
+                 '"FULL"')[0] == 404  # fmt: skip
+    assert admin(node, "PUT", path, '"ALWAYS_INCOMPATIBLE"')[0] == 204
+    assert admin(node, "GET", path) == (200, '"ALWAYS_INCOMPATIBLE"')
+    assert admin(node, "GET", path + "?applied=true") == (200, '"ALWAYS_INCOMPATIBLE"')
+    with pytest.raises(pulsar.IncompatibleSchema):
+        pc.create_producer(strict, schema=JsonSchema(UserWithTextAge))
+    pc.create_producer(loose, schema=JsonSchema(UserWithTextAge)).close()  # the namespace's
+    status, text = admin(
+        node,
+        "POST",
+        "/schemas/public/topical/strict/compatibility",
+        json.dumps(
+            {"type": "JSON", "schema": JsonSchema(UserWithEmail).schema_info().schema(),
+             "properties": {}}
+        ),
+    )  # fmt: skip
+    assert status == 200 and json.loads(text) == {
+        "isCompatibility": False,
+        "schemaCompatibilityStrategy": "ALWAYS_INCOMPATIBLE",
+    }
+    assert admin(node, "DELETE", path)[0] == 204
+    assert admin(node, "GET", path) == (200, "null")
+    pc.create_producer(strict, schema=JsonSchema(UserWithTextAge)).close()
+    assert admin(node, "DELETE", ns_path)[0] == 204
+    assert admin(node, "GET", path + "?applied=true") == (200, '"FULL"')
 
     enforced = "/namespaces/public/evolving/schemaValidationEnforced"
     assert admin(node, "GET", enforced) == (200, "false")

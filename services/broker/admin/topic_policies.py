@@ -12,6 +12,9 @@ sets for all its topics, and Pulsar's resolution applies, topic over namespace o
 - ``GET|POST|DELETE {topic}/compactionThreshold`` (bytes)
 - ``GET|POST|DELETE {topic}/dispatchRate``, ``.../subscriptionDispatchRate`` (DispatchRate)
 - ``POST|DELETE {topic}/backlogQuota?backlogQuotaType=...``, ``GET {topic}/backlogQuotaMap``
+- ``GET|PUT|DELETE {topic}/schemaCompatibilityStrategy`` (a strategy name, set with PUT as
+  Pulsar's; ``GET ...?applied=true`` answers the one in force: the topic's, else the
+  namespace's, else the broker's FULL)
 
 GET answers the topic's own value (null: none, the namespace's applies). A partitioned topic's
 policies apply to its partitions. They are kept in the metadata store
@@ -34,7 +37,12 @@ from magnetar.broker.admin.subscriptions import TOPIC_PATH
 from magnetar.broker.model.topic_name import TopicName
 from magnetar.broker.namespace import policies
 from magnetar.broker.namespace.policies import PolicyError, parse_document
-from magnetar.broker.namespace.records import read_partitioned, topic_policies_key
+from magnetar.broker.namespace.records import (
+    namespace_document,
+    read_partitioned,
+    topic_policies_key,
+)
+from magnetar.broker.schema import compatibility as schema_compatibility
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError
 
 if TYPE_CHECKING:
@@ -72,7 +80,17 @@ TOPIC_POLICIES: dict[str, tuple[str, Check]] = {
     ),
     "inactiveTopicPolicies": ("inactive_topic_policies", policies.check_inactive_topics),
     "compactionThreshold": ("compaction_threshold", policies.check_compaction_threshold),
+    "schemaCompatibilityStrategy": ("schema_compatibility_strategy", lambda v: _strategy(v)),
 }
+#: Set with PUT, as Pulsar's admin does (the others with POST).
+SET_WITH_PUT = frozenset({"schemaCompatibilityStrategy"})
+
+
+def _strategy(value: Any) -> str:
+    try:
+        return schema_compatibility.check_strategy(value)
+    except ValueError as e:
+        raise PolicyError(str(e)) from None
 
 
 async def _existing(broker: AdminBroker, request: web.Request) -> TopicName:
@@ -85,6 +103,17 @@ async def _existing(broker: AdminBroker, request: web.Request) -> TopicName:
     if record is None or record.deleted:
         await requests.existing_topic(broker, name)
     return name
+
+
+async def _applied_strategy(broker: AdminBroker, name: TopicName, own: Any) -> str:
+    """The strategy in force, as the schema registry resolves it."""
+    if own and own != "UNDEFINED":
+        return str(own)
+    document = await namespace_document(broker.configuration_store, name.namespace_name)
+    chosen = document.get("schema_compatibility_strategy")
+    if chosen and chosen != "UNDEFINED":
+        return str(chosen)
+    return schema_compatibility.DEFAULT_STRATEGY
 
 
 async def _document(broker: AdminBroker, name: TopicName) -> dict[str, Any]:
@@ -119,14 +148,17 @@ def add_topic_policy_routes(routes: web.RouteTableDef, broker: AdminBroker) -> N
 
         async def get_policy(request: web.Request, field: str = field) -> web.Response:
             name = await _existing(broker, request)
-            return web.json_response((await _document(broker, name)).get(field))
+            own = (await _document(broker, name)).get(field)
+            if field == "schema_compatibility_strategy" and requests.flag(request, "applied"):
+                return web.json_response(await _applied_strategy(broker, name, own))
+            return web.json_response(own)
 
         async def set_policy(
             request: web.Request, field: str = field, check: Check = check, segment: str = segment
         ) -> web.Response:
             name = await _existing(broker, request)
             value = None
-            if request.method == "POST":
+            if request.method in ("POST", "PUT"):
                 if segment == "messageTTL" and "messageTTL" in request.query:
                     try:
                         body: Any = int(request.query["messageTTL"])
@@ -142,7 +174,10 @@ def add_topic_policy_routes(routes: web.RouteTableDef, broker: AdminBroker) -> N
             return web.Response(status=204)
 
         routes.get(f"{TOPIC_PATH}/{segment}")(get_policy)
-        routes.post(f"{TOPIC_PATH}/{segment}")(set_policy)
+        if segment in SET_WITH_PUT:
+            routes.put(f"{TOPIC_PATH}/{segment}")(set_policy)
+        else:
+            routes.post(f"{TOPIC_PATH}/{segment}")(set_policy)
         routes.delete(f"{TOPIC_PATH}/{segment}")(set_policy)
 
     for segment, field in DISPATCH_RATES.items():

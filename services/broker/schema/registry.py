@@ -29,7 +29,7 @@ from typing import Any
 
 from magnetar.broker.model.topic_name import TopicName
 from magnetar.broker.namespace.policies import parse_document
-from magnetar.broker.namespace.records import NAMESPACES_PATH
+from magnetar.broker.namespace.records import NAMESPACES_PATH, topic_policies_key
 from magnetar.broker.schema import compatibility as avro
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError, MetadataStore
 from magnetar.common.proto import pulsar_api_pb2 as pb
@@ -248,7 +248,13 @@ class SchemaRegistry:
         raise SchemaNotFoundError(f"topic {topic} has no schema version {version}")
 
     async def strategy(self, topic: TopicName) -> str:
-        """The namespace's schemaCompatibilityStrategy (UNDEFINED: none set, Pulsar's FULL)."""
+        """The schemaCompatibilityStrategy in force: the topic's (a partitioned topic's for its
+        partitions), else its namespace's (UNDEFINED: neither set one, Pulsar's FULL)."""
+        own = await self.store.get(topic_policies_key(topic))
+        if own is not None:
+            chosen = parse_document(own.value).get("schema_compatibility_strategy")
+            if chosen and chosen != "UNDEFINED":
+                return str(chosen)
         found = await self.configuration.get(f"{NAMESPACES_PATH}/{topic.namespace_name}")
         document = parse_document(found.value if found is not None else None)
         return str(document.get("schema_compatibility_strategy") or "UNDEFINED")
