@@ -14,10 +14,11 @@ registered; the namespace is replicated in a full mesh.
   loops: each cluster stores each message once); ``replication`` in topic stats;
 - the remote's subscriptions in all four modes each get every message once;
 - per-message ``replication_clusters`` and ``disable_replication`` honoured;
-- the remote broker restarted while the local side keeps producing: the backlog is seen in the
-  local stats, drains when the remote returns, and the remote has every message once (the
-  remote's deduplication drops a resend of what it had stored); then the local broker
-  killed (-9) in the middle of a stream: its replicator resumes from its durable cursor.
+- every broker of the remote (two) killed (-9) while the local side keeps producing: the
+  backlog is seen rising in the local stats, counts in the topic's backlog quota, drains when
+  the remote returns, and the remote has every message once (the remote's deduplication drops
+  a resend of what it had stored); then the local broker killed (-9) in the middle of a
+  stream: its replicator resumes from its durable cursor.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ from pathlib import Path
 import pulsar
 import pytest
 
+from magnetar.broker.cluster.bundles import BundleRange, topic_hash
 from magnetar.common.metadata import open_store
-from tests.support.cluster import BrokerProcess, MagnetarCluster
+from tests.support.cluster import BrokerProcess, MagnetarCluster, PacedProducer
 from tests.support.etcd import EtcdServer
 from tests.support.standalone import QUIET
 
@@ -109,7 +111,7 @@ def geo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Geo]:
             clusters[name] = MagnetarCluster(
                 base / name,
                 bookies=2,
-                brokers=1,
+                brokers=2 if name == "west" else 1,  # every broker of a cluster killed
                 broker_settings={
                     "cluster_name": name,
                     "configuration_metadata_url": config.url,
@@ -355,9 +357,18 @@ def test_bundle_unload_during_replication_no_gap_no_duplicate(geo: Geo) -> None:
     try:
         consumer = west.subscribe(topic, "app", initial_position=pulsar.InitialPosition.Earliest)
         producer = east.create_producer(topic)
-        for i in range(300):
+        producer.send(b"u-0")
+        h = topic_hash(topic)
+        [bundle] = [
+            b
+            for (ns, b) in east_cluster.ownership()
+            if ns == NAMESPACE and BundleRange.parse(b).contains(h)
+        ]
+        for i in range(1, 300):
             producer.send_async(f"u-{i}".encode(), None)
-            if i in (100, 200):
+            if i in (100, 200):  # the topic's bundle unloaded under its replicators
+                east_cluster.unload_bundle(NAMESPACE, bundle)
+            elif i == 250:
                 east_cluster.admin_json("PUT", f"/admin/v2/namespaces/{NAMESPACE}/unload")
         producer.flush()
         got = receive_all(consumer, 300)
@@ -365,6 +376,8 @@ def test_bundle_unload_during_replication_no_gap_no_duplicate(geo: Geo) -> None:
         east.close()
         west.close()
     assert got == [f"u-{i}" for i in range(300)]
+    # Stored once in west: nothing sent twice made it in.
+    assert geo.stats("west", topic.removeprefix("persistent://"))["msgInCounter"] == 300
 
 
 def test_partitioned_topic_replicates_partition_by_partition(geo: Geo) -> None:
@@ -392,60 +405,110 @@ def test_partitioned_topic_replicates_partition_by_partition(geo: Geo) -> None:
     assert sorted(got) == sorted(f"p-{i}" for i in range(60))
 
 
-def test_remote_restart_backlog_drains_and_local_restart_resumes(geo: Geo) -> None:
+def replication_of(geo: Geo, cluster: str, topic: str, remote: str) -> dict:
+    return geo.stats(cluster, topic.removeprefix("persistent://"))["replication"][remote]
+
+
+def test_every_remote_broker_killed_under_traffic_then_the_local_one(geo: Geo) -> None:
+    """Both of west's brokers killed (-9) while east's producer keeps sending: east serves its
+    producer throughout, its replication backlog to west rises (and counts in the topic's
+    backlog quota) and drains once west is back, west ends with every message once, in order.
+    Then east's own broker is killed mid-stream: its replicator resumes from its stored
+    cursor and west's deduplication drops what it had stored already."""
     topic = f"persistent://{NAMESPACE}/restarts"
-    short = topic.removeprefix("persistent://")
+    quota_topic = f"persistent://{NAMESPACE}/quota"
     west_cluster = geo.clusters["west"]
+    assert len(west_cluster.brokers) == 2
     east = geo.client("east")
+    traffic: PacedProducer | None = None
     try:
-        producer = east.create_producer(topic)
         west = geo.client("west")
         west.subscribe(topic, "app", initial_position=pulsar.InitialPosition.Earliest).close()
         west.close()
-        for i in range(100):
-            producer.send(f"m-{i}".encode())
+        quota_producer = east.create_producer(quota_topic, batching_enabled=False)
+        traffic = PacedProducer(east, topic, tag="t", interval=0.01).start()
+        traffic.wait_for(100)
+        for broker in west_cluster.brokers:
+            broker.kill()
+        traffic.wait_for(50)
+        first = replication_of(geo, "east", topic, "west")
+        assert first["connected"] is False and first["replicationBacklog"] > 0, first
+        traffic.wait_for(100)
+        second = replication_of(geo, "east", topic, "west")
+        assert second["replicationBacklog"] >= first["replicationBacklog"] + 100, (first, second)
+        assert second["replicationDelayInSeconds"] > 0, second
+        # The replication backlog is the topic's backlog for its quota (no subscription here):
+        # over 1000 bytes, producers are turned away (producer_exception).
+        for i in range(20):
+            quota_producer.send(f"q{i:02}".encode() + b"x" * 100)
+        quota = {"limitSize": 1000, "limitTime": -1, "policy": "producer_exception"}
+        quota_path = f"/admin/v2/persistent/{NAMESPACE}/quota/backlogQuota"
+        geo.clusters["east"].admin_json("POST", quota_path, quota)
+        quota_stats = quota_topic.removeprefix("persistent://")
         wait_until(
-            lambda: geo.stats("east", short)["replication"]["west"]["replicationBacklog"] == 0,
-            "the first 100 replicated",
+            lambda: geo.stats("east", quota_stats)["publishers"] == [],
+            "the quota topic's producer disconnected",
         )
-        geo.broker("west").kill()
-        for i in range(100, 250):
-            producer.send(f"m-{i}".encode())
-        backlog = geo.stats("east", short)["replication"]["west"]
-        assert backlog["replicationBacklog"] > 0 and backlog["connected"] is False, backlog
-        wait_until(
-            lambda: (
-                geo.stats("east", short)["replication"]["west"]["replicationDelayInSeconds"] > 0
-            ),
-            "the replication delay seen while west is down",
-        )
-        geo.broker("west").start()
+        assert geo.stats("east", quota_stats)["backlogSize"] > 1000
+        with pytest.raises(pulsar.ProducerBlockedQuotaExceededException):
+            east.create_producer(quota_topic)
+        for broker in west_cluster.brokers:
+            broker.start()
         west_cluster.wait_for(
-            lambda: bool(west_cluster.registered()), what="west's broker registered again"
+            lambda: set(west_cluster.registered()) >= {b.broker_id for b in west_cluster.brokers},
+            what="west's brokers registered again",
         )
+        traffic.wait_for(100)
+        traffic.stop()
+        assert traffic.errors == [] and traffic.raised == [], (traffic.errors, traffic.raised)
         wait_until(
-            lambda: geo.stats("east", short)["replication"]["west"]["replicationBacklog"] == 0,
+            lambda: replication_of(geo, "east", topic, "west")["replicationBacklog"] == 0,
             "the backlog drained after west returned",
             timeout=60,
         )
+        wait_until(
+            lambda: replication_of(geo, "east", quota_topic, "west")["replicationBacklog"] == 0,
+            "the quota topic's backlog drained",
+        )
+        east.create_producer(quota_topic).close()  # under the quota again: accepted
         # East's broker killed (-9) while its producer keeps sending: its replicator's cursor
         # comes back from where it was last stored, so what was sent after that goes to west
         # again and west's deduplication (by the messages' own producer and sequence id)
         # drops it.
-        for i in range(250, 300):
+        producer = east.create_producer(topic)
+        # One receipt before the kill: a client that has none adopts the broker's last
+        # sequence id on reconnecting (-1 if nothing of it was stored) as its next one, so
+        # with sends still pending it would number new messages like stored ones and
+        # deduplication would drop them (the official client's rule, not the broker's).
+        producer.send(b"m-0")
+        for i in range(1, 50):
             producer.send_async(f"m-{i}".encode(), None)
         geo.broker("east").kill()
         geo.broker("east").start()
-        for i in range(300, 400):
+        for i in range(50, 150):
             producer.send(f"m-{i}".encode())
         producer.flush()
     finally:
+        if traffic is not None:
+            traffic.close()
         east.close()
+    expected = sorted(traffic.receipted) + [f"m-{i}" for i in range(150)]
     west = geo.client("west")
     try:
         consumer = west.subscribe(topic, "app")
-        got = receive_all(consumer, 400, timeout=60)
+        got = receive_all(consumer, len(expected), timeout=60)
     finally:
         west.close()
-    assert sorted(got, key=lambda m: int(m[2:])) == [f"m-{i}" for i in range(400)]
-    assert got == sorted(got, key=lambda m: int(m[2:])), "order per producer"
+    missing = sorted(set(expected) - set(got))
+    assert len(got) == len(expected) and not missing, (
+        len(got),
+        len(expected),
+        missing[:5],
+        missing[-5:],
+        len(missing),
+        replication_of(geo, "east", topic, "west"),
+        geo.stats("west", topic.removeprefix("persistent://"))["msgInCounter"],
+    )
+    for tag in ("t-", "m-"):  # order per producer
+        mine = [m for m in got if m.startswith(tag)]
+        assert mine == sorted(mine, key=lambda m: int(m[2:])), tag

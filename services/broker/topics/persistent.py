@@ -13,7 +13,7 @@ from magnetar.broker.errors import (
     TopicTerminatedError,
     TopicUnloadingError,
 )
-from magnetar.broker.ledger.cursor import NonDurableCursor
+from magnetar.broker.ledger.cursor import ManagedCursor, NonDurableCursor
 from magnetar.broker.ledger.managed_ledger import ManagedLedger
 from magnetar.broker.model.entry import entry_metadata, message_count
 from magnetar.broker.model.message_id import LATEST, from_wire, to_wire
@@ -25,6 +25,7 @@ from magnetar.broker.namespace.policies import (
     Policies,
     TopicLimits,
 )
+from magnetar.broker.topics.backlog import estimated_backlog_size
 from magnetar.broker.topics.compaction import ReadCompactedNotAllowedError, TopicCompaction
 from magnetar.broker.topics.consumer import Consumer
 from magnetar.broker.topics.deduplication import Deduplication, DuplicateStatus
@@ -44,6 +45,7 @@ from magnetar.broker.topics.subscription import (
     SubscriptionExistsError,
     disconnect_for_delete,
     first_published_at,
+    first_unacked,
 )
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
@@ -198,16 +200,22 @@ class PersistentTopic:
                     f"({quota.policy})"
                 )
 
+    def _quota_cursors(self) -> list[ManagedCursor]:
+        """The durable cursors a backlog quota counts (``topics/backlog.py``): durable
+        subscriptions' and geo-replicators'."""
+        cursors = [s.cursor for s in self.subscriptions.values() if s.durable]
+        cursors += [r.cursor for r in self.replicators.values() if r.cursor is not None]
+        return cursors
+
     def backlog_size(self) -> int:
-        """The slowest durable subscription's backlog in bytes, at the topic's average entry
-        size (Pulsar's estimated backlog size, what a size quota is compared with)."""
-        entries = self.ml.number_of_entries
-        if not entries:
-            return 0
-        slowest = max(
-            (s.cursor.backlog for s in self.subscriptions.values() if s.durable), default=0
+        """Pulsar's estimated backlog size, what a size quota is compared with and stats call
+        ``backlogSize``: the slowest durable cursor's backlog (a subscription's or a
+        geo-replicator's) in bytes, at the topic's average entry size."""
+        return estimated_backlog_size(
+            (c.backlog for c in self._quota_cursors()),
+            self.ml.total_size,
+            self.ml.number_of_entries,
         )
-        return int(slowest * self.ml.total_size / entries)
 
     def backlog_quota_exceeded(self, quota: BacklogQuota) -> bool:
         """Over the size limit now, or over the age limit at the last policy round."""
@@ -216,16 +224,17 @@ class PersistentTopic:
         return quota.limit_time >= 0 and self._age_quota_exceeded
 
     async def _oldest_unacked_older_than(self, seconds: int) -> bool:
-        """Whether a durable subscription's oldest unacknowledged message was published more
-        than ``seconds`` ago (one entry read per subscription that has a backlog)."""
+        """Whether a durable cursor's (a subscription's or a geo-replicator's) oldest
+        unacknowledged message was published more than ``seconds`` ago (one entry read per
+        cursor that has a backlog)."""
         cutoff_ms = int(time.time() * 1000) - seconds * 1000
-        for subscription in list(self.subscriptions.values()):
-            if not subscription.durable or subscription.cursor.backlog == 0:
+        for cursor in self._quota_cursors():
+            if cursor.backlog == 0:
                 continue
-            positions = subscription.unacked_positions(1)
-            if not positions:
+            position = first_unacked(cursor)
+            if position is None:
                 continue
-            entries = await self.ml.read_entries(positions[0], 1)
+            entries = await self.ml.read_entries(position, 1)
             if entries and entry_metadata(entries[0][1]).publish_time < cutoff_ms:
                 return True
         return False

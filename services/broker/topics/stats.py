@@ -151,11 +151,9 @@ def persistent_stats(topic: PersistentTopic, rates: TopicRates) -> dict[str, Any
     ml = topic.ml
     entry_size = _average(ml.total_size, ml.number_of_entries)
     subscriptions: dict[str, dict[str, Any]] = {}
-    slowest = 0
     for name, sub in topic.subscriptions.items():
         consumers = sub.dispatcher.consumers
         backlog = sub.cursor.backlog
-        slowest = max(slowest, backlog)
         active = None
         if sub.sub_type in (pb.CommandSubscribe.Exclusive, pb.CommandSubscribe.Failover):
             active = active_consumer(list(consumers), topic.name)
@@ -180,8 +178,9 @@ def persistent_stats(topic: PersistentTopic, rates: TopicRates) -> dict[str, Any
         }
     compacted = ml.compacted.size if ml.compacted is not None else 0
     return {
+        # Pulsar's topic backlogSize: behind the slowest durable cursor, a replicator's too.
         **_topic_stats(
-            topic, rates, subscriptions, ml.total_size + compacted, int(slowest * entry_size)
+            topic, rates, subscriptions, ml.total_size + compacted, topic.backlog_size()
         ),
         "compaction": topic.compaction.stats(),
         "entries": ml.number_of_entries,

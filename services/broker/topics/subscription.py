@@ -57,6 +57,26 @@ def disconnect_for_delete(
         consumer.connection.close_consumer(subscription, consumer)
 
 
+def unacked_positions(cursor: ManagedCursor, limit: int) -> list[Position]:
+    """Up to ``limit`` entries ``cursor`` has not acknowledged, from its mark-delete position
+    on, without reading them (positions come from the ledger list)."""
+    ml = cursor.ml
+    found: list[Position] = []
+    start = cursor.mark_delete_position
+    position = ml.first_at_or_after(Position(start.ledger_id, start.entry_id + 1))
+    while position is not None and len(found) < limit:
+        if not cursor.is_acked(position):
+            found.append(position)
+        position = ml.first_at_or_after(Position(position.ledger_id, position.entry_id + 1))
+    return found
+
+
+def first_unacked(cursor: ManagedCursor) -> Position | None:
+    """The oldest entry ``cursor`` has not acknowledged (None: none)."""
+    found = unacked_positions(cursor, 1)
+    return found[0] if found else None
+
+
 class Subscription:
     """``sub_type`` None: recovered from its cursor when the topic loaded, with no consumer
     since. Its mode is not stored (Pulsar does not store it either): stats report it as
@@ -306,15 +326,7 @@ class Subscription:
     def unacked_positions(self, limit: int) -> list[Position]:
         """Up to ``limit`` unacknowledged entries from the mark-delete position on, without
         reading them (positions come from the ledger list)."""
-        ml = self.cursor.ml
-        found: list[Position] = []
-        start = self.cursor.mark_delete_position
-        position = ml.first_at_or_after(Position(start.ledger_id, start.entry_id + 1))
-        while position is not None and len(found) < limit:
-            if not self.cursor.is_acked(position):
-                found.append(position)
-            position = ml.first_at_or_after(Position(position.ledger_id, position.entry_id + 1))
-        return found
+        return unacked_positions(self.cursor, limit)
 
     def skip(self, entries: int) -> int:
         """Admin ``skip/{n}``: the next ``entries`` unacknowledged entries count as acknowledged
