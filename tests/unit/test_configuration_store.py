@@ -6,6 +6,7 @@ moves nothing, and one store under two URLs is left as it is."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -68,3 +69,32 @@ async def test_one_store_under_two_names_is_left_alone(tmp_path: Path) -> None:
         assert list(await store.scan("/magnetar/")) == [f"{NAMESPACES_PATH}/acme/orders"]
     finally:
         await store.close()
+
+
+ROOT = Path(__file__).resolve().parents[2] / "services"
+#: A record of the configuration store read or written through a local store handle.
+_LOCAL_HANDLE = r"(broker|conn\.broker|self|self\._host)\.(store|_store)\b"
+_MISPLACED = [
+    re.compile(rf"(read_partitioned|partitioned_topics|namespace_document)\(\s*{_LOCAL_HANDLE}"),
+    re.compile(
+        rf"{_LOCAL_HANDLE}\.(get|put|delete|children|scan)\(\s*"
+        r"(f\"\{(TENANTS_PATH|NAMESPACES_PATH|PARTITIONED_PATH)\}|partitioned_key\(|"
+        r"(TENANTS_PATH|NAMESPACES_PATH|PARTITIONED_PATH)\b)"
+    ),
+]
+#: Files whose ``self.store`` is the configuration store.
+_CONFIGURATION_HOLDERS = {"broker/namespace/authorization.py"}
+
+
+def test_configuration_records_are_never_read_from_the_local_store() -> None:
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        relative = path.relative_to(ROOT).as_posix()
+        if relative in _CONFIGURATION_HOLDERS:
+            continue
+        text = path.read_text()
+        for pattern in _MISPLACED:
+            for match in pattern.finditer(text):
+                line = text.count("\n", 0, match.start()) + 1
+                found.append(f"{relative}:{line}: {match.group(0)}")
+    assert found == [], "use broker.configuration_store for these records:\n" + "\n".join(found)

@@ -38,7 +38,7 @@ def add_compaction_routes(routes: web.RouteTableDef, broker: AdminBroker) -> Non
         if not name.persistent:
             raise AdminError(405, f"Topic {name} is non-persistent: it stores no messages")
         assert broker.store is not None
-        record = await read_partitioned(broker.store, name)
+        record = await read_partitioned(broker.configuration_store, name)
         if record is not None and not record.deleted and name.partition_index < 0:
             await requests.require_namespace(broker, name.namespace_name)
             for index in range(record.partitions):

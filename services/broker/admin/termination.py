@@ -65,7 +65,7 @@ def add_termination_routes(routes: web.RouteTableDef, broker: AdminBroker) -> No
         name = requests.topic(request)
         await requests.require_namespace(broker, name.namespace_name)
         assert broker.store is not None
-        record = await read_partitioned(broker.store, name)
+        record = await read_partitioned(broker.configuration_store, name)
         if record is not None and not record.deleted and name.partition_index < 0:
             raise AdminError(405, "Termination of a partitioned topic is not allowed")
         if not name.persistent:
@@ -80,7 +80,7 @@ def add_termination_routes(routes: web.RouteTableDef, broker: AdminBroker) -> No
         if not name.persistent:
             raise AdminError(405, "Termination of a non-persistent topic is not allowed")
         assert broker.store is not None
-        record = await read_partitioned(broker.store, name)
+        record = await read_partitioned(broker.configuration_store, name)
         if name.partition_index >= 0 or record is None or record.deleted:
             raise AdminError(
                 405, f"Termination of a non-partitioned topic is not allowed here: {name}"
