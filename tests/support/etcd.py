@@ -50,6 +50,29 @@ def find_etcd() -> str:
 _PORTS_HANDED_OUT: set[int] = set()
 _PORTS_LOCK = threading.Lock()  # clusters start bookies from a thread pool
 
+# Under pytest-xdist (scripts/test.sh runs two workers) each worker takes ports from its own
+# range below the kernel's ephemeral range (32768 and up on Linux), so two workers never hand
+# out the same port and no outgoing connection's local port can take one meanwhile.
+_WORKER_RANGE_START = 20000
+_WORKER_RANGE_SIZE = 4000
+
+
+def _worker_range() -> range | None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ...
+    if not worker.startswith("gw") or not worker[2:].isdigit():
+        return None
+    start = _WORKER_RANGE_START + int(worker[2:]) * _WORKER_RANGE_SIZE
+    return range(start, start + _WORKER_RANGE_SIZE)
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
 
 def free_port() -> int:
     """A free loopback port never handed out before in this test run. The kernel can give
@@ -57,6 +80,13 @@ def free_port() -> int:
     same port for its broker's and its bookie's HTTP servers), and a bookie's address is its
     identity in a shared metadata store (its cookie outlives it)."""
     with _PORTS_LOCK:
+        ports = _worker_range()
+        if ports is not None:
+            for port in ports:
+                if port not in _PORTS_HANDED_OUT and _bindable(port):
+                    _PORTS_HANDED_OUT.add(port)
+                    return port
+            raise RuntimeError(f"no free port left in {ports} for this test worker")
         while True:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                 s.bind(("127.0.0.1", 0))
