@@ -32,10 +32,15 @@ from tests.support.standalone import StandaloneProcess
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneProcess]:
     yield from module_standalone(
         tmp_path_factory.mktemp("spark-source") / "standalone",
-        # Kept: the source holds no subscription, so with retention 0 closed ledgers could be
-        # deleted before a query reads them (as in Pulsar).
-        extra=["--max-entries-per-ledger", "7", "--default-retention-time-minutes", "-1"],
-    )
+        # Kept: the source holds no subscription, so closed ledgers past the retention limits
+        # could be deleted before a query reads them (as in Pulsar). Both limits: with a size
+        # limit of 0 the retention round (every 60 s) deletes them whatever the time limit.
+        extra=[
+            "--max-entries-per-ledger", "7",
+            "--default-retention-time-minutes", "-1",
+            "--default-retention-size-mb", "-1",
+        ],
+    )  # fmt: skip
 
 
 def produce(pc: pulsar.Client, topic: str, count: int, prefix: str, batched: bool = False) -> None:

@@ -158,12 +158,27 @@ def test_topic_count_split_halves_the_topics(topic_hashes: list[int]) -> None:
     distinct = sorted(set(topic_hashes))
     if len(distinct) < 2:
         return
+    middle = distinct[len(distinct) // 2 - 1 : len(distinct) // 2 + 1]
+    if middle == [FULL_RANGE.upper - 1, FULL_RANGE.upper]:  # no boundary fits between them
+        with pytest.raises(BundleError, match="too narrow"):
+            split(FULL_RANGE, algorithm="topic_count_equally_divide", topic_hashes=topic_hashes)
+        return
     low, high = split(FULL_RANGE, algorithm="topic_count_equally_divide", topic_hashes=topic_hashes)
     below = [h for h in distinct if low.contains(h)]
     above = [h for h in distinct if high.contains(h)]
     assert len(below) + len(above) == len(distinct)
     assert len(below) == len(distinct) // 2
     assert below and above
+
+
+def test_topic_count_split_of_the_last_two_hashes() -> None:
+    top = FULL_RANGE.upper
+    low, high = split(
+        FULL_RANGE, algorithm="topic_count_equally_divide", topic_hashes=[top - 2, top]
+    )
+    assert low.contains(top - 2) and high.contains(top) and not low.contains(top)
+    with pytest.raises(BundleError, match="too narrow"):
+        split(FULL_RANGE, algorithm="topic_count_equally_divide", topic_hashes=[top - 1, top])
 
 
 def test_replace_refuses_a_pair_that_is_not_a_split() -> None:

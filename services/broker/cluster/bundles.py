@@ -170,6 +170,8 @@ def split(
         start = hashes[max(len(hashes) // 2 - 1, 0)]
         end = hashes[len(hashes) // 2]
         boundary = start + (end - start) // 2 + 1
+        if boundary >= bundle.upper:  # the two middle hashes are the range's last two
+            boundary = start + 1  # still between them: start below, end at or above
     else:
         raise BundleError(
             f"unknown split algorithm {algorithm!r}; use one of {', '.join(SPLIT_ALGORITHMS)}"
