@@ -371,6 +371,10 @@ class Broker:
         return self.membership.load_manager
 
     @property
+    def topic_loads_pending(self) -> int:
+        return self.topic_service.loads_pending
+
+    @property
     def resource_usage(self) -> ResourceUsage:
         """CPU, memory and bandwidth usage (percent) as of the last load report."""
         return self.membership.resource_usage

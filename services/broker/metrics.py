@@ -39,8 +39,8 @@ from magnetar.broker.ledger.ml_stats import (
     Buckets,
     ManagedLedgerStats,
 )
+from magnetar.broker.model.counts import ConnectionCounts, LookupCounts
 from magnetar.broker.model.topic_name import TopicName
-from magnetar.broker.protocol.counts import ConnectionCounts, LookupCounts
 from magnetar.common.cluster.broker_info import BrokerInfo
 from magnetar.common.metrics import service_registry
 
@@ -324,6 +324,9 @@ class MetricsSource(Protocol):
 
     @property
     def resource_usage(self) -> Usage: ...
+
+    @property
+    def topic_loads_pending(self) -> int: ...
 
 
 # -- the collector ----------------------------------------------------------------------------
@@ -758,8 +761,9 @@ class PulsarCollector(Collector):
             yield family
 
     def _lookup_families(self, cluster: str) -> Iterator[Metric]:
-        """Pulsar's lookup metrics: ``pulsar_broker_lookup`` (a summary of LOOKUP times in
-        ms, quantiles of the last 1024), answers, redirects, failures and pending."""
+        """Pulsar's lookup metrics: ``pulsar_broker_lookup`` (a summary of lookup times in
+        ms, binary and HTTP, quantiles of the last 1024), answers, redirects, failures and
+        pending, and the topics being loaded."""
         counts = self._lookups
         summary = Metric("pulsar_broker_lookup", "Time to answer a LOOKUP (ms)", "summary")
         for q in LOOKUP_QUANTILES:
@@ -788,6 +792,13 @@ class PulsarCollector(Collector):
         )
         pending.add_metric([cluster], counts.pending)
         yield pending
+        loads = GaugeMetricFamily(
+            "pulsar_broker_topic_load_pending_requests",
+            "Topics being loaded",
+            labels=["cluster"],
+        )
+        loads.add_metric([cluster], self._broker.topic_loads_pending)
+        yield loads
 
     def _usage_families(self, cluster: str) -> Iterator[Metric]:
         """Pulsar's ``pulsar_lb_*_usage`` (percent), as of this broker's last load report."""

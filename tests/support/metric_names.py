@@ -102,6 +102,7 @@ BROKER: dict[str, tuple[str, frozenset[str]]] = {
     "pulsar_broker_lookup_redirects": ("counter", CLUSTER),
     "pulsar_broker_lookup_failures": ("counter", CLUSTER),
     "pulsar_broker_lookup_pending_requests": ("gauge", CLUSTER),
+    "pulsar_broker_topic_load_pending_requests": ("gauge", CLUSTER),
     # load balancing
     "pulsar_lb_cpu_usage": ("gauge", BROKER_METRIC),
     "pulsar_lb_memory_usage": ("gauge", BROKER_METRIC),
@@ -162,17 +163,24 @@ def scrape(port: int) -> tuple[str, str, Families]:
 
 
 def scrape_drained(port: int, topic: str, subscription: str) -> tuple[str, str, Families]:
-    """Scrape until the subscription's backlog is 0 (the client sends acknowledgements in
-    groups, a little after ``acknowledge`` returns); the last scrape after 10 s otherwise."""
+    """Scrape until the subscription's backlog is 0 and its acknowledgements show in its ack
+    rate (the client sends acknowledgements in groups, a little after ``acknowledge``
+    returns, and rates are recomputed at most once a second); the last scrape after 10 s
+    otherwise."""
+
+    def of_subscription(found: Families, family: str) -> list[float]:
+        return [
+            v
+            for _, labels, v in found.get(family, ("", []))[1]
+            if labels.get("topic") == topic and labels.get("subscription") == subscription
+        ]
+
     deadline = time.monotonic() + 10
     while True:
         scraped = scrape(port)
-        backlog = [
-            v
-            for _, labels, v in scraped[2].get("pulsar_subscription_back_log", ("", []))[1]
-            if labels.get("topic") == topic and labels.get("subscription") == subscription
-        ]
-        if backlog == [0.0] or time.monotonic() > deadline:
+        backlog = of_subscription(scraped[2], "pulsar_subscription_back_log")
+        acks = of_subscription(scraped[2], "pulsar_subscription_msg_ack_rate")
+        if (backlog == [0.0] and acks and acks[0] > 0) or time.monotonic() > deadline:
             return scraped
         time.sleep(0.2)
 

@@ -122,6 +122,7 @@ def _broker(*topics: FakeTopic) -> Any:
             successes={("AuthenticationProviderToken", "token"): 2}, refusals={}
         ),
         resource_usage=ResourceUsage(cpu=12.5, memory=40.0),
+        topic_loads_pending=0,
     )
 
 

@@ -226,7 +226,10 @@ def add_cluster_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None:
         name = requests.topic(request)
         await broker.namespace_policies(name.namespace_name)  # 404 for an unknown namespace
         authoritative = requests.flag(request, "authoritative")
-        answer = await lookup(broker, name, authoritative)
+        counts = broker.metrics.lookup_counts
+        with counts.measure():
+            answer = await lookup(broker, name, authoritative)
+        counts.answered(redirect=answer.kind is LookupKind.REDIRECT)
         if answer.kind is LookupKind.REDIRECT:
             target = f"{answer.broker.http_url}{request.path}"
             if answer.authoritative:

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sized
 from typing import TYPE_CHECKING, Protocol
 
 from magnetar.broker.cluster.lookup import LookupContext
+from magnetar.broker.model.counts import LookupCounts
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -34,6 +35,8 @@ class AdminMetrics(Protocol):
 
     @property
     def registry(self) -> CollectorRegistry: ...
+    @property
+    def lookup_counts(self) -> LookupCounts: ...
     @property
     def topics(self) -> Gauge: ...
     @property

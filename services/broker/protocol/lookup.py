@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 from magnetar.broker.cluster.lookup import LookupKind, lookup
@@ -65,21 +64,13 @@ async def _answer_lookup(conn: ServerConnection, body: pb.CommandLookupTopic) ->
         )
         return
     counts = conn.broker.metrics.lookup_counts
-    counts.pending += 1
-    started = time.monotonic()
     try:
-        answer = await lookup(conn.broker, name, body.authoritative)
+        with counts.measure():
+            answer = await lookup(conn.broker, name, body.authoritative)
     except Exception as e:
-        counts.failures += 1
         conn.refuse(body.request_id, name, e, errors.LOOKUP, errors.LOOKUP_FAILED, reply)
         return
-    finally:
-        counts.pending -= 1
-        counts.record(time.monotonic() - started)
-    if answer.kind is LookupKind.CONNECT:
-        counts.answers += 1
-    else:
-        counts.redirects += 1
+    counts.answered(redirect=answer.kind is not LookupKind.CONNECT)
     conn.send(
         reply(
             request_id=body.request_id,

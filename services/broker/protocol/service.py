@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Protocol
 
 from magnetar.broker.cluster.lookup import LookupContext
 from magnetar.broker.config import BrokerConfig
+from magnetar.broker.model.counts import ConnectionCounts, LookupCounts
 from magnetar.broker.model.topic_name import TopicName
 from magnetar.broker.namespace.authorization import AuthorizationService
-from magnetar.broker.protocol.counts import ConnectionCounts, LookupCounts
 from magnetar.broker.topics.nonpersistent import NonPersistentTopic
 from magnetar.broker.topics.persistent import PersistentTopic
 from magnetar.common.auth.service import AuthenticationService

@@ -153,6 +153,11 @@ class TopicService:
 
     # -- loading ---------------------------------------------------------------------------------
 
+    @property
+    def loads_pending(self) -> int:
+        """Topics being loaded right now (Pulsar's ``pulsar_broker_topic_load_pending_requests``)."""
+        return sum(1 for task in self._loading.values() if not task.done())
+
     async def get_topic(self, name: TopicName, *, auto: bool = False) -> Topic:
         """The loaded topic, loading it (and recovering its last ledger) on first use.
 

@@ -1,11 +1,15 @@
-"""What the binary protocol counts for metrics: connections (Pulsar's
-``pulsar_connection_*`` and ``pulsar_active_connections``) and topic lookups
-(``pulsar_broker_lookup*``). Plain integers and recent lookup times, read when scraped."""
+"""What the broker counts for metrics at its doors: connections (Pulsar's
+``pulsar_connection_*`` and ``pulsar_active_connections``) and topic lookups, binary and HTTP
+(``pulsar_broker_lookup*``). Plain integers and recent lookup times, read when scraped. A leaf
+module: it imports nothing of the broker, so the protocol and admin rooms both count here."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 #: Lookup times kept for the quantiles of ``pulsar_broker_lookup``.
@@ -35,6 +39,27 @@ class LookupCounts:
     count: int = 0
     sum_ms: float = 0.0
     recent_ms: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_LOOKUPS))
+
+    @contextlib.contextmanager
+    def measure(self) -> Iterator[None]:
+        """Around one lookup: pending while it runs, its time recorded, a failure counted
+        when it raises (the caller counts the answer: :meth:`answered`)."""
+        self.pending += 1
+        started = time.monotonic()
+        try:
+            yield
+        except BaseException:
+            self.failures += 1
+            raise
+        finally:
+            self.pending -= 1
+            self.record(time.monotonic() - started)
+
+    def answered(self, *, redirect: bool) -> None:
+        if redirect:
+            self.redirects += 1
+        else:
+            self.answers += 1
 
     def record(self, seconds: float) -> None:
         ms = seconds * 1000.0
