@@ -41,6 +41,7 @@ from magnetar.broker.namespace.records import (
 )
 from magnetar.broker.protocol.authentication import check_expiry
 from magnetar.broker.protocol.connection import ServerConnection
+from magnetar.broker.topics.replicated_subscriptions import ReplicatedSubscriptionSettings
 from magnetar.broker.topics.replicator import ReplicationContext
 from magnetar.broker.topics.service import Topic, TopicService
 from magnetar.common.auth.client import ClientCredentials
@@ -325,6 +326,14 @@ class Broker:
             batch_size=self.config.replicator_batch_size,
             ensure_remote_partitions=ensure_remote_partitions,
             tls=tls,
+            replicated_subscriptions=ReplicatedSubscriptionSettings(
+                enabled=self.config.enable_replicated_subscriptions,
+                snapshot_frequency_ms=self.config.replicated_subscriptions_snapshot_frequency_millis,
+                snapshot_timeout_s=self.config.replicated_subscriptions_snapshot_timeout_seconds,
+                max_cached_per_subscription=(
+                    self.config.replicated_subscriptions_snapshot_max_cached_per_subscription
+                ),
+            ),
         )
 
     # -- the metadata session (membership replaces a lost one) ------------------------------------

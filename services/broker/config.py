@@ -179,6 +179,23 @@ class BrokerConfig(TopicSettings):
     replicator_batch_size: int = setting(
         100, "entries a geo-replicator reads and sends before waiting for their receipts"
     )
+    enable_replicated_subscriptions: bool = setting(
+        True,
+        "honour consumers' replicate_subscription_state: their subscriptions' positions follow "
+        "across the clusters of a replicated namespace (Pulsar's enableReplicatedSubscriptions)",
+    )
+    replicated_subscriptions_snapshot_frequency_millis: int = setting(
+        1000,
+        "how often the owner of a topic with a replicated subscription starts a snapshot of the "
+        "clusters' positions; a consumer failing over to another cluster gets again at most "
+        "about this much of what it acknowledged",
+    )
+    replicated_subscriptions_snapshot_timeout_seconds: int = setting(
+        30, "a snapshot whose remote clusters have not all answered by then is dropped"
+    )
+    replicated_subscriptions_snapshot_max_cached_per_subscription: int = setting(
+        10, "snapshots each replicated subscription keeps until its position reaches them"
+    )
     bind_address: str = setting("0.0.0.0", "address the Pulsar protocol and HTTP servers listen on")
     advertised_address: str = setting("127.0.0.1", "host name or IP clients are told to connect to")
     port: int = setting(6650, "Pulsar binary protocol port")
@@ -313,6 +330,14 @@ class BrokerConfig(TopicSettings):
             raise ConfigError("need ensemble_size >= write_quorum >= ack_quorum >= 1")
         if self.broker_shutdown_timeout_ms < 0:
             raise ConfigError("broker_shutdown_timeout_ms must be 0 or more")
+        if self.replicated_subscriptions_snapshot_frequency_millis <= 0:
+            raise ConfigError("replicated_subscriptions_snapshot_frequency_millis must be positive")
+        if self.replicated_subscriptions_snapshot_timeout_seconds <= 0:
+            raise ConfigError("replicated_subscriptions_snapshot_timeout_seconds must be positive")
+        if self.replicated_subscriptions_snapshot_max_cached_per_subscription < 3:
+            raise ConfigError(
+                "replicated_subscriptions_snapshot_max_cached_per_subscription must be at least 3"
+            )
         if self.broker_session_ttl_seconds < 2:
             raise ConfigError(
                 "broker_session_ttl_seconds must be at least 2 (etcd cannot keep a shorter lease)"

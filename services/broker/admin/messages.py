@@ -9,7 +9,8 @@
 
 A message is answered as Pulsar answers it: the payload as the body (a batch's whole payload,
 which Pulsar's admin clients split), its metadata in ``X-Pulsar-*`` headers (message id, publish
-time, producer name, sequence id, properties, batch size). 404 when there is no such message.
+time, producer name, sequence id, properties, batch size, replicated-from, marker type). 404
+when there is no such message.
 """
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ def message_response(position: Position, stored: bytes) -> web.Response:
         headers[f"X-Pulsar-PROPERTY-{prop.key}"] = prop.value
     if metadata.partition_key:
         headers["X-Pulsar-partition-key"] = metadata.partition_key
+    if metadata.HasField("replicated_from"):
+        headers["X-Pulsar-replicated-from"] = metadata.replicated_from
+    if metadata.HasField("marker_type"):
+        headers["X-Pulsar-marker-type"] = str(metadata.marker_type)
     return web.Response(body=payload, headers=headers, content_type="application/octet-stream")
 
 

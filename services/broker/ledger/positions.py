@@ -102,3 +102,23 @@ class LedgerPositions:
     def entries_after(self, position: Position) -> int:
         """How many existing entries are strictly after ``position``."""
         return entries_after(self.ledger_extents(), position)
+
+    def entries_between(self, start: Position, end: Position) -> int:
+        """How many existing entries are after ``start`` and at or before ``end``."""
+        extents = self.ledger_extents()
+        return max(entries_after(extents, start) - entries_after(extents, end), 0)
+
+    def previous_position(self, position: Position) -> Position | None:
+        """The existing entry just before ``position``, or None."""
+        found = None
+        for ledger_id, count in self.ledger_extents():
+            if ledger_id > position.ledger_id or count <= 0:
+                if ledger_id > position.ledger_id:
+                    break
+                continue
+            last = (
+                count - 1 if ledger_id < position.ledger_id else min(count, position.entry_id) - 1
+            )
+            if last >= 0:
+                found = Position(ledger_id, last)
+        return found

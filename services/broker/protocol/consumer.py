@@ -68,6 +68,10 @@ async def _create_consumer(conn: ServerConnection, body: pb.CommandSubscribe) ->
         start = None
         if not body.durable:  # a reader: start at the given message (or earliest/latest)
             start = body.start_message_id if body.HasField("start_message_id") else to_wire(LATEST)
+        # Pulsar ignores replicate_subscription_state when the broker disables the feature.
+        replicated = (
+            body.replicate_subscription_state and conn.broker.config.enable_replicated_subscriptions
+        )
         if isinstance(topic, PersistentTopic):
             subscription = await topic.subscribe(
                 consumer,
@@ -76,6 +80,7 @@ async def _create_consumer(conn: ServerConnection, body: pb.CommandSubscribe) ->
                 body.initialPosition,
                 start,
                 read_compacted=body.read_compacted,
+                replicated=replicated,
             )
         else:
             subscription = await topic.subscribe(

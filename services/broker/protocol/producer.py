@@ -14,6 +14,7 @@ from magnetar.broker.ledger.errors import (
     ManagedLedgerTerminatedError,
 )
 from magnetar.broker.model.entry import entry_metadata
+from magnetar.broker.model.markers import is_marker
 from magnetar.broker.model.message_id import EARLIEST
 from magnetar.broker.model.position import Position
 from magnetar.broker.protocol import errors
@@ -166,10 +167,13 @@ def send_message(conn: ServerConnection, body: pb.CommandSend, frame: codec.Fram
         return
     highest = body.highest_sequence_id if body.HasField("highest_sequence_id") else None
     dedup_name, dedup_sequence, dedup_highest = producer_name, body.sequence_id, highest
+    marker = False
     if is_replicator_cursor(producer_name):
         # A geo-replicator: deduplicate by the original producer and sequence id (Pulsar's
         # rule for replicated messages), so a resend after a replicator restart is dropped.
         metadata = entry_metadata(frame.headers_and_payload)
+        # A remote's marker: stored as a marker (never deduplicated, never counted).
+        marker = is_marker(metadata)
         dedup_name, dedup_sequence = metadata.producer_name, metadata.sequence_id
         dedup_highest = (
             metadata.highest_sequence_id if metadata.HasField("highest_sequence_id") else None
@@ -180,6 +184,7 @@ def send_message(conn: ServerConnection, body: pb.CommandSend, frame: codec.Fram
         dedup_sequence,
         -1 if dedup_highest is None else dedup_highest,
         max(body.num_messages, 1),
+        marker=marker,
     )
     producer_id, sequence_id = body.producer_id, body.sequence_id
 

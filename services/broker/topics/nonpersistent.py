@@ -157,6 +157,8 @@ class NonPersistentTopic:
         sub_type: int,
         initial_position: int,
         start_message_id: pb.MessageIdData | None = None,
+        *,
+        replicated: bool = False,  # nothing to replicate: nothing is stored
     ) -> NonPersistentSubscription:
         check_consumers(self.client_limits, self.subscriptions, name)
         subscription = self.subscriptions.get(name)

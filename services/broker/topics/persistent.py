@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import time
+from collections.abc import Callable
 
 from magnetar.broker.errors import (
     ProducerHeldByQuotaError,
@@ -16,6 +18,7 @@ from magnetar.broker.errors import (
 from magnetar.broker.ledger.cursor import ManagedCursor, NonDurableCursor
 from magnetar.broker.ledger.managed_ledger import ManagedLedger
 from magnetar.broker.model.entry import entry_metadata, message_count
+from magnetar.broker.model.markers import is_marker
 from magnetar.broker.model.message_id import LATEST, from_wire, to_wire
 from magnetar.broker.model.position import Position
 from magnetar.broker.model.topic_name import TopicName
@@ -34,6 +37,7 @@ from magnetar.broker.topics.dispatch_rate import DispatchRate, RateLimiter
 from magnetar.broker.topics.instruments import UNCOUNTED, TopicInstruments
 from magnetar.broker.topics.limits import check_consumers, dispatch_limits
 from magnetar.broker.topics.producers import ProducerSet
+from magnetar.broker.topics.replicated_subscriptions import ReplicatedSubscriptionsController
 from magnetar.broker.topics.replicator import (
     ReplicationContext,
     Replicator,
@@ -56,6 +60,12 @@ log = logging.getLogger(__name__)
 
 #: Managed-ledger property holding the topic epoch (exclusive producer generations).
 TOPIC_EPOCH_PROPERTY = "topic-epoch"
+
+MAX_KNOWN_MARKERS = 10_000
+
+#: Managed-ledger property ``<prefix><subscription>`` present for each replicated subscription
+#: (Pulsar keeps the flag in the cursor's properties as ``pulsar.replicated.subscription``).
+REPLICATED_SUBSCRIPTION_PREFIX = "pulsar.replicated.subscription/"
 
 
 class DuplicateInFlightError(Exception):
@@ -88,8 +98,21 @@ class PersistentTopic:
             for name, cursor in ml.cursors.items()
             if not is_replicator_cursor(name)
         }
+        for subscription in self.subscriptions.values():
+            subscription.replicated = REPLICATED_SUBSCRIPTION_PREFIX + subscription.name in (
+                ml.properties
+            )
         #: One per remote cluster of the namespace's replication list (``apply_replication``).
         self.replicators: dict[str, Replicator] = {}
+        #: Set while the topic replicates (``apply_replication``): answers the remotes'
+        #: snapshot markers and, with a replicated subscription, takes snapshots.
+        self.replicated_subscriptions: ReplicatedSubscriptionsController | None = None
+        #: When a data message (not a marker) was last stored (monotonic; 0: not since loaded).
+        self.last_data_at = 0.0
+        #: Markers stored since the topic loaded (the latest ``MAX_KNOWN_MARKERS``): a
+        #: subscription created (or reset) before them acknowledges them at once, so markers
+        #: never show in a backlog.
+        self.known_markers: list[Position] = []
         self.producers = ProducerSet()
         self.producers.topic_epoch = int(ml.properties.get(TOPIC_EPOCH_PROPERTY, "0"))
         self.loaded_at = time.monotonic()
@@ -128,14 +151,20 @@ class PersistentTopic:
         sequence_id: int = -1,
         highest: int = -1,
         messages: int | None = None,
+        *,
+        marker: bool = False,
     ) -> asyncio.Future[Position | None]:
         """Append one entry (a producer's payload section); resolves once it is durable, to
         None for a duplicate that deduplication dropped. ``messages``: the entry's messages when
-        the caller knows them (SEND's ``num_messages``); else they are read from its metadata."""
+        the caller knows them (SEND's ``num_messages``); else they are read from its metadata.
+        ``marker``: a marker (written here, or one a remote's replicator sent): not
+        deduplicated, not counted, acknowledged for every subscription once stored."""
         if self.unloading:
             refused: asyncio.Future[Position | None] = asyncio.get_running_loop().create_future()
             refused.set_exception(TopicUnloadingError(f"topic {self.name} is being unloaded"))
             return refused
+        if marker:
+            return self._publish_marker(stored, None)
         dedup = self.deduplication
         if dedup is not None:
             status = dedup.check(producer_name, sequence_id, highest)
@@ -153,7 +182,7 @@ class PersistentTopic:
                 return done
         future = self.ml.add_entry_async(stored)
         self._last_publish = future
-        self.last_active = time.monotonic()
+        self.last_active = self.last_data_at = time.monotonic()
         self.msg_in += 1
         self.bytes_in += len(stored)
         count = message_count(stored) if messages is None else messages
@@ -255,6 +284,50 @@ class PersistentTopic:
             )
             self.producers.close_all()
 
+    def write_marker(
+        self, stored: bytes, on_stored: Callable[[Position], None] | None = None
+    ) -> None:
+        """Store a marker of our own; ``on_stored`` runs with its position before the
+        subscriptions acknowledge it."""
+        self._publish_marker(stored, on_stored)
+
+    def _publish_marker(
+        self, stored: bytes, on_stored: Callable[[Position], None] | None
+    ) -> asyncio.Future[Position | None]:
+        if self.unloading:
+            refused: asyncio.Future[Position | None] = asyncio.get_running_loop().create_future()
+            refused.set_exception(TopicUnloadingError(f"topic {self.name} is being unloaded"))
+            return refused
+        future = self.ml.add_entry_async(stored)
+        self._last_publish = future
+        future.add_done_callback(lambda f: self._marker_stored(f, on_stored))
+        return future  # type: ignore[return-value]
+
+    def _marker_stored(
+        self, future: asyncio.Future[Position], on_stored: Callable[[Position], None] | None
+    ) -> None:
+        if future.cancelled():
+            return
+        error = future.exception()
+        if error is not None:
+            log.info("topic %s: a marker was not stored: %s", self.name, error)
+            return
+        position = future.result()
+        self.known_markers.append(position)
+        if len(self.known_markers) > MAX_KNOWN_MARKERS:
+            del self.known_markers[: MAX_KNOWN_MARKERS // 2]
+        if on_stored is not None:
+            on_stored(position)
+        for subscription in list(self.subscriptions.values()):
+            subscription.ack_markers([position])
+
+    def ack_known_markers(self, subscription: Subscription) -> None:
+        """A new (or reset) subscription acknowledges the markers after its position."""
+        start = subscription.cursor.mark_delete_position
+        after = self.known_markers[bisect.bisect_right(self.known_markers, start) :]
+        if after:
+            subscription.ack_markers(after)
+
     def _persisted(
         self, future: asyncio.Future[Position], producer_name: str, sequence_id: int
     ) -> None:
@@ -294,11 +367,77 @@ class PersistentTopic:
             self.replicators[remote] = replicator
             replicator.start()
             log.info("topic %s: replicating to cluster %s", self.name, remote)
+        if wanted and self.replicated_subscriptions is None:
+            self.replicated_subscriptions = ReplicatedSubscriptionsController(
+                self, context.local_cluster, context.replicated_subscriptions
+            )
+        elif not wanted and self.replicated_subscriptions is not None:
+            await self.replicated_subscriptions.stop_snapshots()
+            self.replicated_subscriptions = None
+        self._check_snapshots()
+
+    def _check_snapshots(self) -> None:
+        """Snapshots are taken while the topic replicates and has a replicated subscription
+        (Pulsar writes no marker otherwise)."""
+        controller = self.replicated_subscriptions
+        if controller is None:
+            return
+        wanted = bool(self.replicators) and any(s.replicated for s in self.subscriptions.values())
+        if wanted and not controller.snapshotting:
+            controller.start_snapshots()
+        elif not wanted and controller.snapshotting:
+            spawn_logged(controller.stop_snapshots(), log, f"{controller}: stopping")
 
     async def stop_replicators(self) -> None:
+        if self.replicated_subscriptions is not None:
+            await self.replicated_subscriptions.stop_snapshots()
+            self.replicated_subscriptions = None
         for replicator in list(self.replicators.values()):
             await replicator.stop()
         self.replicators.clear()
+
+    async def received_marker(
+        self, position: Position, metadata: pb.MessageMetadata, payload: bytes
+    ) -> None:
+        """A marker a remote cluster wrote, read here by our replicator to that cluster."""
+        if self.replicated_subscriptions is not None:
+            await self.replicated_subscriptions.received_marker(position, metadata, payload)
+
+    async def _set_replicated(self, subscription: Subscription) -> None:
+        subscription.replicated = True
+        key = REPLICATED_SUBSCRIPTION_PREFIX + subscription.name
+        if key not in self.ml.properties:
+            await self.ml.set_property(key, "true")
+        log.info("topic %s: subscription %s is replicated", self.name, subscription.name)
+        self._check_snapshots()
+
+    async def follow_replicated_subscription(self, name: str, position: Position) -> None:
+        """Another cluster's replicated subscription ``name`` moved: ours moves to
+        ``position`` of this topic, created there if missing (and replicated either way)."""
+        if not name or is_replicator_cursor(name):
+            return
+        async with self._subscribe_lock:
+            subscription = self.subscriptions.get(name)
+            if subscription is None:
+                cursor = await self.ml.open_cursor(name, "latest")
+                target = min(position, self.ml.last_confirmed_position)
+                if target != cursor.mark_delete_position:
+                    cursor.reset(self.ml.next_position(target))
+                subscription = Subscription(self, name, cursor, None, self.limits)
+                self.subscriptions[name] = subscription
+                self.ack_known_markers(subscription)
+                log.info(
+                    "topic %s: subscription %s created at %s by a replicated subscription update",
+                    self.name,
+                    name,
+                    target,
+                )
+            elif not subscription.durable:
+                return
+            else:
+                subscription.follow(position)
+            if not subscription.replicated:
+                await self._set_replicated(subscription)
 
     async def subscribe(
         self,
@@ -308,11 +447,15 @@ class PersistentTopic:
         initial_position: int,
         start_message_id: pb.MessageIdData | None = None,
         read_compacted: bool = False,
+        *,
+        replicated: bool = False,
     ) -> Subscription:
         """Attach a consumer. ``start_message_id`` makes a non-durable subscription (a reader)
         starting at that message, or at the earliest/latest one for Pulsar's special ids.
         ``read_compacted``: the consumer reads the compacted view (exclusive and failover
-        subscriptions only, as in Pulsar)."""
+        subscriptions only, as in Pulsar). ``replicated`` (the consumer's
+        ``replicate_subscription_state``) makes a durable subscription replicated; a consumer
+        without it leaves the subscription as it is."""
         if read_compacted and sub_type not in (
             pb.CommandSubscribe.Exclusive,
             pb.CommandSubscribe.Failover,
@@ -329,6 +472,7 @@ class PersistentTopic:
                 subscription = Subscription(self, name, cursor, sub_type, self.limits)
                 subscription.durable = False
                 self.subscriptions[name] = subscription
+                self.ack_known_markers(subscription)
             elif subscription is None:
                 initial = (
                     "earliest" if initial_position == pb.CommandSubscribe.Earliest else "latest"
@@ -336,11 +480,14 @@ class PersistentTopic:
                 cursor = await self.ml.open_cursor(name, initial)
                 subscription = Subscription(self, name, cursor, sub_type, self.limits)
                 self.subscriptions[name] = subscription
+                self.ack_known_markers(subscription)
             if subscription.cursor.read_compacted != read_compacted:
                 subscription.cursor.read_compacted = read_compacted
                 if not subscription.consumers:
                     subscription.cursor.rewind()
             subscription.add_consumer(consumer, sub_type)
+            if replicated and subscription.durable and not subscription.replicated:
+                await self._set_replicated(subscription)
             return subscription
 
     def adopt_cursor(self, name: str) -> None:
@@ -368,7 +515,9 @@ class PersistentTopic:
         a batch, the id of its last message, as Pulsar answers: a reader that has read part of
         the last batch still sees messages available. For a reader of the compacted view with
         nothing after the horizon, the compacted ledger's last message: a key deleted last is
-        not a message that reader will ever get."""
+        not a message that reader will ever get. Markers are never delivered, so the last
+        entry that is not one counts (Pulsar's getLastDispatchablePosition), else a reader
+        would wait for a marker forever."""
         last = self.ml.last_confirmed_position
         view = self.ml.compacted if compacted else None
         found: tuple[Position, bytes] | None = None
@@ -376,10 +525,21 @@ class PersistentTopic:
             found = await view.last()
             if found is None:
                 return to_wire(Position(last.ledger_id, -1), self.name.partition_index)
-        elif last.entry_id >= 0:
-            entries = await self.ml.read_entries(last, 1)
-            if entries and entries[0][0] == last:
-                found = entries[0]
+        else:
+            at: Position | None = last
+            while at is not None and at.entry_id >= 0:
+                entries = await self.ml.read_entries(at, 1)
+                if not entries or entries[0][0] != at:
+                    break
+                if not is_marker(entry_metadata(entries[0][1])):
+                    found = entries[0]
+                    break
+                at = self.ml.previous_position(at)
+            if at is None:  # only markers: before the first entry
+                first = self.ml.first_position
+                last = Position(first.ledger_id, first.entry_id - 1)
+            elif found is None:
+                last = at
         batch_index = -1
         if found is not None:
             last = found[0]
@@ -575,6 +735,7 @@ class PersistentTopic:
                 if position != self.ml.next_position(self.ml.last_confirmed_position):
                     cursor.reset(position)
             self.subscriptions[name] = Subscription(self, name, cursor, None, self.limits)
+            self.ack_known_markers(self.subscriptions[name])
         log.info("topic %s: subscription %s created by the admin API", self.name, name)
 
     async def message_at(self, position: Position) -> tuple[Position, bytes] | None:
@@ -607,6 +768,9 @@ class PersistentTopic:
         if subscription is not None:
             await subscription.close()
         await self.ml.delete_cursor(name)
+        if REPLICATED_SUBSCRIPTION_PREFIX + name in self.ml.properties:
+            await self.ml.update_properties({REPLICATED_SUBSCRIPTION_PREFIX + name: None})
+            self._check_snapshots()
 
     async def close(self) -> None:
         await self.stop_replicators()

@@ -15,6 +15,10 @@ with the local partition count when missing (``ensure_remote_partitions``).
 Not sent: entries that came by replication (``replicated_from`` set: no loops, in any mesh) and
 entries whose ``replicate_to`` does not name the remote (the client's ``replication_clusters``;
 ``disable_replication`` is ``replicate_to = ["__local__"]``).
+
+Markers (replicated subscriptions, ``replicated_subscriptions.py``) travel like messages, their
+``replicate_to`` choosing where; a marker that came from the remote is handed to the topic's
+controller when this replicator reads it.
 """
 
 from __future__ import annotations
@@ -24,13 +28,15 @@ import logging
 import ssl
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from magnetar.broker.model.entry import entry_metadata, entry_payload, message_count
+from magnetar.broker.model.markers import is_marker
 from magnetar.broker.model.position import Position
 from magnetar.broker.model.topic_name import TopicName
 from magnetar.broker.namespace.clusters import ClusterData
+from magnetar.broker.topics.replicated_subscriptions import ReplicatedSubscriptionSettings
 from magnetar.common.protocol import codec
 from magnetar.common.protocol.producer_client import ProducerClient
 
@@ -83,6 +89,9 @@ class ReplicationContext:
     #: ``brokerServiceUrlTls`` when they have one.
     tls: ssl.SSLContext | None = None
     max_backoff_seconds: float = 10.0
+    replicated_subscriptions: ReplicatedSubscriptionSettings = field(
+        default_factory=ReplicatedSubscriptionSettings
+    )
 
 
 class Replicator:
@@ -247,6 +256,11 @@ class Replicator:
             if self._oldest_unacked_ms is None:
                 self._oldest_unacked_ms = entry_metadata(entries[0][1]).publish_time
             for position, stored in entries:
+                metadata = entry_metadata(stored)
+                if is_marker(metadata) and metadata.replicated_from == remote:
+                    # The remote's markers reach its topic's owner here (Pulsar: each
+                    # replicator handles those of its own remote, so each is handled once).
+                    await self.topic.received_marker(position, metadata, entry_payload(stored))
                 outgoing = outgoing_entry(stored, local, remote)
                 if outgoing is None:
                     sent.append((position, None, 0, 0))

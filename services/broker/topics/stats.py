@@ -172,7 +172,7 @@ def persistent_stats(topic: PersistentTopic, rates: TopicRates) -> dict[str, Any
             "lastExpireTimestamp": sub.last_expired_ms,
             "consumers": _consumers(rates, name, list(consumers)),
             "isDurable": sub.durable,
-            "isReplicated": False,
+            "isReplicated": sub.replicated,
             "nonContiguousDeletedMessagesRanges": len(sub.cursor.individually_acked),
             "subscriptionProperties": {},
         }

@@ -15,6 +15,7 @@ from magnetar.broker.topics import dispatchers
 from magnetar.broker.topics.consumer import Consumer, acked_from_bit_set
 from magnetar.broker.topics.dispatch_limits import DispatchLimits
 from magnetar.broker.topics.dispatch_rate import RateLimiter
+from magnetar.broker.topics.snapshot_cache import Snapshot, SnapshotCache
 from magnetar.common.proto import pulsar_api_pb2 as pb
 
 if TYPE_CHECKING:
@@ -104,6 +105,10 @@ class Subscription:
         #: from the official client carry no batch size).
         self.batch_sizes: dict[Position, int] = {}
         self.durable = True  # False for a reader's subscription
+        #: Its position follows across clusters (``replicated_subscriptions.py``).
+        self.replicated = False
+        #: The snapshots it may use once its mark-delete position reaches them.
+        self.snapshots: SnapshotCache | None = None
         #: Messages and bytes dispatched (redeliveries included), for metrics.
         self.msg_out = 0
         self.bytes_out = 0
@@ -175,10 +180,47 @@ class Subscription:
         consumer.permits += permits
         self.dispatcher.wake()
 
+    def add_snapshot(self, snapshot: Snapshot, max_cached: int) -> None:
+        if self.snapshots is None:
+            self.snapshots = SnapshotCache(max_cached, self.topic.ml.entries_between)
+        self.snapshots.add(snapshot)
+
+    def _mark_delete_moved(self, before: Position) -> None:
+        """After anything that may move the mark-delete position: a replicated subscription
+        that reached a snapshot tells the other clusters (Pulsar does it on every mark-delete)."""
+        mark_delete = self.cursor.mark_delete_position
+        if self.snapshots is None or mark_delete <= before:
+            return
+        snapshot = self.snapshots.advanced(mark_delete)
+        controller = self.topic.replicated_subscriptions
+        if snapshot is not None and controller is not None and self.replicated:
+            controller.local_subscription_updated(self.name, snapshot)
+
+    def ack_markers(self, positions: list[Position]) -> None:
+        """Markers are acknowledged for every subscription instead of being delivered."""
+        before = self.cursor.mark_delete_position
+        self.cursor.delete(positions)
+        self._mark_delete_moved(before)
+
+    def follow(self, position: Position) -> None:
+        """Another cluster's replicated subscription of this name moved: cumulative ack up to
+        ``position`` (nothing happens if this one is past it already)."""
+        before = self.cursor.mark_delete_position
+        self._cumulative(min(position, self.topic.ml.last_confirmed_position))
+        self._mark_delete_moved(before)
+        self.dispatcher.wake()
+
     def ack(self, consumer: Consumer, ack_type: int, message_ids: list[pb.MessageIdData]) -> None:
         """Apply an ACK. Raises ValueError (nothing applied from that id on) for an id past the
         last stored entry (Pulsar: invalid mark-delete position) or a batch size the ack set
         cannot describe."""
+        before = self.cursor.mark_delete_position
+        try:
+            self._ack(consumer, ack_type, message_ids)
+        finally:
+            self._mark_delete_moved(before)
+
+    def _ack(self, consumer: Consumer, ack_type: int, message_ids: list[pb.MessageIdData]) -> None:
         last = self.topic.ml.last_confirmed_position
         for mid in message_ids:
             position = from_wire(mid)
@@ -284,7 +326,9 @@ class Subscription:
         expired = ml.entries_after(self.cursor.mark_delete_position) - ml.entries_after(last)
         # Consumers keep what they hold as pending: their acks of it are harmless, and
         # key_shared must not hand its keys to another consumer while they hold them.
+        before = self.cursor.mark_delete_position
         self.cursor.mark_delete(last)
+        self._mark_delete_moved(before)
         self._forget_through(last)
         self.dispatcher.wake()
         self.expired += expired
@@ -306,6 +350,9 @@ class Subscription:
             position = max(position, self.topic.ml.first_position)  # else: in the compacted view
         self.cursor.reset(position)
         self.dispatcher.reset()
+        if self.snapshots is not None:
+            self.snapshots.clear()
+        self.topic.ack_known_markers(self)
         consumers = list(self.dispatcher.consumers)
         for consumer in consumers:
             consumer.clear_pending()
@@ -334,7 +381,9 @@ class Subscription:
         Returns how many were skipped."""
         positions = self.unacked_positions(entries)
         if positions:
+            before = self.cursor.mark_delete_position
             self.cursor.delete(positions)
+            self._mark_delete_moved(before)
             for position in positions:
                 self.batch_sizes.pop(position, None)
                 self.redelivery_counts.pop(position, None)
@@ -347,7 +396,9 @@ class Subscription:
         backlog = self.cursor.backlog
         last = self.cursor.ml.last_confirmed_position
         if last > self.cursor.mark_delete_position:
+            before = self.cursor.mark_delete_position
             self.cursor.mark_delete(last)
+            self._mark_delete_moved(before)
             self._forget_through(last)
             self.dispatcher.wake()
         return backlog

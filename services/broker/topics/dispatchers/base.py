@@ -17,7 +17,8 @@ import time
 from typing import TYPE_CHECKING
 
 from magnetar.broker.ledger.errors import ManagedLedgerError, UnreadableEntryError
-from magnetar.broker.model.entry import message_count
+from magnetar.broker.model.entry import entry_metadata, message_count
+from magnetar.broker.model.markers import is_marker
 from magnetar.broker.model.position import Position
 from magnetar.broker.topics.consumer import Consumer
 from magnetar.broker.topics.dispatchers.delayed import DelayedDeliveryTracker
@@ -172,6 +173,22 @@ class Dispatcher(abc.ABC):
                 permits = min(permits, max(allowed, 1))
         per_entry = max(self.subscription.messages_per_entry, 1.0)
         return max(1, min(math.ceil(permits / per_entry), self.subscription.dispatch_batch))
+
+    def without_markers(
+        self, entries: list[tuple[Position, bytes]]
+    ) -> list[tuple[Position, bytes]]:
+        """Entries read from the cursor, less the markers: those are acknowledged, never sent
+        (Pulsar's dispatchers do the same for every subscription)."""
+        kept = []
+        found = []
+        for position, stored in entries:
+            if is_marker(entry_metadata(stored)):
+                found.append(position)
+            else:
+                kept.append((position, stored))
+        if found:
+            self.subscription.ack_markers(found)
+        return kept
 
     def send(
         self, consumer: Consumer, position: Position, stored: bytes, count: int | None = None

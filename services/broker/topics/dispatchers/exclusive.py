@@ -27,13 +27,14 @@ class ExclusiveDispatcher(Dispatcher):
         go; what it cannot take now stays unread."""
         if not consumer.ready or not self.cursor.has_more_entries:
             return False
-        entries = await self.cursor.read_entries(self.entries_to_read(consumer.permits))
+        read = await self.cursor.read_entries(self.entries_to_read(consumer.permits))
+        entries = self.without_markers(read)
         for i, (position, stored) in enumerate(entries):
             if not consumer.ready or not self.still_serves(consumer):
                 self.cursor.unread(position)
                 return i > 0
             self.send(consumer, position, stored)
-        return bool(entries)
+        return bool(read)
 
     def still_serves(self, consumer: Consumer) -> bool:
         """Whether ``consumer`` is still the one this subscription dispatches to."""

@@ -176,7 +176,8 @@ class KeySharedDispatcher(ReplayingDispatcher):
             or self.subscription_full()
         ):
             return sent
-        entries = await self.cursor.read_entries(self.entries_to_read(budget))
+        read = await self.cursor.read_entries(self.entries_to_read(budget))
+        entries = self.without_markers(read)
         for position, stored in entries:
             metadata = entry_metadata(stored)
             if self.hold_if_delayed(position, metadata):
@@ -189,7 +190,7 @@ class KeySharedDispatcher(ReplayingDispatcher):
                 continue
             self.send(consumer, position, stored, message_count(metadata))
             owners[h] = consumer
-        return sent or bool(entries)
+        return sent or bool(read)
 
     def _forget_stale_hashes(self) -> None:
         live = len(self.replay) + sum(len(c.pending) for c in self.consumers)

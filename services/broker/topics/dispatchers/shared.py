@@ -30,7 +30,10 @@ class SharedDispatcher(ReplayingDispatcher):
         entries = await self._replay_entries(self.entries_to_read(budget))
         replayed = bool(entries)
         if not entries and self.cursor.has_more_entries and not self.subscription_full():
-            entries = await self.cursor.read_entries(self.entries_to_read(budget))
+            read = await self.cursor.read_entries(self.entries_to_read(budget))
+            entries = self.without_markers(read)
+            if read and not entries:
+                return True  # only markers: read on
         sent = False
         for i, (position, stored) in enumerate(entries):
             if not replayed and self.hold_if_delayed(position, entry_metadata(stored)):
