@@ -14,6 +14,11 @@ registered; the namespace is replicated in a full mesh.
   loops: each cluster stores each message once); ``replication`` in topic stats;
 - the remote's subscriptions in all four modes each get every message once;
 - per-message ``replication_clusters`` and ``disable_replication`` honoured;
+- replicated subscriptions: a consumer acknowledges half in east and the application moves to
+  west, which delivers the other half plus at most what east stored after the snapshot the
+  update came from (read from the markers in east's topic); markers reach no consumer in any
+  mode, in any cluster, and count in no stats; a topic without replicated subscription gets
+  no marker;
 - every broker of the remote (two) killed (-9) while the local side keeps producing: the
   backlog is seen rising in the local stats, counts in the topic's backlog quota, drains when
   the remote returns, and the remote has every message once (the remote's deduplication drops
@@ -24,12 +29,14 @@ registered; the namespace is replicated in a full mesh.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import re
 import shlex
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -37,8 +44,15 @@ import pulsar
 import pytest
 
 from magnetar.broker.cluster.bundles import BundleRange, topic_hash
+from magnetar.broker.model import markers
 from magnetar.common.metadata import open_store
-from tests.support.cluster import BrokerProcess, MagnetarCluster, PacedProducer
+from magnetar.common.proto import markers_pb2 as mk
+from tests.support.cluster import (
+    BrokerProcess,
+    MagnetarCluster,
+    PacedProducer,
+    assert_no_traceback,
+)
 from tests.support.etcd import EtcdServer
 from tests.support.standalone import QUIET
 
@@ -118,6 +132,8 @@ def geo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Geo]:
                     # A policy set through one cluster reaches the others' brokers through
                     # their watch on the configuration store, not by a periodic round.
                     "policy_check_interval_seconds": 600,
+                    # Snapshots of replicated subscriptions every 200 ms (Pulsar: 1 s).
+                    "replicated_subscriptions_snapshot_frequency_millis": 200,
                 },
             ).start()
         geo = Geo(config, clusters)
@@ -403,6 +419,221 @@ def test_partitioned_topic_replicates_partition_by_partition(geo: Geo) -> None:
     finally:
         west.close()
     assert sorted(got) == sorted(f"p-{i}" for i in range(60))
+
+
+def stored_entries(geo: Geo, cluster: str, short: str) -> list[tuple[tuple[int, int], dict, bytes]]:
+    """Every entry stored in ``cluster``'s copy of the topic, in order, as the admin API shows
+    it (position, X-Pulsar headers, payload): markers included."""
+    broker = geo.broker(cluster)
+    internal = geo.clusters[cluster].admin_json(
+        "GET", f"/admin/v2/persistent/{short}/internalStats"
+    )
+    found = []
+    for ledger in internal["ledgers"]:
+        for entry in range(ledger["entries"]):
+            url = (
+                f"http://127.0.0.1:{broker.http_port}/admin/v2/persistent/{short}"
+                f"/ledger/{ledger['ledgerId']}/entry/{entry}"
+            )
+            with urllib.request.urlopen(url, timeout=30) as response:
+                headers = {k.lower(): v for k, v in response.headers.items()}
+                found.append(((ledger["ledgerId"], entry), headers, response.read()))
+    return found
+
+
+def position_tuple(message_id: mk.MarkersMessageIdData) -> tuple[int, int]:
+    return (message_id.ledger_id, message_id.entry_id)
+
+
+def marker_type(headers: dict) -> int | None:
+    value = headers.get("x-pulsar-marker-type")
+    return None if value is None else int(value)
+
+
+def produce_paced(client: pulsar.Client, topic: str, bodies: list[str]) -> None:
+    """Sent one by one with pauses, so snapshots (every 200 ms) fall between messages."""
+    producer = client.create_producer(topic, batching_enabled=False)
+    for i, body in enumerate(bodies):
+        producer.send(body.encode(), partition_key=f"key-{i % 5}")
+        time.sleep(0.015)
+    producer.close()
+
+
+def receive_exactly(consumers: dict, expected: int) -> dict:
+    """``expected`` messages from each consumer (acknowledged), then one more second in which
+    none may get another (a marker delivered would be one more)."""
+    received = {}
+    for key, consumer in consumers.items():
+        got = []
+        for _ in range(expected):
+            message = consumer.receive(timeout_millis=30_000)
+            got.append(message.data().decode())
+            consumer.acknowledge(message)
+        received[key] = got
+    time.sleep(1)
+    for key, consumer in consumers.items():
+        with pytest.raises(pulsar.Timeout):
+            extra = consumer.receive(timeout_millis=50)
+            raise AssertionError(f"{key}: one more message {extra.data()!r}")
+    return received
+
+
+def test_replicated_subscription_fails_over_with_bounded_redelivery(geo: Geo) -> None:
+    topic = f"persistent://{NAMESPACE}/failover-app"
+    short = topic.removeprefix("persistent://")
+    bodies = [f"r-{i}" for i in range(100)]
+    east = geo.client("east")
+    try:
+        consumer = east.subscribe(
+            topic,
+            "app",
+            initial_position=pulsar.InitialPosition.Earliest,
+            replicate_subscription_state_enabled=True,
+        )
+        produce_paced(east, topic, bodies)
+        first_half: dict[str, tuple[int, int]] = {}
+        while len(first_half) < 50:
+            message = consumer.receive(timeout_millis=30_000)
+            first_half[message.data().decode()] = (
+                message.message_id().ledger_id(),
+                message.message_id().entry_id(),
+            )
+            consumer.acknowledge(message)
+        consumer.close()
+    finally:
+        east.close()
+    assert list(first_half) == bodies[:50]
+    stats = geo.stats("east", short)["subscriptions"]["app"]
+    assert stats["isReplicated"] is True and stats["msgBacklog"] == 50, stats
+    internal = geo.clusters["east"].admin_json("GET", f"/admin/v2/persistent/{short}/internalStats")
+    ledger, entry = internal["cursors"]["app"]["markDeletePosition"].split(":")
+    mark_delete = (int(ledger), int(entry))
+    assert mark_delete >= first_half[bodies[49]], mark_delete
+    # East's topic as stored, markers included: the snapshot its subscription reached last
+    # (the newest whose local position is at or before its mark-delete position).
+    entries = stored_entries(geo, "east", short)
+    data = [(p, body.decode()) for p, h, body in entries if marker_type(h) is None]
+    assert [body for _, body in data] == bodies
+    requests: dict[str, tuple[int, int]] = {}
+    snapshots: list[mk.ReplicatedSubscriptionsSnapshot] = []
+    for position, headers, payload in entries:
+        kind = marker_type(headers)
+        if kind == markers.SNAPSHOT_REQUEST and "x-pulsar-replicated-from" not in headers:
+            request = markers.parse(kind, payload)
+            requests.setdefault(request.snapshot_id, position)  # the first round's
+        elif kind == markers.SNAPSHOT:
+            snapshots.append(markers.parse(kind, payload))
+    usable = [s for s in snapshots if position_tuple(s.local_message_id) <= mark_delete]
+    assert usable, f"no snapshot before {mark_delete} among {len(snapshots)}"
+    chosen = usable[-1]
+    west_target = next(position_tuple(c.message_id) for c in chosen.clusters if c.cluster == "west")
+    # West may deliver again only what east stored after the chosen snapshot's request: one
+    # snapshot round's worth of the first half.
+    bound = sum(1 for p, body in data if body in first_half and p > requests[chosen.snapshot_id])
+    between = sorted(requests.values())
+    per_interval = max(sum(1 for p, _ in data if a < p < b) for a, b in itertools.pairwise(between))
+    print(f"redelivery bound {bound}, at most {per_interval} messages between two requests")
+    assert bound < 50, (bound, per_interval)
+
+    def west_moved() -> bool:
+        internal = geo.clusters["west"].admin_json(
+            "GET", f"/admin/v2/persistent/{short}/internalStats"
+        )
+        cursor = internal["cursors"].get("app")
+        if cursor is None:
+            return False
+        ledger, entry = cursor["markDeletePosition"].split(":")
+        return (int(ledger), int(entry)) >= west_target
+
+    wait_until(west_moved, "west's subscription moved by east's update")
+    west = geo.client("west")
+    try:
+        consumer = west.subscribe(topic, "app", replicate_subscription_state_enabled=True)
+        got = receive_all(consumer, 50)
+    finally:
+        west.close()
+    assert len(got) == len(set(got)), "no duplicates"
+    assert set(bodies[50:]) <= set(got)
+    again = [body for body in got if body in first_half]
+    assert len(again) <= bound, (len(again), bound)
+    assert again == bodies[50 - len(again) : 50], "only the last acknowledged come again"
+    assert len(got) == 50 + len(again)
+
+
+def test_markers_reach_no_consumer_in_any_mode(geo: Geo) -> None:
+    topic = f"persistent://{NAMESPACE}/markers-hidden"
+    short = topic.removeprefix("persistent://")
+    modes = {
+        "exclusive": pulsar.ConsumerType.Exclusive,
+        "shared": pulsar.ConsumerType.Shared,
+        "failover": pulsar.ConsumerType.Failover,
+        "key-shared": pulsar.ConsumerType.KeyShared,
+    }
+    bodies = [f"h-{i}" for i in range(60)]
+    east, west = geo.client("east"), geo.client("west")
+    try:
+        replicated = east.subscribe(
+            topic,
+            "replicated",
+            initial_position=pulsar.InitialPosition.Earliest,
+            replicate_subscription_state_enabled=True,
+        )
+        consumers = {
+            (cluster, name): client.subscribe(
+                topic, name, consumer_type=mode, initial_position=pulsar.InitialPosition.Earliest
+            )
+            for cluster, client in (("east", east), ("west", west))
+            for name, mode in modes.items()
+        }
+        produce_paced(east, topic, bodies)
+        consumers[("east", "replicated")] = replicated
+        received = receive_exactly(consumers, 60)
+        reader = east.create_reader(topic, pulsar.MessageId.earliest)
+        read = []
+        while reader.has_message_available():
+            read.append(reader.read_next(timeout_millis=10_000).data().decode())
+        reader.close()
+    finally:
+        east.close()
+        west.close()
+    for key, got in received.items():
+        assert sorted(got) == sorted(bodies) and len(got) == 60, key
+    assert read == bodies, "a reader stops at the last message, not at a marker after it"
+    east_markers = [h for _, h, _ in stored_entries(geo, "east", short) if marker_type(h)]
+    west_markers = [h for _, h, _ in stored_entries(geo, "west", short) if marker_type(h)]
+    assert east_markers and west_markers, "markers were written and replicated"
+    for cluster in ("east", "west"):
+        stats = geo.stats(cluster, short)
+        assert stats["msgInCounter"] == 60, (cluster, stats["msgInCounter"])
+        for name, sub in stats["subscriptions"].items():
+            # West's "replicated" has no consumer: it is where east's last update put it.
+            if (cluster, name) != ("west", "replicated"):
+                assert sub["msgBacklog"] == 0, (cluster, name, sub)
+            assert sub["isReplicated"] is (name == "replicated"), (cluster, name)
+    # West's copy of the replicated subscription was created by east's updates.
+    assert "replicated" in geo.stats("west", short)["subscriptions"]
+    for cluster in CLUSTERS:
+        assert_no_traceback(geo.broker(cluster))
+
+
+def test_no_markers_without_a_replicated_subscription(geo: Geo) -> None:
+    topic = f"persistent://{NAMESPACE}/no-markers"
+    short = topic.removeprefix("persistent://")
+    bodies = [f"n-{i}" for i in range(40)]
+    east, west = geo.client("east"), geo.client("west")
+    try:
+        consumer = west.subscribe(topic, "plain", initial_position=pulsar.InitialPosition.Earliest)
+        local = east.subscribe(topic, "plain", initial_position=pulsar.InitialPosition.Earliest)
+        produce_paced(east, topic, bodies)
+        assert sorted(receive_all(consumer, 40)) == sorted(bodies)
+        assert sorted(receive_all(local, 40)) == sorted(bodies)
+    finally:
+        east.close()
+        west.close()
+    for cluster in CLUSTERS:
+        entries = stored_entries(geo, cluster, short)
+        assert [body.decode() for _, _, body in entries] == bodies, cluster
+        assert not [h for _, h, _ in entries if marker_type(h) is not None], cluster
 
 
 def replication_of(geo: Geo, cluster: str, topic: str, remote: str) -> dict:
