@@ -181,9 +181,13 @@ class Subscription:
         self.dispatcher.wake()
 
     def add_snapshot(self, snapshot: Snapshot, max_cached: int) -> None:
+        """A completed snapshot; one the mark-delete position has passed already (it went
+        over the snapshot's markers while they were stored) is used at once."""
         if self.snapshots is None:
             self.snapshots = SnapshotCache(max_cached, self.topic.ml.entries_between)
         self.snapshots.add(snapshot)
+        if snapshot.local <= self.cursor.mark_delete_position:
+            self._mark_delete_moved(Position(-1, -1))
 
     def _mark_delete_moved(self, before: Position) -> None:
         """After anything that may move the mark-delete position: a replicated subscription
