@@ -410,11 +410,33 @@ def test_bookie_rack_info(node: StandaloneProcess, pc: pulsar.Client) -> None:
     assert ok(node, "GET", "/bookies/racks-info") == {}
 
 
-#: Fields of Pulsar's Policies document (a few of them) and their JSON types.
+#: Every field of Pulsar's Policies document and its JSON type (None: null, unset).
+OPT_INT, OPT_BOOL, OPT_DICT, OPT_STR = (
+    (int, type(None)),
+    (bool, type(None)),
+    (dict, type(None)),
+    (str, type(None)),
+)
 POLICIES = {
-    "auth_policies": dict, "replication_clusters": list, "backlog_quota_map": dict,
-    "subscription_expiration_time_minutes": int, "deleted": bool, "properties": dict,
-    "schema_compatibility_strategy": str, "subscription_auth_mode": str,
+    "auth_policies": dict, "replication_clusters": list, "bundles": dict,
+    "backlog_quota_map": dict, "clusterDispatchRate": dict, "topicDispatchRate": dict,
+    "subscriptionDispatchRate": dict, "replicatorDispatchRate": dict,
+    "clusterSubscribeRate": dict, "persistence": OPT_DICT, "deduplicationEnabled": OPT_BOOL,
+    "autoTopicCreationOverride": OPT_DICT, "autoSubscriptionCreationOverride": OPT_DICT,
+    "publishMaxMessageRate": dict, "latency_stats_sample_rate": dict,
+    "message_ttl_in_seconds": OPT_INT, "subscription_expiration_time_minutes": OPT_INT,
+    "retention_policies": OPT_DICT, "deleted": bool, "encryption_required": bool,
+    "delayed_delivery_policies": OPT_DICT, "inactive_topic_policies": OPT_DICT,
+    "subscription_auth_mode": str, "max_producers_per_topic": OPT_INT,
+    "max_consumers_per_topic": OPT_INT, "max_consumers_per_subscription": OPT_INT,
+    "max_unacked_messages_per_consumer": OPT_INT,
+    "max_unacked_messages_per_subscription": OPT_INT, "max_subscriptions_per_topic": OPT_INT,
+    "compaction_threshold": OPT_INT, "offload_threshold": int,
+    "offload_deletion_lag_ms": OPT_INT, "max_topics_per_namespace": OPT_INT,
+    "schema_auto_update_compatibility_strategy": str, "schema_compatibility_strategy": str,
+    "is_allow_auto_update_schema": OPT_BOOL, "schema_validation_enforced": bool,
+    "offload_policies": OPT_DICT, "deduplicationSnapshotIntervalSeconds": OPT_INT,
+    "subscription_types_enabled": list, "properties": dict, "resource_group_name": OPT_STR,
 }  # fmt: skip
 
 
@@ -425,6 +447,8 @@ def test_namespace_limits_on_producers_consumers_and_unacked(
     base = "/namespaces/public/limits"
     document = ok(node, "GET", base)
     conforms(document, POLICIES)
+    assert document["bundles"] == ok(node, "GET", f"{base}/bundles")  # Pulsar's BundlesData
+    assert document["bundles"]["numBundles"] == len(document["bundles"]["boundaries"]) - 1
     assert document["max_producers_per_topic"] is None  # unset: the broker's (no limit)
     for policy, value in (
         ("maxProducersPerTopic", 1),

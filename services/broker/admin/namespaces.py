@@ -33,6 +33,7 @@ from aiohttp import web
 from magnetar.broker.admin import requests
 from magnetar.broker.admin.errors import AdminError
 from magnetar.broker.admin.permissions import require_superuser
+from magnetar.broker.cluster import bundles as bundle_math
 from magnetar.broker.cluster.bundles import load_or_create
 from magnetar.broker.config import TopicSettings
 from magnetar.broker.namespace import policies
@@ -199,7 +200,10 @@ def add_namespace_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None
 
     @routes.get("/admin/v2/namespaces/{tenant}/{namespace}")
     async def get_policies(request: web.Request) -> web.Response:
-        return web.json_response(policies.full_document(await _policy_document(broker, request)))
+        document = policies.full_document(await _policy_document(broker, request))
+        # Pulsar's BundlesData, as .../bundles answers it.
+        ranges = await broker.namespace_bundles(requests.namespace(request))
+        return web.json_response({**document, "bundles": json.loads(bundle_math.encode(ranges))})
 
     for segment, field in DISPATCH_RATES.items():
 

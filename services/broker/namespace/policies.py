@@ -337,7 +337,14 @@ def full_document(stored: dict[str, Any]) -> dict[str, Any]:
         "schema_compatibility_strategy": "UNDEFINED",
         "schema_validation_enforced": False,
         "is_allow_auto_update_schema": None,
+        "offload_deletion_lag_ms": None,
+        "max_topics_per_namespace": None,
+        "schema_auto_update_compatibility_strategy": "Full",
+        "offload_policies": None,
+        "deduplicationSnapshotIntervalSeconds": None,
+        "subscription_types_enabled": [],
         "properties": {},
+        "resource_group_name": None,
         **stored,
     }
 
