@@ -113,6 +113,48 @@ def test_topic_calls_are_redirected_to_the_owner(
     assert backlog(cluster, topic, "a") == 5
 
 
+#: Every topic call of the admin API that only the topic's owner can answer (the calls are not
+#: followed here, so none of them runs: terminate, truncate and the rest change nothing).
+OWNER_CALLS = (
+    ("GET", "/stats"),
+    ("GET", "/internalStats"),
+    ("GET", "/subscriptions"),
+    ("PUT", "/subscription/made"),
+    ("DELETE", "/subscription/b"),
+    ("POST", "/subscription/a/skip_all"),
+    ("POST", "/subscription/a/expireMessages/10"),
+    ("POST", "/all_subscription/expireMessages/10"),
+    ("POST", "/subscription/a/resetcursor/0"),
+    ("POST", "/subscription/a/resetcursor"),
+    ("GET", "/ledger/1/entry/0"),
+    ("GET", "/messageid/0"),
+    ("POST", "/terminate"),
+    ("POST", "/trim"),
+    ("DELETE", "/truncate"),
+    ("GET", "/properties"),
+    ("PUT", "/properties"),
+    ("GET", "/maxProducers"),
+    ("POST", "/retention"),
+    ("PUT", "/schemaCompatibilityStrategy"),
+)
+
+
+def test_every_owner_call_is_redirected_from_another_broker(
+    cluster: MagnetarCluster, loaded: pulsar.Client
+) -> None:
+    topic = TOPICS[1]
+    owner = cluster.broker(cluster.owner_of_topic(topic) or "")
+    other = not_owner(cluster, topic)
+    for method, suffix in OWNER_CALLS:
+        status, headers = raw(f"{other.http_url}{path_of(topic)}{suffix}", method)
+        assert status == 307, (method, suffix, status)
+        assert headers["Location"] == f"{owner.http_url}{path_of(topic)}{suffix}", (method, suffix)
+    # Nothing ran at the other broker: the subscriptions and messages are as they were.
+    stats = cluster.admin_json("GET", f"{path_of(topic)}/stats")
+    assert sorted(stats["subscriptions"]) == ["a", "b"]
+    assert stats["msgInCounter"] == 5
+
+
 def test_namespace_calls_reach_every_bundle_owner(
     cluster: MagnetarCluster, loaded: pulsar.Client
 ) -> None:
