@@ -62,6 +62,7 @@ from magnetar.common.ledger.underreplication import (
 )
 from magnetar.common.metadata import MetadataStore, open_store
 from magnetar.common.metadata.etcd_settings import EtcdTlsSettings
+from magnetar.common.metadata.local import MetadataStoreInUseError
 from magnetar.common.proto import bookie_pb2 as pb
 
 DEFAULT_METADATA_URL = "etcd://127.0.0.1:2379"
@@ -107,6 +108,9 @@ class Tool:
     help: str
     description: str | None
     options: tuple[Option, ...]
+    #: Changes nothing (metadata or bookies): may run on a local store another process owns,
+    #: opened read-only (``magnetar bk`` on a running standalone).
+    reads_only: bool = False
 
 
 # In registration order, which is the order `magnetar bk --help` lists them in.
@@ -122,6 +126,7 @@ def tool(
     help: str,
     description: str | None = None,
     options: Sequence[Option] = (),
+    reads_only: bool = False,
 ) -> Callable[[_F], _F]:
     """Register the decorated function as ``magnetar bk NAME``. It is called as ``func(args)``
     (offline, synchronous), ``await func(store, args)`` or ``await func(client, args)``; every
@@ -130,7 +135,7 @@ def tool(
     def register(func: _F) -> _F:
         if name in TOOLS:
             raise ValueError(f"bk tool {name!r} registered twice")
-        TOOLS[name] = Tool(name, needs, func, help, description, tuple(options))
+        TOOLS[name] = Tool(name, needs, func, help, description, tuple(options), reads_only)
         return func
 
     return register
@@ -197,6 +202,26 @@ async def run(args: argparse.Namespace) -> int:
         return 2
     try:
         store = await open_store(url, tls=tls.etcd_tls())
+    except MetadataStoreInUseError as e:
+        # A running standalone owns its local store: the tools that change nothing read it
+        # as it runs; the others would change what it serves behind its back.
+        if not t.reads_only:
+            readers = ", ".join(n for n, other in TOOLS.items() if other.reads_only)
+            print(
+                f"bk {args.bk_command}: {e}; this tool changes the store or the bookies, so stop "
+                f"that process first (these tools read a running one: {readers})",
+                file=sys.stderr,
+            )
+            return 1
+        try:
+            store = await open_store(url, read_only=True)
+        except Exception as e:
+            print(f"cannot open metadata store {url} read-only: {e}", file=sys.stderr)
+            return 2
+        print(
+            f"bk {args.bk_command}: {url} is in use by a running process: reading it read-only",
+            file=sys.stderr,
+        )
     except Exception as e:
         print(f"cannot open metadata store {url}: {e}", file=sys.stderr)
         return 2
@@ -267,6 +292,7 @@ async def bookiesanity(store: MetadataStore, args: argparse.Namespace) -> int:
 
 @tool(
     "listbookies",
+    reads_only=True,
     needs=Needs.STORE,
     help="registered bookies with their state",
     options=[json_option("one JSON object per bookie")],
@@ -291,6 +317,7 @@ def _emit(args: argparse.Namespace, data: dict[str, object], text: str) -> None:
 
 @tool(
     "listledgers",
+    reads_only=True,
     needs=Needs.LEDGER_CLIENT,
     help="ids of every ledger",
     options=[json_option("one JSON object per ledger")],
@@ -303,6 +330,7 @@ async def listledgers(client: LedgerClient, args: argparse.Namespace) -> int:
 
 @tool(
     "ledgermetadata",
+    reads_only=True,
     needs=Needs.LEDGER_CLIENT,
     help="a ledger's metadata",
     options=[option("ledger_id", type=int), json_option()],
@@ -327,6 +355,7 @@ async def ledgermetadata(client: LedgerClient, args: argparse.Namespace) -> int:
 
 @tool(
     "readledger",
+    reads_only=True,
     needs=Needs.LEDGER_CLIENT,
     help="entries of a ledger (closed: up to its end; open: up to LAC)",
     options=[
@@ -425,6 +454,7 @@ async def _always() -> bool:
 
 @tool(
     "listunderreplicated",
+    reads_only=True,
     needs=Needs.LEDGER_CLIENT,
     help="ledgers marked under-replicated, with the bookies to replace",
     options=[json_option("one JSON object per ledger")],
@@ -451,6 +481,7 @@ async def listunderreplicated(client: LedgerClient, args: argparse.Namespace) ->
 
 @tool(
     "listunreferenced",
+    reads_only=True,
     needs=Needs.LEDGER_CLIENT,
     help="ledgers with entries whose topic does not list them (the store lost the update)",
     description="Ledgers whose metadata names a topic (custom field managed-ledger) that "
@@ -941,6 +972,7 @@ async def reregister(store: MetadataStore, args: argparse.Namespace) -> int:
 
 @tool(
     "cookies",
+    reads_only=True,
     needs=Needs.STORE,
     help="the cluster's instance id and every bookie's cookie",
     options=[json_option("one JSON object per cookie")],

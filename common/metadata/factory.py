@@ -11,7 +11,7 @@ ACCEPTED_FORMS = "etcd://host:port[,host:port...] or local:///absolute/path/meta
 # Options every scheme accepts, so callers can pass one set regardless of the URL; the local
 # store has no lease, so session_ttl and request_timeout mean nothing to it, and no network, so
 # it takes tls only as None.
-_OPTIONS = {"session_ttl", "request_timeout", "tls"}
+_OPTIONS = {"session_ttl", "request_timeout", "tls", "read_only"}
 
 
 async def open_store(url: str, **options: object) -> MetadataStore:
@@ -19,7 +19,8 @@ async def open_store(url: str, **options: object) -> MetadataStore:
 
     Options: ``session_ttl`` (seconds, default 10: how long etcd keeps our ephemeral keys after
     we stop answering), ``request_timeout`` (seconds, default 10, per etcd request) and ``tls``
-    (an ``EtcdTls``: reach etcd over TLS; None, the default: plain gRPC).
+    (an ``EtcdTls``: reach etcd over TLS; None, the default: plain gRPC); ``read_only`` (local
+    only: read a file another process owns, without its lock; writes are refused).
     """
     unknown = set(options) - _OPTIONS
     if unknown:
@@ -34,6 +35,9 @@ async def open_store(url: str, **options: object) -> MetadataStore:
     tls = options.get("tls")
     if scheme == "etcd":
         from magnetar.common.metadata.etcd import EtcdMetadataStore, EtcdTls
+
+        if options.get("read_only"):
+            raise ValueError("read_only applies to a local store; etcd is shared as it is")
 
         if tls is not None and not isinstance(tls, EtcdTls):
             raise ValueError(f"tls must be an EtcdTls or None, not {tls!r}")
@@ -50,7 +54,9 @@ async def open_store(url: str, **options: object) -> MetadataStore:
     if scheme == "local":
         from magnetar.common.metadata.local import LocalMetadataStore
 
-        return await LocalMetadataStore.open(parse_local_path(url))
+        return await LocalMetadataStore.open(
+            parse_local_path(url), read_only=bool(options.get("read_only", False))
+        )
     raise ValueError(
         f"unknown metadata store scheme {scheme!r} in {url!r}: accepted forms are {ACCEPTED_FORMS}"
     )

@@ -4,7 +4,11 @@
 - Versions: a store-wide revision counter bumped by every write (like etcd's revision), kept
   in the file so it never goes backwards across restarts.
 - Ownership: an exclusive ``flock`` on ``<path>.lock``; a second process (or a second open in
-  this one) is refused instead of silently sharing a file whose watches are in-process only.
+  this one) is refused (:class:`MetadataStoreInUseError`) instead of silently sharing a file
+  whose watches are in-process only. ``open(path, read_only=True)`` takes no lock: it reads the
+  file as its owner writes it (SQLite readers beside a WAL writer), for inspection tools
+  (``magnetar bk`` on a running standalone); its writes raise :class:`ReadOnlyStoreError`, its
+  watches see nothing, and it leaves the owner's ephemeral keys alone.
 - Session: the process itself. Ephemeral keys are deleted at ``close()`` and, for a process
   that crashed before closing, when the next owner opens the file.
 - Threads: every SQLite call runs on one worker thread, never on the event loop; watchers are
@@ -69,6 +73,15 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+
+class MetadataStoreInUseError(MetadataError):
+    """Another process (or another open here) owns the file."""
+
+
+class ReadOnlyStoreError(MetadataError):
+    """A write to a store opened read-only."""
+
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS kv (
     key BLOB PRIMARY KEY,
@@ -107,19 +120,24 @@ class LocalMetadataStore(MetadataStore):
         self._watches: weakref.WeakSet[_LocalWatch] = weakref.WeakSet()
 
     @classmethod
-    async def open(cls, path: str | Path) -> LocalMetadataStore:
+    async def open(cls, path: str | Path, *, read_only: bool = False) -> LocalMetadataStore:
         path = Path(path)
         loop = asyncio.get_running_loop()
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-metadata")
+        opener = _Database.open_read_only if read_only else _Database.open
         try:
-            db = await loop.run_in_executor(executor, _Database.open, path)
+            db = await loop.run_in_executor(executor, opener, path)
         except BaseException:
             executor.shutdown(wait=False)
             raise
         store = cls(path, executor, db, loop)
         db.on_commit = store._publish
-        log.info("local metadata store %s opened", path)
+        log.info("local metadata store %s opened%s", path, " read-only" if read_only else "")
         return store
+
+    @property
+    def read_only(self) -> bool:
+        return self._db.read_only
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -205,6 +223,11 @@ class LocalMetadataStore(MetadataStore):
 
     async def _write(self, fn: Callable[..., object], *args: object) -> object:
         self._check_open()
+        if self._db.read_only:
+            raise ReadOnlyStoreError(
+                f"the local metadata store {self.path} is open read-only (its owner is running): "
+                "nothing can be changed through this open"
+            )
         future: asyncio.Future[object] = self._loop.create_future()
         with self._writes_lock:
             self._writes.append((fn, args, future))
@@ -274,10 +297,11 @@ class _LocalWatch(WatchStream):
 class _Database:
     """The SQLite side; every method runs on the store's single worker thread."""
 
-    def __init__(self, path: Path, conn: sqlite3.Connection, lock_fd: int) -> None:
+    def __init__(self, path: Path, conn: sqlite3.Connection, lock_fd: int | None) -> None:
         self.path = path
         self._conn = conn
-        self._lock_fd = lock_fd
+        self._lock_fd = lock_fd  # None: opened read-only, no lock held
+        self.read_only = lock_fd is None
         self.on_commit: Callable[[list[WatchEvent]], None] = lambda events: None
         #: Events of the group being committed (``run_group``), None outside one.
         self._group_events: list[WatchEvent] | None = None
@@ -315,6 +339,18 @@ class _Database:
                 path,
             )
         return db
+
+    @classmethod
+    def open_read_only(cls, path: Path) -> _Database:
+        """Read a file another process owns: no lock, no schema, no clean-up, no writes."""
+        if not path.exists():
+            raise MetadataError(f"metadata store {path} does not exist")
+        try:
+            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+            conn.execute("SELECT 1 FROM kv LIMIT 1").fetchall()
+        except sqlite3.DatabaseError as e:
+            raise _damage_error(path, e) from e
+        return cls(path, conn, None)
 
     @property
     def revision(self) -> int:
@@ -390,6 +426,9 @@ class _Database:
         return revision if revision is not None else self.revision
 
     def close(self) -> None:
+        if self._lock_fd is None:  # read-only: the owner's ephemeral keys are not ours
+            self._conn.close()
+            return
         try:
             self._delete_ephemeral()
             self._conn.close()
@@ -565,7 +604,7 @@ def _lock(path: Path) -> int:
     try:
         return acquire_lock(path.with_name(path.name + ".lock"), f"metadata store {path}")
     except LockedError as e:
-        raise MetadataError(e.strerror) from None
+        raise MetadataStoreInUseError(e.strerror) from None
 
 
 def _check_expected_version(expected: int | None, *, allow_not_exists: bool) -> None:

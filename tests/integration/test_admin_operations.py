@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -943,3 +945,41 @@ def test_backlog_quota_producer_exception(node: StandaloneProcess, pc: pulsar.Cl
         except pulsar.AlreadyClosed:
             pass
     consumer.close()
+
+
+def bk(node: StandaloneProcess, *argv: str) -> subprocess.CompletedProcess[str]:
+    url = f"local://{node.data_dir / 'meta.db'}"
+    return subprocess.run(
+        [sys.executable, "-m", "magnetar.cli", "bk", argv[0], "--metadata-url", url, *argv[1:]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_bk_tools_read_a_running_standalone(node: StandaloneProcess, pc: pulsar.Client) -> None:
+    """``magnetar bk`` on the running standalone's own store: the reading tools open it
+    read-only and answer; a tool that would change it is refused, and nothing changed."""
+    produce(pc, "inspected", ["a", "b", "c"])
+    stats = ok(node, "GET", "/persistent/public/default/inspected/internalStats")
+    ledger = str(stats["ledgers"][-1]["ledgerId"])
+    listed = bk(node, "listbookies")
+    assert listed.returncode == 0, listed.stderr
+    assert f":{node.bookie_port}\twritable" in listed.stdout
+    assert "in use by a running process: reading it read-only" in listed.stderr
+    ledgers = bk(node, "listledgers")
+    assert ledgers.returncode == 0 and ledger in ledgers.stdout.split(), ledgers.stderr
+    metadata = bk(node, "ledgermetadata", ledger)
+    assert metadata.returncode == 0, metadata.stderr
+    assert "managed-ledger = b'public/default/persistent/inspected'" in metadata.stdout
+    entries = bk(node, "readledger", ledger)
+    assert entries.returncode == 0, entries.stderr
+    # An open ledger is read up to its LAC: the last entry's reaches the bookie with the next add.
+    lines = entries.stdout.splitlines()
+    assert len(lines) in (2, 3) and [line.split("\t")[0] for line in lines[:2]] == ["0", "1"]
+    refused = bk(node, "autorecovery", "enable")
+    assert refused.returncode == 1
+    assert "this tool changes the store or the bookies, so stop that process" in refused.stderr
+    # The broker goes on as before: its ledger still takes writes.
+    produce(pc, "inspected", ["d"])
+    assert ok(node, "GET", "/persistent/public/default/inspected/stats")["msgInCounter"] == 4
