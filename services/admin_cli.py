@@ -494,6 +494,12 @@ def _topic_policy_verbs() -> dict[str, Verb]:
         (_flag("-t", "--ttl", required=True, help="e.g. 3600, 1h"),),
         ("topic",),
     )
+    verbs["set-compaction-threshold"] = Verb(
+        "the topic's own compaction threshold: compact once this much backlog awaits it",
+        lambda a: ("POST", _topic(a, "/compactionThreshold"), size_bytes(a.threshold)),
+        (_flag("-t", "--threshold", required=True, help="e.g. 10M, 1G; 0: never"),),
+        ("topic",),
+    )
     verbs["set-deduplication"] = Verb(
         "the topic's own deduplication",
         lambda a: ("POST", _topic(a, "/deduplicationEnabled"), _enable(a)),
@@ -507,6 +513,7 @@ def _topic_policy_verbs() -> dict[str, Verb]:
         ("retention", "retention"),
         ("message-ttl", "messageTTL"),
         ("deduplication", "deduplicationEnabled"),
+        ("compaction-threshold", "compactionThreshold"),
     ]
     for name, segment in every:
         verbs[f"get-{name}"] = Verb(
@@ -831,6 +838,24 @@ VERBS: dict[str, dict[str, Verb]] = {
         "get-schema-compatibility-strategy": Verb(
             "the namespace's schema compatibility strategy (UNDEFINED: the broker's, FULL)",
             lambda a: ("GET", _policy("schemaCompatibilityStrategy")(a), None),
+            (),
+            ("namespace",),
+        ),
+        "set-compaction-threshold": Verb(
+            "compact each topic once this much backlog awaits compaction",
+            lambda a: ("PUT", _policy("compactionThreshold")(a), size_bytes(a.threshold)),
+            (_flag("-t", "--threshold", required=True, help="e.g. 10M, 1G; 0: never"),),
+            ("namespace",),
+        ),
+        "get-compaction-threshold": Verb(
+            "the compaction threshold (bytes; null: the broker's)",
+            lambda a: ("GET", _policy("compactionThreshold")(a), None),
+            (),
+            ("namespace",),
+        ),
+        "remove-compaction-threshold": Verb(
+            "back to the broker's compaction threshold",
+            lambda a: ("DELETE", _policy("compactionThreshold")(a), None),
             (),
             ("namespace",),
         ),
@@ -1204,6 +1229,18 @@ VERBS: dict[str, dict[str, Verb]] = {
         "truncate": Verb(
             "move every subscription to the end and delete every closed ledger",
             lambda a: ("DELETE", _topic(a, "/truncate"), None),
+            (),
+            ("topic",),
+        ),
+        "compact": Verb(
+            "start compacting a topic (each partition of a partitioned one)",
+            lambda a: ("PUT", _topic(a, "/compaction"), None),
+            (),
+            ("topic",),
+        ),
+        "compaction-status": Verb(
+            "the last compaction's status: NOT_RUN, RUNNING, SUCCESS or ERROR",
+            lambda a: ("GET", _topic(a, "/compaction"), None),
             (),
             ("topic",),
         ),
