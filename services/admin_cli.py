@@ -235,6 +235,14 @@ def _force(args: argparse.Namespace) -> str:
     return "?force=true" if args.force else ""
 
 
+def _replicated_status(args: argparse.Namespace) -> tuple[str, str, Any]:
+    if args.enable == args.disable:
+        raise UsageError(
+            "set-replicated-subscription-status needs one of -e/--enable or -d/--disable"
+        )
+    return "POST", _sub(args, "/replicatedSubscriptionStatus"), bool(args.enable)
+
+
 def _reset_cursor(args: argparse.Namespace) -> tuple[str, str, Any]:
     if (args.time is None) == (args.messageId is None):
         raise UsageError("reset-cursor needs one of -t/--time or -m/--messageId")
@@ -1114,6 +1122,22 @@ VERBS: dict[str, dict[str, Verb]] = {
                 None,
             ),
             (_flag("-t", "--expireTime", required=True, help="e.g. 3600, 1h"),),
+            ("topic",),
+        ),
+        "set-replicated-subscription-status": Verb(
+            "make a subscription replicated across the namespace's clusters, or not",
+            _replicated_status,
+            (
+                SUB,
+                _flag("-e", "--enable", action="store_true"),
+                _flag("-d", "--disable", action="store_true"),
+            ),
+            ("topic",),
+        ),
+        "get-replicated-subscription-status": Verb(
+            "whether a subscription is replicated",
+            lambda a: ("GET", _sub(a, "/replicatedSubscriptionStatus"), None),
+            (SUB,),
             ("topic",),
         ),
         "reset-cursor": Verb(

@@ -645,6 +645,18 @@ def test_no_markers_without_a_replicated_subscription(geo: Geo) -> None:
         entries = stored_entries(geo, cluster, short)
         assert [body.decode() for _, _, body in entries] == bodies, cluster
         assert not [h for _, h, _ in entries if marker_type(h) is not None], cluster
+    # The admin API turns it on and off (pulsar-admin's verbs).
+    east_broker = geo.broker("east")
+    status = ("topics", "get-replicated-subscription-status", topic, "-s", "plain")
+    assert json.loads(admin(east_broker, *status)) == {topic: False}
+    admin(east_broker, "topics", "set-replicated-subscription-status", topic, "-s", "plain", "-e")
+    assert json.loads(admin(east_broker, *status)) == {topic: True}
+    assert geo.stats("east", short)["subscriptions"]["plain"]["isReplicated"] is True
+    admin(east_broker, "topics", "set-replicated-subscription-status", topic, "-s", "plain", "-d")
+    assert json.loads(admin(east_broker, *status)) == {topic: False}
+    path = f"/admin/v2/persistent/{short}/subscription/plain/replicatedSubscriptionStatus"
+    assert geo.clusters["east"].admin("POST", path, "yes")[0] == 400
+    assert geo.clusters["east"].admin("GET", path.replace("plain", "nobody"))[0] == 404
 
 
 def replication_of(geo: Geo, cluster: str, topic: str, remote: str) -> dict:

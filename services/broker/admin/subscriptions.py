@@ -119,6 +119,25 @@ def add_subscription_routes(routes: web.RouteTableDef, broker: AdminBroker) -> N
                 await subscription.expire_before(cutoff)
         return web.Response(status=204)
 
+    @routes.post(SUBSCRIPTION_PATH + "/replicatedSubscriptionStatus")
+    async def set_replicated(request: web.Request) -> web.Response:
+        enabled = await requests.json_body(request)
+        if not isinstance(enabled, bool):
+            raise AdminError(400, f"the body must be true or false, got {enabled!r}")
+        if enabled and not broker.config.enable_replicated_subscriptions:
+            raise AdminError(
+                405,
+                "Cannot enable replicated subscriptions: enable_replicated_subscriptions is off",
+            )
+        topic = await persistent_topic(broker, request)
+        await topic.set_replicated(subscription_of(topic, request), enabled)
+        return web.Response(status=204)
+
+    @routes.get(SUBSCRIPTION_PATH + "/replicatedSubscriptionStatus")
+    async def get_replicated(request: web.Request) -> web.Response:
+        topic = await persistent_topic(broker, request)
+        return web.json_response({str(topic.name): subscription_of(topic, request).replicated})
+
     @routes.post(SUBSCRIPTION_PATH + "/resetcursor/{timestamp}")
     async def reset_by_time(request: web.Request) -> web.Response:
         timestamp = positive(request, "timestamp")

@@ -404,11 +404,25 @@ class PersistentTopic:
             await self.replicated_subscriptions.received_marker(position, metadata, payload)
 
     async def _set_replicated(self, subscription: Subscription) -> None:
-        subscription.replicated = True
+        await self.set_replicated(subscription, True)
+
+    async def set_replicated(self, subscription: Subscription, enabled: bool) -> None:
+        """Make a durable subscription replicated or not (admin ``replicatedSubscriptionStatus``
+        and consumers' ``replicate_subscription_state``)."""
         key = REPLICATED_SUBSCRIPTION_PREFIX + subscription.name
-        if key not in self.ml.properties:
+        subscription.replicated = enabled
+        if enabled and key not in self.ml.properties:
             await self.ml.set_property(key, "true")
-        log.info("topic %s: subscription %s is replicated", self.name, subscription.name)
+        elif not enabled:
+            subscription.snapshots = None
+            if key in self.ml.properties:
+                await self.ml.update_properties({key: None})
+        log.info(
+            "topic %s: subscription %s is %sreplicated",
+            self.name,
+            subscription.name,
+            "" if enabled else "no longer ",
+        )
         self._check_snapshots()
 
     async def follow_replicated_subscription(self, name: str, position: Position) -> None:
