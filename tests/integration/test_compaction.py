@@ -172,20 +172,29 @@ def expected(items: list[tuple[str | None, bytes]]) -> dict[str, bytes]:
     return view
 
 
-@pytest.mark.parametrize("batched", [False, True], ids=["unbatched", "batched"])
+@pytest.mark.parametrize(
+    ("batched", "compression"),
+    [
+        (False, pulsar.CompressionType.NONE),
+        (True, pulsar.CompressionType.NONE),
+        (True, pulsar.CompressionType.ZLib),
+    ],
+    ids=["unbatched", "batched", "batched-zlib"],
+)
 def test_compacted_view_before_and_after_more_messages(
-    node: StandaloneProcess, batched: bool
+    node: StandaloneProcess, batched: bool, compression: pulsar.CompressionType
 ) -> None:
     """Readers of the compacted view get each key's latest value once (deleted keys and
     messages without a key left out) up to the horizon, then every message after it; a
     plain reader gets every message; a seek to the earliest goes back into the compacted
     ledger; the last message id leads ``has_message_available`` across the seam."""
-    topic = f"keyed-{'batched' if batched else 'plain'}-{uuid.uuid4().hex[:8]}"
+    topic = f"keyed-{'batched' if batched else 'plain'}-{compression.name}-{uuid.uuid4().hex[:8]}"
     c = client(node)
     try:
         producer = c.create_producer(
             topic,
             batching_enabled=batched,
+            compression_type=compression,
             batching_max_messages=7,
             batching_max_publish_delay_ms=50,
         )

@@ -7,8 +7,10 @@ rules), pure code:
 - a batch is judged message by message: a batch whose every message is kept is kept as it is;
   one with some kept is rewritten to those (uncompressed, in their order, each message's
   metadata as it was), with the entry's metadata otherwise unchanged; one with none is dropped;
-- an entry that cannot be split into messages (encrypted, or damaged) counts as one message
-  with the entry's key.
+- an encrypted entry counts as one message with the entry's key (its batch cannot be read);
+- a compressed batch is decompressed (ZLIB always, LZ4/ZSTD/SNAPPY with pyarrow): an entry this
+  broker cannot read raises ``StoredEntryError`` naming why, which fails the run (the previous
+  compacted view stays) rather than dropping its messages from the view.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 from magnetar.broker.model.entry import entry_metadata, entry_payload
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
-from magnetar.common.protocol.stored_entry import StoredEntryError, split_entry
+from magnetar.common.protocol.stored_entry import split_entry
 
 #: The batch index of a message that is not in a batch.
 WHOLE = -1
@@ -40,13 +42,13 @@ def _whole(metadata: pb.MessageMetadata, payload_size: int) -> KeyedMessage:
 
 def keyed_messages(stored: bytes) -> list[KeyedMessage]:
     """The entry's messages with their keys, in batch order."""
-    try:
-        metadata, body = split_entry(stored)
-    except (StoredEntryError, ValueError):
-        return [_whole(entry_metadata(stored), len(entry_payload(stored)))]
-    if metadata.encryption_keys or isinstance(body, bytes):
-        size = len(body) if isinstance(body, bytes) else 1
+    metadata = entry_metadata(stored)
+    if metadata.encryption_keys or not codec.is_batch(metadata):
+        compressed = metadata.compression != pb.NONE
+        size = metadata.uncompressed_size if compressed else len(entry_payload(stored))
         return [_whole(metadata, size)]
+    metadata, body = split_entry(stored)
+    assert not isinstance(body, bytes)
     return [
         KeyedMessage(
             index,
