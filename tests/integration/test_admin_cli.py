@@ -10,10 +10,11 @@ import sys
 import time
 from collections.abc import Iterator
 
+import pulsar
 import pytest
 
 from tests.support.raw_client import module_standalone
-from tests.support.standalone import StandaloneProcess
+from tests.support.standalone import QUIET, StandaloneProcess
 
 
 @pytest.fixture(scope="module")
@@ -140,3 +141,134 @@ def test_consume_forever_until_interrupted(node: StandaloneProcess) -> None:
     finally:
         consumer.terminate()
         consumer.wait(10)
+
+
+def test_every_other_verb_against_the_standalone(
+    node: StandaloneProcess, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The verbs the tests above and docs/admin.md's examples do not run, each against the
+    standalone (in this process: a subprocess each would cost seconds), with its effect read
+    back where it has one."""
+    from magnetar import admin_cli
+    from magnetar.cli import build_parser
+
+    url = f"http://127.0.0.1:{node.http_port}"
+
+    def admin(*argv: str) -> object:
+        args = build_parser("admin").parse_args(["admin", "--admin-url", url, "--json", *argv])
+        code = admin_cli.run(args)
+        out, err = capsys.readouterr()
+        assert code == 0, (argv, out, err)
+        return json.loads(out) if out.strip() else None
+
+    ns, topic, parted = (
+        "public/cliall",
+        "persistent://public/cliall/t",
+        "persistent://public/cliall/p",
+    )
+    admin("namespaces", "create", ns, "--bundles", "2")
+    admin("topics", "create", topic)
+    # Clusters, brokers, broker stats.
+    admin("clusters", "create", "other", "--url", "http://other:8080")
+    admin(
+        "clusters",
+        "update",
+        "other",
+        "--url",
+        "http://other:8081",
+        "--broker-url",
+        "pulsar://other:6650",
+    )
+    assert admin("clusters", "get", "other")["serviceUrl"] == "http://other:8081"  # type: ignore[index]
+    admin("clusters", "delete", "other")
+    [broker] = admin("brokers", "list", "standalone")  # type: ignore[misc]
+    owned = admin("brokers", "namespaces", "standalone", "--url", broker)
+    assert any(key.startswith(f"{ns}/") for key in owned)  # type: ignore[union-attr]
+    assert admin("brokers", "list-dynamic-config") == []
+    assert ns in admin("broker-stats", "topics")  # type: ignore[operator]
+    assert admin("namespaces", "topics", ns) == [topic]
+    # Namespace policies: set, read back, remove.
+    admin("namespaces", "set-retention", ns, "--size", "1G", "--time", "1d")
+    admin("namespaces", "remove-retention", ns)
+    assert admin("namespaces", "get-retention", ns) is None
+    admin("namespaces", "set-message-ttl", ns, "-ttl", "60")
+    assert admin("namespaces", "get-message-ttl", ns) == 60
+    admin("namespaces", "set-deduplication", ns, "--enable")
+    assert admin("namespaces", "get-deduplication", ns) is True
+    for name, flag in (
+        ("max-producers-per-topic", "-p"),
+        ("max-consumers-per-topic", "-c"),
+        ("max-consumers-per-subscription", "-c"),
+        ("max-unacked-messages-per-consumer", "-c"),
+        ("max-unacked-messages-per-subscription", "-c"),
+    ):
+        admin("namespaces", f"set-{name}", ns, flag, "7")
+        assert admin("namespaces", f"get-{name}", ns) == 7, name
+        admin("namespaces", f"remove-{name}", ns)
+        assert admin("namespaces", f"get-{name}", ns) is None, name
+    admin("namespaces", "set-subscription-dispatch-rate", ns, "-md", "100", "-dt", "2")
+    rate = admin("namespaces", "get-subscription-dispatch-rate", ns)
+    assert rate["dispatchThrottlingRateInMsg"] == 100 and rate["ratePeriodInSecond"] == 2  # type: ignore[index]
+    admin("namespaces", "remove-subscription-dispatch-rate", ns)
+    assert admin("namespaces", "get-subscription-dispatch-rate", ns) is None
+    admin("namespaces", "set-properties", ns, "-p", "team=payments")
+    admin("namespaces", "clear-properties", ns)
+    assert admin("namespaces", "get-properties", ns) == {}
+    admin("namespaces", "set-backlog-quota", ns, "--limitSize", "1G", "-p", "producer_exception")
+    admin("namespaces", "remove-backlog-quota", ns)
+    assert admin("namespaces", "get-backlog-quotas", ns) == {}
+    admin(
+        "namespaces",
+        "set-inactive-topic-policies",
+        ns,
+        "-e",
+        "-t",
+        "1d",
+        "-m",
+        "delete_when_no_subscriptions",
+    )
+    admin("namespaces", "remove-inactive-topic-policies", ns)
+    assert admin("namespaces", "get-inactive-topic-policies", ns) is None
+    admin("topics", "create-subscription", topic, "-s", "gone")
+    admin("namespaces", "unsubscribe", ns, "-s", "gone")
+    assert admin("topics", "subscriptions", topic) == []
+    # Bundles: unload, split.
+    admin("namespaces", "unload", ns)
+    first = admin("namespaces", "bundles", ns)["boundaries"][:2]  # type: ignore[index]
+    admin("namespaces", "split-bundle", ns, "-b", "_".join(first))
+    assert admin("namespaces", "bundles", ns)["numBundles"] == 3  # type: ignore[index]
+    # Topics.
+    admin("topics", "create-partitioned-topic", parted, "-p", "2")
+    admin("topics", "update-partitioned-topic", parted, "-p", "3")
+    assert admin("topics", "get-partitioned-topic-metadata", parted)["partitions"] == 3  # type: ignore[index]
+    for name, flag in (
+        ("max-consumers", "-c"),
+        ("max-consumers-per-subscription", "-c"),
+        ("max-unacked-messages-on-consumer", "-m"),
+        ("max-unacked-messages-on-subscription", "-m"),
+    ):
+        admin("topics", f"set-{name}", topic, flag, "4")
+        assert admin("topics", f"get-{name}", topic) == 4, name
+        admin("topics", f"remove-{name}", topic)
+        assert admin("topics", f"get-{name}", topic) is None, name
+    admin("topics", "set-deduplication", topic, "--enable")
+    assert admin("topics", "get-deduplication", topic) is True
+    admin("topics", "remove-deduplication", topic)
+    assert admin("topics", "get-retention", topic) is None
+    admin("topics", "set-message-ttl", topic, "-t", "1h")
+    assert admin("topics", "get-message-ttl", topic) == 3600
+    admin("topics", "remove-message-ttl", topic)
+    assert admin("topics", "get-message-ttl", topic) is None
+    for name in ("dispatch-rate", "subscription-dispatch-rate"):
+        admin("topics", f"set-{name}", topic, "-md", "10")
+        assert admin("topics", f"get-{name}", topic)["dispatchThrottlingRateInMsg"] == 10  # type: ignore[index]
+        admin("topics", f"remove-{name}", topic)
+        assert admin("topics", f"get-{name}", topic) is None, name
+    pc = pulsar.Client(node.url, operation_timeout_seconds=10, logger=QUIET)
+    try:
+        pc.create_producer(topic).send(b"dated")
+    finally:
+        pc.close()
+    found = admin("topics", "get-message-id", topic, "-d", "2020-01-01T00:00:00")
+    assert found["entryId"] == 0 and found["partitionIndex"] == -1  # type: ignore[index]
+    admin("topics", "unload", topic)
