@@ -849,6 +849,14 @@ class PulsarCollector(Collector):
             for family, value in zip(families, row, strict=True):
                 family.add_metric(list(key), value)
         yield from families
+        pending = GaugeMetricFamily(
+            "pulsar_replicated_subscriptions_pending_snapshots",
+            "Snapshots of replicated subscriptions started and not complete yet",
+            labels=["cluster"],
+        )
+        controllers = [getattr(t, "replicated_subscriptions", None) for t in topics]
+        pending.add_metric([cluster], sum(len(c.pending) for c in controllers if c is not None))
+        yield pending
 
     # -- bundles and the load manager ------------------------------------------------------------
 

@@ -621,6 +621,14 @@ def test_markers_reach_no_consumer_in_any_mode(geo: Geo) -> None:
         for name, sub in stats["subscriptions"].items():
             assert sub["isReplicated"] is (name == "replicated"), (cluster, name)
     assert geo.stats("east", short)["subscriptions"]["replicated"]["msgBacklog"] == 0
+    status, raw = geo.broker("east").http("GET", "/metrics")
+    assert status == 200
+    pending = [
+        line
+        for line in raw.decode().splitlines()
+        if line.startswith("pulsar_replicated_subscriptions_pending_snapshots{")
+    ]
+    assert pending and float(pending[0].rsplit(" ", 1)[1]) >= 0, pending
     # West's copy of the replicated subscription was created by east's updates.
     assert "replicated" in geo.stats("west", short)["subscriptions"]
     for cluster in CLUSTERS:
