@@ -398,3 +398,58 @@ def test_threshold_policy_starts_compaction(node: StandaloneProcess) -> None:
     assert admin(node, "PUT", ns, 1 << 20)[0] == 204
     assert admin(node, "GET", ns) == (200, 1 << 20)
     assert admin(node, "DELETE", ns)[0] == 204
+
+
+def test_table_view_get(node: StandaloneProcess) -> None:
+    """The official client's ``table_view_test.py::test_get``, with its asserts."""
+    c = client(node)
+    try:
+        topic = f"table_view_test_get-{time.time()}"
+        table_view = c.create_table_view(topic)
+        assert len(table_view) == 0
+        producer = c.create_producer(topic)
+        producer.send(b"value-0", partition_key="key-0")
+        producer.send(b"\xba\xd0\xba\xd0", partition_key="key-1")  # not UTF-8
+        wait_for(lambda: len(table_view) == 2, "two keys")
+        assert table_view.get("key-0") == b"value-0"
+        assert table_view.get("key-1") == b"\xba\xd0\xba\xd0"
+        producer.send(b"value-1", partition_key="key-0")
+        wait_for(lambda: table_view.get("key-0") == b"value-1", "the update")
+        producer.close()
+        table_view.close()
+    finally:
+        c.close()
+
+
+def test_table_view_for_each(node: StandaloneProcess) -> None:
+    """The official client's ``table_view_test.py::test_for_each``, with its asserts (on bytes
+    values: the installed client hands the listener bytes)."""
+    c = client(node)
+    try:
+        topic = f"table_view_test_for_each-{time.time()}"
+        table_view = c.create_table_view(topic)
+        producer = c.create_producer(topic)
+        producer.send(b"value-0", partition_key="key-0")
+        producer.send(b"value-1", partition_key="key-1")
+        wait_for(lambda: len(table_view) == 2, "two keys")
+        d: dict[str, bytes] = {}
+        table_view.for_each(lambda key, value: d.__setitem__(key, value))
+        assert d == {"key-0": b"value-0", "key-1": b"value-1"}
+
+        def listener(key: str, value: bytes) -> None:
+            if len(value) == 0:
+                d.pop(key)
+            else:
+                d[key] = value
+
+        d.clear()
+        table_view.for_each_and_listen(listener)
+        assert d == {"key-0": b"value-0", "key-1": b"value-1"}
+        producer.send(b"value-0-new", partition_key="key-0")
+        producer.send(b"", partition_key="key-1")
+        producer.send(b"value-2", partition_key="key-2")
+        wait_for(lambda: d == {"key-0": b"value-0-new", "key-2": b"value-2"}, "latest values")
+        producer.close()
+        table_view.close()
+    finally:
+        c.close()
