@@ -23,7 +23,9 @@ registered; the namespace is replicated in a full mesh.
   backlog is seen rising in the local stats, counts in the topic's backlog quota, drains when
   the remote returns, and the remote has every message once (the remote's deduplication drops
   a resend of what it had stored); then the local broker killed (-9) in the middle of a
-  stream: its replicator resumes from its durable cursor.
+  stream: its replicator resumes from its durable cursor;
+- a single cluster restarted with a configuration store moves its tenants, namespaces and
+  partitioned topics there and keeps serving them.
 """
 
 from __future__ import annotations
@@ -774,3 +776,65 @@ def test_every_remote_broker_killed_under_traffic_then_the_local_one(geo: Geo) -
     for tag in ("t-", "m-"):  # order per producer
         mine = [m for m in got if m.startswith(tag)]
         assert mine == sorted(mine, key=lambda m: int(m[2:])), tag
+
+
+def test_a_cluster_that_adds_the_configuration_store_keeps_its_namespaces(
+    geo: Geo, tmp_path: Path
+) -> None:
+    """An upgrade: a single cluster made its tenant, namespace and partitioned topic in its own
+    etcd; restarted with ``configuration_metadata_url``, its broker moves them to the shared
+    store (one log line), and the namespace, its policies and its topics are all still there."""
+    cluster = MagnetarCluster(
+        tmp_path / "south",
+        bookies=1,
+        brokers=1,
+        broker_settings={
+            "cluster_name": "south",
+            "ensemble_size": 1,
+            "write_quorum": 1,
+            "ack_quorum": 1,
+        },
+    ).start()
+    try:
+        cluster.admin_json("PUT", "/admin/v2/tenants/solo", {"allowedClusters": ["south"]})
+        cluster.admin_json("PUT", "/admin/v2/namespaces/solo/ns")
+        cluster.admin_json("POST", "/admin/v2/namespaces/solo/ns/messageTTL", 3600)
+        cluster.admin_json("PUT", "/admin/v2/persistent/solo/ns/parts/partitions", 2)
+        broker = cluster.brokers[0]
+        client = pulsar.Client(broker.url, operation_timeout_seconds=30, logger=QUIET)
+        try:
+            consumer = client.subscribe("persistent://solo/ns/parts", "app")
+            producer = client.create_producer("persistent://solo/ns/parts")
+            for i in range(10):
+                producer.send(f"s-{i}".encode(), partition_key=f"k{i}")
+        finally:
+            client.close()
+        assert set(cluster.scan("/magnetar/admin/namespaces/")) == {
+            "/magnetar/admin/namespaces/public/default",
+            "/magnetar/admin/namespaces/solo/ns",
+        }
+        broker.stop()
+        broker.settings["configuration_metadata_url"] = geo.config.url
+        broker.start()
+        [moved] = broker.log_lines("to the configuration store")
+        # public and public/default are in the shared store already (the same records).
+        assert "moved 1 tenant, 1 namespace and 1 partitioned-topic records" in moved, moved
+        assert cluster.scan("/magnetar/admin/") == {}
+        assert "/magnetar/admin/namespaces/solo/ns" in geo.config_keys("/magnetar/admin/")
+        assert cluster.admin_json("GET", "/admin/v2/namespaces/solo") == ["solo/ns"]
+        assert cluster.admin_json("GET", "/admin/v2/namespaces/solo/ns/messageTTL") == 3600
+        partitions = "/admin/v2/persistent/solo/ns/parts/partitions"
+        assert cluster.admin_json("GET", partitions)["partitions"] == 2
+        client = pulsar.Client(broker.url, operation_timeout_seconds=30, logger=QUIET)
+        try:
+            consumer = client.subscribe("persistent://solo/ns/parts", "app")
+            assert sorted(receive_all(consumer, 10)) == sorted(f"s-{i}" for i in range(10))
+        finally:
+            client.close()
+        # The shared store keeps the records for the clusters sharing it: remove this one's.
+        cluster.admin_json("DELETE", "/admin/v2/persistent/solo/ns/parts/partitions")
+        cluster.admin_json("DELETE", "/admin/v2/namespaces/solo/ns")
+        cluster.admin_json("DELETE", "/admin/v2/tenants/solo")
+        assert_no_traceback(broker)
+    finally:
+        cluster.close()
