@@ -626,6 +626,59 @@ def test_topic_policies_over_the_namespaces(node: StandaloneProcess, pc: pulsar.
     assert ok(node, "GET", f"{base}/retention") is None
 
 
+def test_topic_level_limits_and_deduplication_take_effect(
+    node: StandaloneProcess, pc: pulsar.Client
+) -> None:
+    """A topic's own maxConsumers, maxConsumersPerSubscription, maxUnackedMessagesOnConsumer and
+    deduplicationEnabled act on its clients (its namespace sets none)."""
+    assert call(node, "PUT", "/namespaces/public/tlimits")[0] == 204
+    name = "persistent://public/tlimits/t"
+    base = "/persistent/public/tlimits/t"
+    assert call(node, "PUT", base)[0] == 204
+    for policy, value in (
+        ("maxConsumers", 2),
+        ("maxConsumersPerSubscription", 1),
+        ("maxUnackedMessagesOnConsumer", 2),
+        ("deduplicationEnabled", True),
+    ):
+        assert call(node, "POST", f"{base}/{policy}", value)[0] == 204
+    shared = pulsar.ConsumerType.Shared
+    consumer = pc.subscribe(name, "s", consumer_type=shared)
+    with pytest.raises(pulsar.ConsumerBusy):  # one per subscription
+        pc.subscribe(name, "s", consumer_type=shared)
+    other = pc.subscribe(name, "o", consumer_type=shared)
+    with pytest.raises(pulsar.ConsumerBusy):  # two on the topic
+        pc.subscribe(name, "third", consumer_type=shared)
+    producer = pc.create_producer(name, producer_name="dedup", batching_enabled=False)
+    for sequence_id in (0, 1, 2, 1, 2, 3, 4):  # 1 and 2 again: duplicates, dropped
+        producer.send(f"m{sequence_id}".encode(), sequence_id=sequence_id)
+    producer.close()
+    assert ok(node, "GET", f"{base}/stats")["msgInCounter"] == 5
+    held = [consumer.receive(10_000) for _ in range(2)]
+    with pytest.raises(pulsar.Timeout):
+        consumer.receive(500)  # two unacked: no more until one is acknowledged
+    consumer.acknowledge(held[0])
+    assert consumer.receive(10_000).data() == b"m2"
+    consumer.close()
+    other.close()
+    for policy in ("maxConsumers", "maxConsumersPerSubscription", "maxUnackedMessagesOnConsumer"):
+        assert call(node, "DELETE", f"{base}/{policy}")[0] == 204
+
+    def unlimited() -> bool:
+        consumers = []
+        try:
+            for sub in ("a", "a", "b"):  # two on one subscription, three on the topic
+                consumers.append(pc.subscribe(name, sub, consumer_type=shared))
+        except pulsar.ConsumerBusy:
+            return False
+        finally:
+            for c in consumers:
+                c.close()
+        return True
+
+    eventually(unlimited, "the limits gone with the topic's policies")
+
+
 def test_partitioned_topic_policies_apply_to_partitions(
     node: StandaloneProcess, pc: pulsar.Client
 ) -> None:
