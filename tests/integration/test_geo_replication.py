@@ -484,6 +484,11 @@ def test_replicated_subscription_fails_over_with_bounded_redelivery(geo: Geo) ->
     topic = f"persistent://{NAMESPACE}/failover-app"
     short = topic.removeprefix("persistent://")
     bodies = [f"r-{i}" for i in range(100)]
+    west = geo.client("west")
+    try:  # a subscription of another name in west, not replicated: no update moves it
+        west.subscribe(topic, "other", initial_position=pulsar.InitialPosition.Earliest).close()
+    finally:
+        west.close()
     east = geo.client("east")
     try:
         consumer = east.subscribe(
@@ -564,6 +569,8 @@ def test_replicated_subscription_fails_over_with_bounded_redelivery(geo: Geo) ->
     assert len(again) <= bound, (len(again), bound)
     assert again == bodies[50 - len(again) : 50], "only the last acknowledged come again"
     assert len(got) == 50 + len(again)
+    other = geo.stats("west", short)["subscriptions"]["other"]
+    assert other["msgBacklog"] == 100 and other["isReplicated"] is False, other
 
 
 def test_markers_reach_no_consumer_in_any_mode(geo: Geo) -> None:

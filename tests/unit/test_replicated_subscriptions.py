@@ -9,12 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from magnetar.broker.ledger.positions import LedgerPositions
 from magnetar.broker.model import markers
 from magnetar.broker.model.entry import entry_metadata, entry_payload
 from magnetar.broker.model.position import Position
 from magnetar.broker.topics.replicated_subscriptions import Outcome, SnapshotBuilder
 from magnetar.broker.topics.replicator import outgoing_entry
 from magnetar.broker.topics.snapshot_cache import Snapshot, SnapshotCache
+from magnetar.common.ledger.managed_ledger_list import LedgerInfo
 from magnetar.common.proto import markers_pb2 as mk
 
 
@@ -118,3 +120,29 @@ def test_two_remotes_two_rounds_keeping_first_answers() -> None:
     assert builder.received("west", Position(3, 9)) is Outcome.COMPLETE
     assert builder.responses == {"west": Position(3, 4), "north": Position(5, 1)}
     assert not builder.timed_out(30.0) and builder.timed_out(30.5)
+
+
+class Ledgers(LedgerPositions):
+    """Closed ledgers of the given entry counts (ids 10, 20, ...), none open."""
+
+    def __init__(self, counts: list[int]) -> None:
+        self._ledgers = [
+            LedgerInfo(10 * (i + 1), entries=n, closed=True) for i, n in enumerate(counts)
+        ]
+        self._current = None
+
+
+@given(st.lists(st.integers(0, 4), min_size=1, max_size=6))
+def test_previous_position_walks_back_over_every_entry(counts: list[int]) -> None:
+    """What a reader's last message id is found by when the last entries are markers."""
+    ledgers = Ledgers(counts)
+    existing = [Position(i, e) for i, n in ledgers.ledger_extents() for e in range(n)]
+    walked = []
+    at = ledgers.previous_position(Position(10 * len(counts) + 10, 0))
+    while at is not None:
+        walked.append(at)
+        at = ledgers.previous_position(at)
+    assert walked == existing[::-1]
+    for a in existing:
+        for b in existing:
+            assert ledgers.entries_between(a, b) == max(existing.index(b) - existing.index(a), 0)
