@@ -580,6 +580,36 @@ def _rate_verbs(path: Callable[[argparse.Namespace, str], str], what: str) -> di
     return verbs
 
 
+def _publish_rate_verbs(path: Callable[[argparse.Namespace], str], what: str) -> dict[str, Verb]:
+    """``set-|get-|remove-publish-rate`` with pulsar-admin's flags."""
+    positional = ("namespace" if what == "a namespace" else "topic",)
+    return {
+        "set-publish-rate": Verb(
+            f"messages and bytes a second per topic, for {what} (-1: no limit); a producer over "
+            "it is paused, never refused",
+            lambda a: (
+                "POST",
+                path(a),
+                {
+                    "publishThrottlingRateInMsg": a.msg_publish_rate,
+                    "publishThrottlingRateInByte": a.byte_publish_rate,
+                },
+            ),
+            (
+                _flag("-m", "--msg-publish-rate", type=int, default=-1),
+                _flag("-b", "--byte-publish-rate", type=int, default=-1),
+            ),
+            positional,
+        ),
+        "get-publish-rate": Verb(
+            "the publish rate", lambda a: ("GET", path(a), None), (), positional
+        ),
+        "remove-publish-rate": Verb(
+            "no publish rate of its own", lambda a: ("DELETE", path(a), None), (), positional
+        ),
+    }
+
+
 VERBS: dict[str, dict[str, Verb]] = {
     "clusters": {
         "list": Verb("list the clusters", lambda a: ("GET", "clusters", None)),
@@ -868,6 +898,26 @@ VERBS: dict[str, dict[str, Verb]] = {
             ("namespace",),
         ),
         **_rate_verbs(lambda a, s: _policy(s)(a), "a namespace"),
+        **_publish_rate_verbs(_policy("publishRate"), "a namespace"),
+        "set-subscription-expiration-time": Verb(
+            "delete subscriptions with no consumer and no activity for this many minutes "
+            "(0: never)",
+            lambda a: ("POST", _policy("subscriptionExpirationTime")(a), a.time),
+            (_flag("-t", "--time", type=int, required=True, help="minutes"),),
+            ("namespace",),
+        ),
+        "get-subscription-expiration-time": Verb(
+            "the subscription expiration time (null: the broker's)",
+            lambda a: ("GET", _policy("subscriptionExpirationTime")(a), None),
+            (),
+            ("namespace",),
+        ),
+        "remove-subscription-expiration-time": Verb(
+            "back to the broker's subscription expiration time",
+            lambda a: ("DELETE", _policy("subscriptionExpirationTime")(a), None),
+            (),
+            ("namespace",),
+        ),
         "get-properties": Verb(
             "the namespace's properties",
             lambda a: ("GET", _policy("properties")(a), None),
@@ -1222,6 +1272,7 @@ VERBS: dict[str, dict[str, Verb]] = {
             ("topic",),
         ),
         **_rate_verbs(lambda a, s: _topic(a, f"/{s}"), "a topic"),
+        **_publish_rate_verbs(lambda a: _topic(a, "/publishRate"), "a topic"),
         "bundle-range": Verb(
             "the bundle serving a topic",
             lambda a: ("GET", _topic(a, "/bundle"), None),

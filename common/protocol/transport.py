@@ -84,6 +84,8 @@ class FrameConnection(asyncio.Protocol, abc.ABC):
         self._out: list[bytes] = []
         self._heard = False  # a frame arrived since the last keep-alive check
         self._reading_paused = False
+        #: Reading held back on purpose (a publish rate): frames already received wait too.
+        self._reading_held = False
         self._ping_outstanding = False
         self._keepalive: asyncio.TimerHandle | None = None
 
@@ -163,12 +165,16 @@ class FrameConnection(asyncio.Protocol, abc.ABC):
         """Handle the frames received so far, a slice at a time: after FRAMES_PER_SLICE the
         rest waits for the next turn of the event loop (reading paused meanwhile), so journal
         completions and receipts go out while a burst is still being read."""
+        if self._reading_held:
+            return
         if self._reading_paused and self.transport is not None:
             self._reading_paused = False
             self.transport.resume_reading()
         for _ in range(FRAMES_PER_SLICE):
             if self.state is ConnectionState.CLOSED:
                 return
+            if self._reading_held:
+                return  # hold_reading paused the transport and resumes it
             try:
                 frame = self.decoder.next_frame()
             except codec.ChecksumError as e:
@@ -195,6 +201,23 @@ class FrameConnection(asyncio.Protocol, abc.ABC):
             self._reading_paused = True
             self.transport.pause_reading()
             asyncio.get_running_loop().call_soon(self._process_frames)
+
+    def hold_reading(self, seconds: float) -> None:
+        """Read nothing from the peer for ``seconds`` (Pulsar pauses a producer's connection
+        that went over its topic's publish rate): the frames already received wait as well,
+        and are handled, in order, when the time is up. Nothing is refused or dropped."""
+        if self._reading_held or self.transport is None or self.transport.is_closing():
+            return
+        self._reading_held = True
+        if not self._reading_paused:
+            self._reading_paused = True
+            self.transport.pause_reading()
+        asyncio.get_running_loop().call_later(seconds, self._release_reading)
+
+    def _release_reading(self) -> None:
+        self._reading_held = False
+        if self.state is not ConnectionState.CLOSED:
+            self._process_frames()
 
     def buffered_frames(self) -> Iterator[codec.Frame]:
         """The whole frames received and not handled yet (at close: the rest of a slice), up to

@@ -92,6 +92,25 @@ class TopicSettings(SecuritySettings):
         "compact a topic once its compaction backlog passes this many bytes, unless its "
         "namespace or itself sets compactionThreshold (0: never automatically)",
     )
+    max_publish_rate_per_topic_in_messages: int = setting(
+        0,
+        "default of the publish rate policy: messages a second each topic takes; a producer "
+        "connection over it is not read until the next second (0: no limit)",
+    )
+    max_publish_rate_per_topic_in_bytes: int = setting(
+        0,
+        "default of the publish rate policy: bytes a second each topic takes (0: no limit)",
+    )
+    subscription_expiration_time_minutes: float = setting(
+        0.0,
+        "default of the namespace policy: delete a subscription with no consumer and no "
+        "activity for this long (0: never; fractions of a minute are accepted, for tests)",
+    )
+    subscription_expiry_check_interval_in_minutes: float = setting(
+        5.0,
+        "how often subscriptions are checked for expiration (fractions of a minute are "
+        "accepted, for tests)",
+    )
     cluster_name: str = setting(
         "standalone",
         "name of the cluster the brokers form (Pulsar's clusterName; admin /admin/v2/clusters "
@@ -155,6 +174,15 @@ class TopicSettings(SecuritySettings):
             )
         if self.broker_service_compaction_threshold_in_bytes < 0:
             raise ConfigError("broker_service_compaction_threshold_in_bytes must be >= 0")
+        for name in (
+            "max_publish_rate_per_topic_in_messages",
+            "max_publish_rate_per_topic_in_bytes",
+            "subscription_expiration_time_minutes",
+        ):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be 0 (off) or positive")
+        if self.subscription_expiry_check_interval_in_minutes <= 0:
+            raise ConfigError("subscription_expiry_check_interval_in_minutes must be positive")
         if not self.cluster_name or "/" in self.cluster_name:
             raise ConfigError(
                 f"cluster_name must be non-empty and contain no '/', got {self.cluster_name!r}"

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pulsar
 import pytest
 
-from tests.support.raw_client import module_standalone
-from tests.support.standalone import QUIET, StandaloneProcess
+from tests.support.raw_client import admin, module_standalone
+from tests.support.standalone import QUIET, StandaloneProcess, client
 
 
 @pytest.fixture(scope="module")
@@ -272,3 +272,37 @@ def test_every_other_verb_against_the_standalone(
     found = admin("topics", "get-message-id", topic, "-d", "2020-01-01T00:00:00")
     assert found["entryId"] == 0 and found["partitionIndex"] == -1  # type: ignore[index]
     admin("topics", "unload", topic)
+
+
+def test_termination_publish_rate_and_subscription_expiration_verbs(
+    node: StandaloneProcess,
+) -> None:
+    ns = "public/lifecycle"
+    assert admin(node, "PUT", f"/namespaces/{ns}")[0] == 204
+    ok(node, "admin", "namespaces", "set-publish-rate", ns, "-m", "100")
+    rate = {"publishThrottlingRateInMsg": 100, "publishThrottlingRateInByte": -1}
+    assert json.loads(ok(node, "admin", "namespaces", "get-publish-rate", ns)) == rate
+    ok(node, "admin", "namespaces", "set-subscription-expiration-time", ns, "-t", "30")
+    assert json.loads(ok(node, "admin", "namespaces", "get-subscription-expiration-time", ns)) == 30
+    topic = f"persistent://{ns}/t"
+    assert admin(node, "PUT", f"/persistent/{ns}/t")[0] == 204
+    ok(node, "admin", "topics", "set-publish-rate", topic, "-b", "4096")
+    own = {"publishThrottlingRateInMsg": -1, "publishThrottlingRateInByte": 4096}
+    assert json.loads(admin(node, "GET", f"/persistent/{ns}/t/publishRate")[1]) == own
+    pc = client(node)
+    try:
+        producer = pc.create_producer(topic)
+        sent = [producer.send(b"a"), producer.send(b"b")]
+        last = json.loads(ok(node, "admin", "topics", "terminate", topic))
+        assert last == {
+            "ledgerId": sent[-1].ledger_id(),
+            "entryId": sent[-1].entry_id(),
+            "partitionIndex": -1,
+        }
+        with pytest.raises(pulsar.TopicTerminated):
+            pc.create_producer(topic)
+    finally:
+        pc.close()
+    assert admin(node, "PUT", f"/persistent/{ns}/p/partitions", "2")[0] == 204
+    ends = json.loads(ok(node, "admin", "topics", "partitioned-terminate", f"persistent://{ns}/p"))
+    assert sorted(ends) == ["0", "1"]

@@ -1036,3 +1036,42 @@ def test_bk_tools_read_a_running_standalone(node: StandaloneProcess, pc: pulsar.
     # The broker goes on as before: its ledger still takes writes.
     produce(pc, "inspected", ["d"])
     assert ok(node, "GET", "/persistent/public/default/inspected/stats")["msgInCounter"] == 4
+
+
+def test_publish_rate_pauses_producers_without_losing_a_message(
+    node: StandaloneProcess, pc: pulsar.Client
+) -> None:
+    assert call(node, "PUT", "/namespaces/public/pubrate")[0] == 204
+    base = "/namespaces/public/pubrate"
+    rate = {"publishThrottlingRateInMsg": 10, "publishThrottlingRateInByte": -1}
+    assert ok(node, "GET", f"{base}/publishRate") is None
+    assert call(node, "POST", f"{base}/publishRate", {"publishThrottlingRateInMsg": -2})[0] == 400
+    assert call(node, "POST", f"{base}/publishRate", rate)[0] == 204
+    assert ok(node, "GET", f"{base}/publishRate") == rate
+    assert ok(node, "GET", base)["publishMaxMessageRate"] == {"standalone": rate}
+    topic = "persistent://public/pubrate/t"
+    path = "/persistent/public/pubrate/t"
+    consumer = pc.subscribe(topic, "s")
+    producer = pc.create_producer(topic, batching_enabled=False)
+    results: list[pulsar.Result] = []
+    for i in range(40):
+        producer.send_async(f"m{i}".encode(), lambda result, _id: results.append(result))
+    producer.flush()
+    assert results == [pulsar.Result.Ok] * 40  # paused, never refused
+    stats = ok(node, "GET", f"{path}/stats")
+    # Ten a second: the broker stopped reading the producer at least three times, and the rate
+    # it reports since the topic loaded stays near the limit (unthrottled: hundreds a second).
+    assert stats["publishRateLimitedTimes"] >= 3
+    assert stats["msgInCounter"] == 40
+    assert stats["msgRateIn"] < 20
+    assert receive(consumer, 40) == [f"m{i}" for i in range(40)]
+    # The topic's own rate, over the namespace's; removed, the namespace's applies again.
+    own = {"publishThrottlingRateInMsg": -1, "publishThrottlingRateInByte": 100}
+    assert call(node, "POST", f"{path}/publishRate", own)[0] == 204
+    assert ok(node, "GET", f"{path}/publishRate") == own
+    assert call(node, "DELETE", f"{path}/publishRate")[0] == 204
+    assert ok(node, "GET", f"{path}/publishRate") is None
+    assert call(node, "DELETE", f"{base}/publishRate")[0] == 204
+    assert ok(node, "GET", f"{base}/publishRate") is None
+    producer.close()
+    consumer.close()

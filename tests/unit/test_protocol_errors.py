@@ -11,7 +11,14 @@ from typing import Any
 import pytest
 
 from magnetar.broker.config import BrokerConfig
-from magnetar.broker.errors import NamespaceNotFoundError, TopicNotFoundError, TopicNotOwnedError
+from magnetar.broker.errors import (
+    NamespaceNotFoundError,
+    ProducerHeldByQuotaError,
+    ProducerRefusedByQuotaError,
+    TopicNotFoundError,
+    TopicNotOwnedError,
+    TopicTerminatedError,
+)
 from magnetar.broker.metrics import BrokerMetrics
 from magnetar.broker.model.topic_name import TopicName
 from magnetar.broker.protocol import errors
@@ -28,6 +35,7 @@ LADDERS = [
     errors.TOPIC_LOADING,
     errors.SUBSCRIBING,
     errors.PRODUCER_ACCESS,
+    errors.PRODUCER_ADMISSION,
     errors.PARTITIONED_METADATA,
     errors.LOOKUP,
     errors.GET_SCHEMA,
@@ -93,6 +101,21 @@ def test_producer_access() -> None:
     assert answer(ProducerBusyError("exclusive"), errors.PRODUCER_ACCESS, None) == (
         pb.ProducerBusy,
         f"topic {NAME}: exclusive",
+    )
+
+
+def test_a_terminated_topic_or_a_backlog_over_its_quota_refuses_producers() -> None:
+    assert answer(TopicTerminatedError("gone"), errors.PRODUCER_ADMISSION, None) == (
+        pb.TopicTerminatedError,
+        "gone",
+    )
+    assert answer(ProducerHeldByQuotaError("over"), errors.PRODUCER_ADMISSION, None) == (
+        pb.ProducerBlockedQuotaExceededError,
+        "over",
+    )
+    assert answer(ProducerRefusedByQuotaError("over"), errors.PRODUCER_ADMISSION, None) == (
+        pb.ProducerBlockedQuotaExceededException,
+        "over",
     )
 
 

@@ -16,6 +16,10 @@
   ``policies``)
 - ``GET|POST|DELETE .../dispatchRate`` and ``.../subscriptionDispatchRate``: Pulsar's
   DispatchRate for each topic, and each subscription, of the namespace
+- ``GET|POST|DELETE .../publishRate``: Pulsar's PublishRate for each topic of the namespace,
+  ``{"publishThrottlingRateInMsg": N, "publishThrottlingRateInByte": N}`` a second
+- ``GET|POST|DELETE .../subscriptionExpirationTime``: minutes a subscription with no consumer may
+  stay idle before it is deleted (0: never; unset: the broker's setting)
 - ``GET|PUT|DELETE .../properties``: the namespace's properties (PUT adds or changes some,
   DELETE clears them)
 - ``POST|DELETE .../backlogQuota?backlogQuotaType=destination_storage|message_age`` (body:
@@ -80,6 +84,10 @@ POLICY_FIELDS: dict[str, tuple[str, Callable[[Any, TopicSettings], Any]]] = {
         "schema_validation_enforced",
         lambda v, _: policies.check_bool(v, "schemaValidationEnforced"),
     ),
+    "subscriptionExpirationTime": (
+        "subscription_expiration_time_minutes",
+        lambda v, _: policies.check_expiration_minutes(v),
+    ),
     "autoTopicCreation": (
         "autoTopicCreationOverride",
         lambda v, limits: policies.check_auto_topic_creation(
@@ -99,6 +107,9 @@ POLICY_UNSET: dict[str, Any] = {
     "schema_validation_enforced": False,
 }
 
+
+#: The policy field holding ``{cluster: PublishRate}`` (a namespace's, or a topic's own).
+PUBLISH_RATE = "publishMaxMessageRate"
 
 #: Admin path segment -> the policy field holding ``{cluster: DispatchRate}``.
 DISPATCH_RATES = {
@@ -230,6 +241,27 @@ def add_namespace_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None
         routes.get(f"/admin/v2/namespaces/{{tenant}}/{{namespace}}/{segment}")(get_rate)
         routes.post(f"/admin/v2/namespaces/{{tenant}}/{{namespace}}/{segment}")(set_rate)
         routes.delete(f"/admin/v2/namespaces/{{tenant}}/{{namespace}}/{segment}")(set_rate)
+
+    @routes.get("/admin/v2/namespaces/{tenant}/{namespace}/publishRate")
+    async def get_publish_rate(request: web.Request) -> web.Response:
+        found = (await _policy_document(broker, request)).get(PUBLISH_RATE) or {}
+        return web.json_response(next(iter(found.values()), None))
+
+    @routes.post("/admin/v2/namespaces/{tenant}/{namespace}/publishRate")
+    @routes.delete("/admin/v2/namespaces/{tenant}/{namespace}/publishRate")
+    async def set_publish_rate(request: web.Request) -> web.Response:
+        namespace = requests.namespace(request)
+        await _policy_document(broker, request)  # 404 for a missing namespace
+        value = None
+        if request.method == "POST":
+            try:
+                rate = policies.check_publish_rate(await requests.json_body(request))
+            except PolicyError as e:
+                raise AdminError(400, f"publishRate: {e}") from None
+            value = {broker.config.cluster_name: rate}
+        await _update_policies(broker, f"{NAMESPACES_PATH}/{namespace}", PUBLISH_RATE, value)
+        broker.policies_changed()
+        return web.Response(status=204)
 
     @routes.get("/admin/v2/namespaces/{tenant}/{namespace}/properties")
     async def get_properties(request: web.Request) -> web.Response:

@@ -14,6 +14,10 @@ A namespace's policies are the JSON document at its key in the metadata store
   ``max_unacked_messages_per_subscription``: N (absent: the broker's setting; 0: no bound)
 - ``topicDispatchRate``, ``subscriptionDispatchRate``: ``{cluster: {"dispatchThrottlingRateInMsg",
   "dispatchThrottlingRateInByte", "ratePeriodInSecond"}}``
+- ``publishMaxMessageRate``: ``{cluster: {"publishThrottlingRateInMsg",
+  "publishThrottlingRateInByte"}}`` (Pulsar's PublishRate; a topic's own is kept in the same
+  field of its document)
+- ``subscription_expiration_time_minutes``: N (0: subscriptions never expire)
 - ``backlog_quota_map``: ``{"destination_storage"|"message_age": {"limitSize": bytes,
   "limitTime": seconds, "policy": ...}}``; ``inactive_topic_policies``:
   ``{"inactiveTopicDeleteMode", "maxInactiveDurationSeconds", "deleteWhileInactive"}``
@@ -130,6 +134,10 @@ class Policies:
     #: Pulsar's ``compaction_threshold``: compact once the compaction backlog passes these
     #: bytes (0: never automatically).
     compaction_threshold: int = 0
+    #: (messages, bytes) each topic takes a second (0: no limit); None: no publish rate.
+    publish_rate: tuple[int, int] | None = None
+    #: Minutes a subscription with no consumer may stay idle before it is deleted (0: never).
+    subscription_expiration_minutes: float = 0.0
 
 
 #: Pulsar's RetentionPolicy names of a backlog quota.
@@ -203,6 +211,48 @@ def _dispatch_rate(document: dict[str, Any], field: str) -> tuple[int, int, int]
         max(int(rate.get("ratePeriodInSecond", 1)), 1),
     )
     return None if found[0] <= 0 and found[1] <= 0 else found
+
+
+def check_publish_rate(value: Any) -> dict[str, int]:
+    """Pulsar's PublishRate: ``publishThrottlingRateInMsg``, ``publishThrottlingRateInByte``
+    per second (-1 or 0: no limit)."""
+    if not isinstance(value, dict):
+        raise PolicyError(
+            'expected {"publishThrottlingRateInMsg": N, "publishThrottlingRateInByte": N}'
+        )
+    result = {}
+    for key in ("publishThrottlingRateInMsg", "publishThrottlingRateInByte"):
+        number = value.get(key, -1)
+        if not isinstance(number, int) or isinstance(number, bool) or number < -1:
+            raise PolicyError(f"{key} must be a number, -1 (no limit) or more; got {number!r}")
+        result[key] = number
+    return result
+
+
+def check_expiration_minutes(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise PolicyError(
+            f"subscriptionExpirationTime must be a number of minutes >= 0 (0: never), got {value!r}"
+        )
+    return value
+
+
+def _publish_rate(document: dict[str, Any], defaults: TopicSettings) -> tuple[int, int] | None:
+    """The rate of the (single) cluster in ``publishMaxMessageRate``, else the broker's."""
+    by_cluster = document.get("publishMaxMessageRate")
+    if isinstance(by_cluster, dict) and by_cluster:
+        rate = next(iter(by_cluster.values()))
+        if isinstance(rate, dict):
+            found = (
+                max(int(rate.get("publishThrottlingRateInMsg", -1)), 0),
+                max(int(rate.get("publishThrottlingRateInByte", -1)), 0),
+            )
+            return found if any(found) else None
+    found = (
+        defaults.max_publish_rate_per_topic_in_messages,
+        defaults.max_publish_rate_per_topic_in_bytes,
+    )
+    return found if any(found) else None
 
 
 def check_backlog_quota(value: Any) -> dict[str, Any]:
@@ -393,6 +443,12 @@ def effective(document: dict[str, Any], defaults: TopicSettings) -> Policies:
             c for c in document.get("replication_clusters") or () if isinstance(c, str)
         ),
         compaction_threshold=_compaction_threshold(document, defaults),
+        publish_rate=_publish_rate(document, defaults),
+        subscription_expiration_minutes=float(
+            document["subscription_expiration_time_minutes"]
+            if isinstance(document.get("subscription_expiration_time_minutes"), int)
+            else defaults.subscription_expiration_time_minutes
+        ),
     )
 
 

@@ -186,6 +186,11 @@ def send_message(conn: ServerConnection, body: pb.CommandSend, frame: codec.Fram
         max(body.num_messages, 1),
         marker=marker,
     )
+    pause = topic.publish_throttle.published(
+        max(body.num_messages, 1), len(frame.headers_and_payload)
+    )
+    if pause > 0:
+        conn.hold_reading(pause)  # the rest of the second: nothing more read from this client
     producer_id, sequence_id = body.producer_id, body.sequence_id
 
     def receipt(done: asyncio.Future[Position | None]) -> None:

@@ -24,6 +24,7 @@ from magnetar.broker.topics.consumer import Consumer
 from magnetar.broker.topics.dispatchers.live import LiveDispatcher, for_live_mode
 from magnetar.broker.topics.limits import check_consumers
 from magnetar.broker.topics.producers import ProducerSet
+from magnetar.broker.topics.publish_rate import PublishThrottle
 from magnetar.broker.topics.stats import TopicRates, nonpersistent_stats
 from magnetar.broker.topics.subscription import SubscriptionTypeError, disconnect_for_delete
 from magnetar.common.proto import pulsar_api_pb2 as pb
@@ -121,6 +122,7 @@ class NonPersistentTopic:
         self._entry_ids = itertools.count()
         self.rates = TopicRates()
         self.client_limits = TopicLimits()
+        self.publish_throttle = PublishThrottle()
 
     def admit_producer(self) -> None:
         """Nothing keeps a producer off a non-persistent topic (it cannot be terminated and
@@ -197,6 +199,7 @@ class NonPersistentTopic:
     async def apply_policies(self, policies: Policies) -> None:
         # Retention, TTL and deduplication concern stored messages only.
         self.apply_limits(policies.limits)
+        self.publish_throttle.apply(policies.publish_rate)
 
     def stats(self) -> dict[str, object]:
         """Topic stats in the shape of Pulsar's ``NonPersistentTopicStats``."""

@@ -11,10 +11,13 @@ from collections.abc import Callable
 from magnetar.broker.errors import (
     ProducerHeldByQuotaError,
     ProducerRefusedByQuotaError,
+    SubscriptionBusyError,
+    SubscriptionNotFoundError,
     TopicBusyError,
     TopicTerminatedError,
     TopicUnloadingError,
 )
+from magnetar.broker.ledger.compactor import COMPACTION_CURSOR
 from magnetar.broker.ledger.cursor import ManagedCursor, NonDurableCursor
 from magnetar.broker.ledger.managed_ledger import ManagedLedger
 from magnetar.broker.model.entry import entry_metadata, message_count
@@ -37,6 +40,7 @@ from magnetar.broker.topics.dispatch_rate import DispatchRate, RateLimiter
 from magnetar.broker.topics.instruments import UNCOUNTED, TopicInstruments
 from magnetar.broker.topics.limits import check_consumers, dispatch_limits
 from magnetar.broker.topics.producers import ProducerSet
+from magnetar.broker.topics.publish_rate import PublishThrottle
 from magnetar.broker.topics.replicated_subscriptions import ReplicatedSubscriptionsController
 from magnetar.broker.topics.replicator import (
     ReplicationContext,
@@ -129,6 +133,7 @@ class PersistentTopic:
         self.deduplication: Deduplication | None = None  # set by the broker when enabled
         self.rates = TopicRates()
         self.base_limits = self.limits
+        self.publish_throttle = PublishThrottle()
         self.client_limits = TopicLimits()
         #: The namespace's (or topic's) dispatch rates: the topic's limiter, shared by its
         #: subscriptions, and the rate each subscription gets a limiter of its own for.
@@ -660,6 +665,7 @@ class PersistentTopic:
         self.apply_limits(policies.limits)
         self.apply_dispatch_rates(policies)
         self.compaction.threshold = policies.compaction_threshold
+        self.publish_throttle.apply(policies.publish_rate)
         if policies.deduplication and self.deduplication is None:
             self.deduplication = await Deduplication.load(self.ml)
         elif not policies.deduplication:
@@ -715,6 +721,32 @@ class PersistentTopic:
                     subscription.name,
                     quota,
                 )
+
+    async def expire_subscriptions(self, idle_seconds: float) -> None:
+        """Pulsar's subscription expiration: a durable subscription with no consumer and no
+        activity (a consumer coming or going, an acknowledgement) for ``idle_seconds`` is
+        deleted. Replicators' cursors are not subscriptions here, and the compaction cursor is
+        left alone, as Pulsar leaves them."""
+        now = time.monotonic()
+        for subscription in list(self.subscriptions.values()):
+            if (
+                not subscription.durable
+                or subscription.consumers
+                or subscription.name == COMPACTION_CURSOR
+                or now - subscription.last_active <= idle_seconds
+            ):
+                continue
+            try:
+                await self.delete_subscription(subscription.name, force=False)
+            except (SubscriptionBusyError, SubscriptionNotFoundError):
+                continue  # a consumer came, or it went, meanwhile
+            log.info(
+                "topic %s: subscription %s deleted: no consumer and no activity for %.0f s "
+                "(subscription expiration)",
+                self.name,
+                subscription.name,
+                now - subscription.last_active,
+            )
 
     async def truncate(self) -> list[int]:
         """Admin ``truncate`` (Pulsar's): every subscription moves to the end of the topic and

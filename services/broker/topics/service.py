@@ -100,6 +100,7 @@ class TopicService:
         self._policy_task: asyncio.Task[None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self._compaction_task: asyncio.Task[None] | None = None
+        self._expiry_task: asyncio.Task[None] | None = None
         self._policy_wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -120,9 +121,15 @@ class TopicService:
         self._compaction_task = loop.create_task(
             self._compaction_monitor(), name="compaction-monitor"
         )
+        self._expiry_task = loop.create_task(self._expiry_loop(), name="subscription-expiry")
 
     async def stop_policies(self) -> None:
-        for task in (self._policy_task, self._watch_task, self._compaction_task):
+        for task in (
+            self._policy_task,
+            self._watch_task,
+            self._compaction_task,
+            self._expiry_task,
+        ):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
@@ -200,6 +207,7 @@ class TopicService:
         if not name.persistent:
             topic: Topic = NonPersistentTopic(name)
             topic.apply_limits(policies.limits)
+            topic.publish_throttle.apply(policies.publish_rate)
             self.topics[str(name)] = topic
             log.info("topic %s loaded (non-persistent)", name)
             return topic
@@ -227,6 +235,7 @@ class TopicService:
         topic.apply_dispatch_rates(policies)
         topic.backlog_quota = policies.backlog_quota
         topic.compaction.threshold = policies.compaction_threshold
+        topic.publish_throttle.apply(policies.publish_rate)
         if policies.deduplication:
             topic.deduplication = await Deduplication.load(ml)
         self.topics[str(name)] = topic
@@ -457,6 +466,30 @@ class TopicService:
                     await self._delete_if_inactive(topic, policies.inactive_topics)
             except Exception as e:
                 log.warning("topic %s: policies not applied: %s", topic.name, e)
+
+    async def _expiry_loop(self) -> None:
+        """Pulsar's subscription expiry check, every ``subscription_expiry_check_interval_in_
+        minutes``: subscriptions idle for longer than their namespace's (or the broker's)
+        expiration time are deleted."""
+        while True:
+            await asyncio.sleep(
+                self._host.config.subscription_expiry_check_interval_in_minutes * 60
+            )
+            await self.expire_subscriptions()
+
+    async def expire_subscriptions(self) -> None:
+        for topic in list(self.topics.values()):
+            if (
+                not isinstance(topic, PersistentTopic)
+                or self.topics.get(str(topic.name)) is not topic
+            ):
+                continue
+            try:
+                policies = await topic_policies(self._store, topic.name, self._host.config)
+                if policies.subscription_expiration_minutes > 0:
+                    await topic.expire_subscriptions(policies.subscription_expiration_minutes * 60)
+            except Exception as e:  # a deleted namespace, a store hiccup: next round
+                log.warning("topic %s: subscriptions not checked for expiry: %s", topic.name, e)
 
     async def _delete_if_inactive(self, topic: Topic, inactive: InactiveTopics) -> None:
         """Pulsar's inactive-topic deletion: a non-partitioned topic inactive (``is_inactive``)

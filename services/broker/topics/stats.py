@@ -117,6 +117,7 @@ def _topic_stats(
         "backlogSize": backlog_size,
         "offloadedStorageSize": 0,
         "waitingPublishers": 0,
+        "publishRateLimitedTimes": topic.publish_throttle.limited_times,
         "publishers": [
             publisher_stats(v, rates.of(("producer", v.producer_id, v.name))) for v in views
         ],

@@ -119,6 +119,8 @@ class Subscription:
         self.expired = 0
         self.last_expired_ms = 0
         self._rate_limiter: RateLimiter | None = None
+        #: When a consumer last came or went or acknowledged (subscription expiration).
+        self.last_active = time.monotonic()
         # Without a mode yet, an idle dispatcher holds the place: with no consumer it never
         # reads, and the first consumer replaces it with its own mode's.
         self.dispatcher = dispatchers.for_mode(
@@ -164,9 +166,11 @@ class Subscription:
                 f"not {pb.CommandSubscribe.SubType.Name(sub_type)}"
             )
         self.dispatcher.add_consumer(consumer)
+        self.last_active = time.monotonic()
 
     def remove_consumer(self, consumer: Consumer) -> None:
         self.dispatcher.remove_consumer(consumer)
+        self.last_active = time.monotonic()
 
     @property
     def consumers(self) -> list[Consumer]:
@@ -226,6 +230,7 @@ class Subscription:
 
     def _ack(self, consumer: Consumer, ack_type: int, message_ids: list[pb.MessageIdData]) -> None:
         last = self.topic.ml.last_confirmed_position
+        self.last_active = time.monotonic()
         for mid in message_ids:
             position = from_wire(mid)
             if position.ledger_id < 0:
