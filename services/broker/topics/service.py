@@ -485,7 +485,9 @@ class TopicService:
             ):
                 continue
             try:
-                policies = await topic_policies(self._store, topic.name, self._host.config)
+                policies = await topic_policies(
+                    self._configuration, self._store, topic.name, self._host.config
+                )
                 if policies.subscription_expiration_minutes > 0:
                     await topic.expire_subscriptions(policies.subscription_expiration_minutes * 60)
             except Exception as e:  # a deleted namespace, a store hiccup: next round
