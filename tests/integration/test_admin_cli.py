@@ -275,25 +275,44 @@ def test_every_other_verb_against_the_standalone(
 
 
 def test_termination_publish_rate_and_subscription_expiration_verbs(
-    node: StandaloneProcess,
+    node: StandaloneProcess, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Run in this process, as the test above (a subprocess each would cost seconds)."""
+    from magnetar import admin_cli
+    from magnetar.cli import build_parser
+
+    url = f"http://127.0.0.1:{node.http_port}"
+
+    def cli(*argv: str) -> object:
+        args = build_parser("admin").parse_args(["admin", "--admin-url", url, "--json", *argv])
+        code = admin_cli.run(args)
+        out, err = capsys.readouterr()
+        assert code == 0, (argv, out, err)
+        return json.loads(out) if out.strip() else None
+
     ns = "public/lifecycle"
     assert admin(node, "PUT", f"/namespaces/{ns}")[0] == 204
-    ok(node, "admin", "namespaces", "set-publish-rate", ns, "-m", "100")
+    cli("namespaces", "set-publish-rate", ns, "-m", "100")
     rate = {"publishThrottlingRateInMsg": 100, "publishThrottlingRateInByte": -1}
-    assert json.loads(ok(node, "admin", "namespaces", "get-publish-rate", ns)) == rate
-    ok(node, "admin", "namespaces", "set-subscription-expiration-time", ns, "-t", "30")
-    assert json.loads(ok(node, "admin", "namespaces", "get-subscription-expiration-time", ns)) == 30
+    assert cli("namespaces", "get-publish-rate", ns) == rate
+    cli("namespaces", "remove-publish-rate", ns)
+    assert cli("namespaces", "get-publish-rate", ns) is None
+    cli("namespaces", "set-subscription-expiration-time", ns, "-t", "30")
+    assert cli("namespaces", "get-subscription-expiration-time", ns) == 30
+    cli("namespaces", "remove-subscription-expiration-time", ns)
+    assert cli("namespaces", "get-subscription-expiration-time", ns) is None
     topic = f"persistent://{ns}/t"
     assert admin(node, "PUT", f"/persistent/{ns}/t")[0] == 204
-    ok(node, "admin", "topics", "set-publish-rate", topic, "-b", "4096")
+    cli("topics", "set-publish-rate", topic, "-b", "4096")
     own = {"publishThrottlingRateInMsg": -1, "publishThrottlingRateInByte": 4096}
-    assert json.loads(admin(node, "GET", f"/persistent/{ns}/t/publishRate")[1]) == own
+    assert cli("topics", "get-publish-rate", topic) == own
+    cli("topics", "remove-publish-rate", topic)
+    assert cli("topics", "get-publish-rate", topic) is None
     pc = client(node)
     try:
         producer = pc.create_producer(topic)
         sent = [producer.send(b"a"), producer.send(b"b")]
-        last = json.loads(ok(node, "admin", "topics", "terminate", topic))
+        last = cli("topics", "terminate", topic)
         assert last == {
             "ledgerId": sent[-1].ledger_id(),
             "entryId": sent[-1].entry_id(),
@@ -304,5 +323,8 @@ def test_termination_publish_rate_and_subscription_expiration_verbs(
     finally:
         pc.close()
     assert admin(node, "PUT", f"/persistent/{ns}/p/partitions", "2")[0] == 204
-    ends = json.loads(ok(node, "admin", "topics", "partitioned-terminate", f"persistent://{ns}/p"))
-    assert sorted(ends) == ["0", "1"]
+    ends = cli("topics", "partitioned-terminate", f"persistent://{ns}/p")
+    assert sorted(ends) == ["0", "1"]  # type: ignore[arg-type]
+    refused = magnetar(node, "admin", "topics", "terminate", f"persistent://{ns}/p")
+    assert refused.returncode == 1
+    assert "HTTP 405: Termination of a partitioned topic is not allowed" in refused.stderr

@@ -725,13 +725,14 @@ class PersistentTopic:
     async def expire_subscriptions(self, idle_seconds: float) -> None:
         """Pulsar's subscription expiration: a durable subscription with no consumer and no
         activity (a consumer coming or going, an acknowledgement) for ``idle_seconds`` is
-        deleted. Replicators' cursors are not subscriptions here, and the compaction cursor is
-        left alone, as Pulsar leaves them."""
+        deleted. Replicated subscriptions and the compaction cursor are left alone, as Pulsar
+        leaves them (replicators' cursors are not subscriptions here)."""
         now = time.monotonic()
         for subscription in list(self.subscriptions.values()):
             if (
                 not subscription.durable
                 or subscription.consumers
+                or subscription.replicated
                 or subscription.name == COMPACTION_CURSOR
                 or now - subscription.last_active <= idle_seconds
             ):
