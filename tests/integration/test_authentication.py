@@ -20,6 +20,7 @@ import os
 import secrets
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -567,6 +568,39 @@ def test_http_credentials(strict_node: Secured, open_node: Secured) -> None:
     assert _get(open_http + tenants) == 200  # anonymous role
     # HTTPS with the server verified by the client.
     assert _get(open_node.https + tenants, ca=open_node.pki.ca.certificate) == 200
+
+
+def test_magnetar_admin_credentials_and_tls_flags(strict_node: Secured, open_node: Secured) -> None:
+    """``magnetar admin``'s --token, --basic, --tls-trust-cert-path, --tls-cert-file /
+    --tls-key-file and --tls-allow-insecure, over HTTP and HTTPS; a refusal is one line with
+    the HTTP status and exit 1."""
+
+    def admin(url: str, *flags: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "magnetar.cli", "admin", "--admin-url", url, *flags,
+             "tenants", "list"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    strict = f"http://127.0.0.1:{strict_node.node.http_port}"
+    refused = admin(strict)
+    assert refused.returncode == 1 and refused.stderr.startswith("magnetar admin: HTTP 401")
+    assert len(refused.stderr.strip().splitlines()) == 1
+    assert admin(strict, "--token", strict_node.token("admin")).returncode == 0
+    assert admin(strict, "--token", strict_node.token("admin", key=b"k" * 32)).returncode == 1
+    open_http = f"http://127.0.0.1:{open_node.node.http_port}"
+    assert admin(open_http, "--basic", "admin:123456").returncode == 0
+    assert admin(open_http, "--basic", "admin:654321").returncode == 1
+    ca = str(open_node.pki.ca.certificate)
+    client = open_node.pki.client
+    assert admin(open_node.https, "--tls-trust-cert-path", ca).returncode == 0
+    assert admin(
+        open_node.https, "--tls-trust-cert-path", ca,
+        "--tls-cert-file", str(client.certificate), "--tls-key-file", str(client.key),
+    ).returncode == 0  # fmt: skip
+    unverified = admin(open_node.https)  # the test CA is not in the system's trust store
+    assert unverified.returncode == 1 and "certificate" in unverified.stderr.lower()
+    assert admin(open_node.https, "--tls-allow-insecure").returncode == 0
 
 
 def test_http_lookup_names_the_tls_url(open_node: Secured) -> None:
