@@ -11,13 +11,15 @@ from hypothesis import strategies as st
 
 from magnetar.broker.ledger.positions import LedgerPositions
 from magnetar.broker.model import markers
-from magnetar.broker.model.entry import entry_metadata, entry_payload
+from magnetar.broker.model.entry import entry_metadata, entry_payload, is_marker_entry
 from magnetar.broker.model.position import Position
 from magnetar.broker.topics.replicated_subscriptions import Outcome, SnapshotBuilder
 from magnetar.broker.topics.replicator import outgoing_entry
 from magnetar.broker.topics.snapshot_cache import Snapshot, SnapshotCache
 from magnetar.common.ledger.managed_ledger_list import LedgerInfo
 from magnetar.common.proto import markers_pb2 as mk
+from magnetar.common.proto import pulsar_api_pb2 as pb
+from magnetar.common.protocol import codec
 
 
 def test_marker_types_are_pulsars() -> None:
@@ -146,3 +148,25 @@ def test_previous_position_walks_back_over_every_entry(counts: list[int]) -> Non
     for a in existing:
         for b in existing:
             assert ledgers.entries_between(a, b) == max(existing.index(b) - existing.index(a), 0)
+
+
+@given(
+    st.text(max_size=30),
+    st.integers(0, 2**64 - 1),
+    st.lists(st.text(max_size=10), max_size=3),
+    st.one_of(st.none(), st.integers(0, 2**31 - 1)),
+)
+def test_is_marker_entry_agrees_with_decoding(
+    name: str, sequence: int, replicate_to: list[str], marker_type: int | None
+) -> None:
+    """The quick look for the marker_type tag never disagrees with decoding the metadata,
+    also when a producer name or a cluster name holds the tag's bytes."""
+    metadata = pb.MessageMetadata(
+        producer_name=name + "\xa0\x01", sequence_id=sequence, publish_time=1
+    )
+    metadata.replicate_to.extend(replicate_to)
+    if marker_type is not None:
+        metadata.marker_type = marker_type
+    entry = codec.encode_headers_and_payload(metadata, b"\xa0\x01payload")
+    assert is_marker_entry(entry) is (marker_type is not None)
+    assert is_marker_entry(markers.update("s", {})) is True

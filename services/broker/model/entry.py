@@ -30,6 +30,20 @@ def entry_metadata(stored: bytes) -> pb.MessageMetadata:
     return pb.MessageMetadata.FromString(stored[start:end])
 
 
+#: The tag of MessageMetadata.marker_type (field 20, varint) as it is encoded.
+_MARKER_TYPE_TAG = b"\xa0\x01"
+
+
+def is_marker_entry(stored: bytes) -> bool:
+    """Whether the entry is a marker (its metadata has ``marker_type``). Dispatch asks for
+    every entry: the encoded tag is looked for first, and only an entry whose metadata holds
+    those bytes is decoded."""
+    start, end = _metadata_span(stored)
+    if stored.find(_MARKER_TYPE_TAG, start, end) < 0:
+        return False
+    return pb.MessageMetadata.FromString(stored[start:end]).HasField("marker_type")
+
+
 def entry_payload(stored: bytes) -> bytes:
     """The payload after the metadata (a batch's messages, or the one message)."""
     return stored[_metadata_span(stored)[1] :]

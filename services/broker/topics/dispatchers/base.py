@@ -17,8 +17,7 @@ import time
 from typing import TYPE_CHECKING
 
 from magnetar.broker.ledger.errors import ManagedLedgerError, UnreadableEntryError
-from magnetar.broker.model.entry import entry_metadata, message_count
-from magnetar.broker.model.markers import is_marker
+from magnetar.broker.model.entry import is_marker_entry, message_count
 from magnetar.broker.model.position import Position
 from magnetar.broker.topics.consumer import Consumer
 from magnetar.broker.topics.dispatchers.delayed import DelayedDeliveryTracker
@@ -182,7 +181,7 @@ class Dispatcher(abc.ABC):
         kept = []
         found = []
         for position, stored in entries:
-            if is_marker(entry_metadata(stored)):
+            if is_marker_entry(stored):
                 found.append(position)
             else:
                 kept.append((position, stored))
