@@ -38,6 +38,7 @@ import shlex
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -204,6 +205,26 @@ def test_clusters_are_shared_and_replication_lists_are_checked(geo: Geo) -> None
     status, body = east.admin("POST", "/admin/v2/namespaces/narrow/ns/replication", CLUSTERS)
     assert status == 403, body
     assert east.admin_json("GET", "/admin/v2/namespaces/narrow/ns/replication") == []
+
+
+def test_a_replicated_namespace_is_deleted_where_pulsar_allows(geo: Geo) -> None:
+    east = geo.clusters["east"]
+    status, body = east.admin("DELETE", f"/admin/v2/namespaces/{NAMESPACE}")
+    assert status == 412 and "more than one replication clusters" in str(body), (status, body)
+    east.admin_json("PUT", "/admin/v2/tenants/pair", {"allowedClusters": ["east", "west"]})
+    east.admin_json("PUT", "/admin/v2/namespaces/pair/gone")
+    east.admin_json("POST", "/admin/v2/namespaces/pair/gone/replication", ["west"])
+    url = f"http://127.0.0.1:{geo.broker('east').http_port}/admin/v2/namespaces/pair/gone"
+    try:  # to west, the one cluster it is replicated to
+        urllib.request.urlopen(urllib.request.Request(url, method="DELETE"), timeout=30)
+        raise AssertionError("east deleted a namespace replicated to west only")
+    except urllib.error.HTTPError as e:
+        assert e.code == 307, e.code
+        assert e.headers["Location"].startswith(f"http://127.0.0.1:{geo.broker('west').http_port}/")
+    admin(geo.broker("east"), "namespaces", "delete", "pair/gone")  # the CLI follows it
+    assert geo.clusters["north"].admin_json("GET", "/admin/v2/namespaces/pair") == []
+    east.admin_json("DELETE", "/admin/v2/namespaces/narrow/ns")  # not replicated
+    east.admin_json("DELETE", "/admin/v2/tenants/pair")
 
 
 def test_tenants_and_namespaces_live_in_the_configuration_store(geo: Geo) -> None:

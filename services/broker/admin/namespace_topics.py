@@ -29,6 +29,8 @@ from magnetar.broker.admin.errors import AdminError
 from magnetar.broker.admin.partitioned import delete_partitioned_topic
 from magnetar.broker.errors import SubscriptionBusyError, TopicBusyError, TopicNotOwnedError
 from magnetar.broker.model.topic_name import TopicName
+from magnetar.broker.namespace.clusters import read_cluster
+from magnetar.broker.namespace.policies import parse_document
 from magnetar.broker.namespace.records import (
     NAMESPACES_PATH,
     TOPIC_POLICIES_PATH,
@@ -138,6 +140,7 @@ def add_namespace_topic_routes(routes: web.RouteTableDef, broker: AdminBroker) -
         assert broker.store is not None
         namespace = requests.namespace(request)
         await requests.require_namespace(broker, namespace)
+        await _check_replication_before_delete(broker, request, namespace)
         force = requests.flag(request, "force")
         tenant, local = namespace.split("/")
         partitioned = [
@@ -221,3 +224,27 @@ def add_namespace_topic_routes(routes: web.RouteTableDef, broker: AdminBroker) -
         topics = await _local_topics(broker, requests.namespace(request), bundle)
         await _unsubscribe(topics, request.match_info["subscription"])
         return web.Response(status=204)
+
+
+async def _check_replication_before_delete(
+    broker: AdminBroker, request: web.Request, namespace: str
+) -> None:
+    """Pulsar's rule for a namespace in the shared configuration store: it is deleted only
+    where it is replicated to one cluster at most. Replicated to several, 412; to one other
+    cluster only, the call goes there (307 to its ``serviceUrl``), whose topics it deletes."""
+    found = await broker.configuration_store.get(f"{NAMESPACES_PATH}/{namespace}")
+    clusters = list(parse_document(found.value).get("replication_clusters") or []) if found else []
+    if len(clusters) > 1:
+        raise AdminError(
+            412,
+            f"Cannot delete the global namespace {namespace}. There are still more than one "
+            "replication clusters configured.",
+        )
+    if clusters and clusters[0] != broker.config.cluster_name:
+        data = await read_cluster(broker.configuration_store, clusters[0])
+        url = data.service_url or data.service_url_tls if data is not None else ""
+        if not url:
+            raise AdminError(
+                412, f"Namespace {namespace} is replicated to {clusters[0]} only, not registered"
+            )
+        raise web.HTTPTemporaryRedirect(f"{url}{request.path_qs}")
