@@ -370,7 +370,7 @@ async def test_properties_are_stored(env: Env) -> None:
 
 
 async def test_terminate_is_kept_by_the_next_owner(env: Env) -> None:
-    ml = await env.open()
+    ml = await env.open(max_entries_per_ledger=2)
     queued = [ml.add_entry_async(payload(i)) for i in range(5)]
     last = await ml.terminate()
     assert [await f for f in queued][-1] == last  # what was queued before is stored
@@ -378,8 +378,9 @@ async def test_terminate_is_kept_by_the_next_owner(env: Env) -> None:
         await ml.add_entry(b"late")
     assert await ml.terminate() == last
     ledgers = list(ml.ledger_ids)
+    assert len(ledgers) == 3
     await crash(ml)
-    again = await env.open()
+    again = await env.open(max_entries_per_ledger=2)
     assert again.terminated_at == last
     assert again.ledger_ids == ledgers  # no ledger opened for writes
     assert again.last_confirmed_position == last
@@ -387,6 +388,11 @@ async def test_terminate_is_kept_by_the_next_owner(env: Env) -> None:
     with pytest.raises(ManagedLedgerTerminatedError):
         await again.add_entry(b"late")
     assert not await again.wait_for_entries_after(last, 0.1)
+    # Trimming everything consumed keeps the last ledger, which holds the last position.
+    await again.open_cursor("done", "latest")
+    await again.trim(Position(last.ledger_id + 1, 0))
+    assert again.ledger_ids == ledgers[-1:]
+    assert again.last_confirmed_position == last
 
 
 async def test_batch_index_acks(env: Env) -> None:

@@ -642,6 +642,10 @@ class ManagedLedger(LedgerPositions):
 
     def _closed_before(self, before: Position) -> list[LedgerInfo]:
         current = self._current.ledger_id if self._current is not None else None
+        if current is None and self.terminated_at is not None and self._ledgers:
+            # A terminated ledger's last ledger stays, as the current one would: positions
+            # (the last message id, where cursors end) are read from it.
+            current = self._ledgers[-1].ledger_id
         return retention.closed_before(self._ledgers, current, before)
 
     async def trim(self, before: Position) -> list[int]:

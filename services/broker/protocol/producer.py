@@ -89,6 +89,12 @@ async def _create_producer(conn: ServerConnection, body: pb.CommandProducer) -> 
     except errors.PRODUCER_ACCESS as e:
         conn.refuse(body.request_id, name, e, errors.PRODUCER_ACCESS)
         return
+    try:
+        topic.admit_producer()  # again: a WaitForExclusive producer may have waited long
+    except errors.PRODUCER_ADMISSION as e:
+        topic.producers.remove((id(conn), body.producer_id))
+        conn.refuse(body.request_id, name, e, errors.PRODUCER_ADMISSION)
+        return
     if mode != pb.Shared:
         try:
             await topic.store_epoch(epoch)
