@@ -230,3 +230,27 @@ def test_topic_policies_are_set_at_the_owner(
         time.sleep(0.1)
     producer.close()
     assert json.loads(other.http("GET", f"{path_of(topic)}/maxProducers")[1]) == 1
+
+
+def test_partitioned_terminate_reaches_every_partitions_owner(
+    cluster: MagnetarCluster, loaded: pulsar.Client
+) -> None:
+    topic = f"persistent://{NAMESPACE}/ends"
+    assert cluster.admin("PUT", f"{path_of(topic)}/partitions", 6)[0] == 204
+    producer = loaded.create_producer(topic, batching_enabled=False)
+    for i in range(12):
+        producer.send(b"x", partition_key=f"k{i}")
+    producer.close()
+    # Asked at a broker that does not serve partition 0: that one, at least, is another's.
+    asked = not_owner(cluster, f"{topic}-partition-0")
+    status, body = asked.http("POST", f"{path_of(topic)}/terminate/partitions")
+    assert status == 200, body
+    ends = json.loads(body)
+    assert sorted(ends) == [str(i) for i in range(6)]
+    assert [ends[str(i)]["partitionIndex"] for i in range(6)] == list(range(6))
+    assert sum(end["entryId"] + 1 for end in ends.values()) == 12  # each partition's last entry
+    for i in range(6):
+        internal = cluster.admin_json("GET", f"{path_of(topic)}-partition-{i}/internalStats")
+        assert internal["state"] == "Terminated"
+    with pytest.raises(pulsar.TopicTerminated):
+        loaded.create_producer(topic)

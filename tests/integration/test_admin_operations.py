@@ -858,38 +858,50 @@ def test_terminated_consumer_is_told_it_reached_the_end(
 ) -> None:
     """A client that handles REACHED_END_OF_TOPIC (the Java and Go clients do; the C++ client
     under the Python one does not, so it is not sent it) is told once it has acknowledged
-    everything, not before."""
+    everything, not before, in every subscription mode."""
     topic = "persistent://public/default/terminated-raw"
     produce(pc, "terminated-raw", [f"m{i}" for i in range(3)])
     ok(node, "POST", "/persistent/public/default/terminated-raw/terminate")
+    Sub = pb.CommandSubscribe
     with RawConnection(node) as raw:
         raw.connect()
-        raw.command(
-            pb.CommandSubscribe(
-                topic=topic,
-                subscription="raw",
-                subType=pb.CommandSubscribe.Exclusive,
-                consumer_id=1,
-                request_id=1,
-                initialPosition=pb.CommandSubscribe.Earliest,
+        for consumer_id, mode in enumerate(
+            (Sub.Exclusive, Sub.Shared, Sub.Failover, Sub.Key_Shared), start=1
+        ):
+            raw.command(
+                Sub(
+                    topic=topic,
+                    subscription=f"raw-{Sub.SubType.Name(mode)}",
+                    subType=mode,
+                    consumer_id=consumer_id,
+                    request_id=consumer_id,
+                    initialPosition=Sub.Earliest,
+                )
             )
-        )
-        raw.expect(pb.BaseCommand.SUCCESS)
-        raw.command(pb.CommandFlow(consumer_id=1, messagePermits=10))
-        received = [raw.expect(pb.BaseCommand.MESSAGE).body for _ in range(3)]
-        with pytest.raises(TimeoutError):
-            raw.next_frame(0.5)  # two unacknowledged: not the end yet
-        raw.command(
-            pb.CommandAck(
-                consumer_id=1,
-                ack_type=pb.CommandAck.Cumulative,
-                message_id=[received[-1].message_id],  # type: ignore[attr-defined]
+            frame = raw.next_frame()
+            if frame.type == pb.BaseCommand.ACTIVE_CONSUMER_CHANGE:  # failover
+                frame = raw.next_frame()
+            assert frame.type == pb.BaseCommand.SUCCESS, frame
+            raw.command(pb.CommandFlow(consumer_id=consumer_id, messagePermits=10))
+            received = []
+            while len(received) < 3:
+                frame = raw.next_frame()
+                if frame.type == pb.BaseCommand.MESSAGE:
+                    received.append(frame.body.message_id)  # type: ignore[attr-defined]
+            if mode == Sub.Exclusive:
+                with pytest.raises(TimeoutError):
+                    raw.next_frame(0.5)  # nothing acknowledged: not the end yet
+            raw.command(
+                pb.CommandAck(
+                    consumer_id=consumer_id,
+                    ack_type=pb.CommandAck.Individual,
+                    message_id=received,
+                )
             )
-        )
-        end = raw.expect(pb.BaseCommand.REACHED_END_OF_TOPIC).body
-        assert end.consumer_id == 1  # type: ignore[attr-defined]
+            end = raw.expect(pb.BaseCommand.REACHED_END_OF_TOPIC).body
+            assert end.consumer_id == consumer_id, mode  # type: ignore[attr-defined]
         with pytest.raises(TimeoutError):
-            raw.next_frame(0.5)  # told once
+            raw.next_frame(0.5)  # each told once
 
 
 def test_terminate_partitions_and_refusals(node: StandaloneProcess, pc: pulsar.Client) -> None:
