@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from magnetar.broker.ledger.errors import ManagedLedgerError
 from magnetar.broker.model.position import Position
+from magnetar.common.ledger.errors import LedgerError
 
 if TYPE_CHECKING:
     from magnetar.broker.ledger.compacted_ledger import CompactedLedger
@@ -24,11 +26,17 @@ async def read(
     while len(result) < max_entries and cursor.read_position <= view.horizon:
         start = cursor.read_position
         hint = cursor.compacted_hint
-        if hint is not None and hint[0] == view.ledger_id and hint[1] == start:
-            first = hint[2]
-        else:
-            first = await view.find(start)
-        found = await view.read(first, max_entries - len(result))
+        try:
+            if hint is not None and hint[0] == view.ledger_id and hint[1] == start:
+                first = hint[2]
+            else:
+                first = await view.find(start)
+            found = await view.read(first, max_entries - len(result))
+        except LedgerError as e:  # e.g. replaced by a newer compaction while this read waited
+            raise ManagedLedgerError(
+                f"managed ledger {cursor.ml.name}: reading compacted ledger {view.ledger_id} "
+                f"failed: {e}"
+            ) from e
         if cursor.moves != moves:
             return []  # rewound or reset meanwhile: the read position is the new one
         if not found:
