@@ -212,7 +212,14 @@ def test_a_replicated_namespace_is_deleted_where_pulsar_allows(geo: Geo) -> None
     status, body = east.admin("DELETE", f"/admin/v2/namespaces/{NAMESPACE}")
     assert status == 412 and "more than one replication clusters" in str(body), (status, body)
     east.admin_json("PUT", "/admin/v2/tenants/pair", {"allowedClusters": ["east", "west"]})
-    east.admin_json("PUT", "/admin/v2/namespaces/pair/gone")
+    east.admin_json("PUT", "/admin/v2/namespaces/pair/gone", {"bundles": {"numBundles": 8}})
+    # Made with 8 bundles through east: west's own first layout has 8 too.
+    assert (
+        geo.clusters["west"].admin_json("GET", "/admin/v2/namespaces/pair/gone/bundles")[
+            "numBundles"
+        ]
+        == 8
+    )
     east.admin_json("POST", "/admin/v2/namespaces/pair/gone/replication", ["west"])
     url = f"http://127.0.0.1:{geo.broker('east').http_port}/admin/v2/namespaces/pair/gone"
     try:  # to west, the one cluster it is replicated to

@@ -199,13 +199,16 @@ def add_namespace_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None
         if await broker.configuration_store.get(f"{TENANTS_PATH}/{tenant}") is None:
             raise AdminError(404, f"Tenant does not exist: {tenant}")
         count = await _bundle_count_body(request)
+        # Pulsar's policies body: {"bundles": {"numBundles": n}}, kept in the shared record so
+        # every cluster's first bundles of the namespace are that many.
+        record = {} if count is None else {"bundles": {"numBundles": count}}
         try:
             await broker.configuration_store.put(
-                f"{NAMESPACES_PATH}/{namespace}", b"{}", NOT_EXISTS
+                f"{NAMESPACES_PATH}/{namespace}", json.dumps(record).encode(), NOT_EXISTS
             )
         except BadVersionError:
             raise AdminError(409, "Namespace already exists") from None
-        if count is not None:  # Pulsar's policies body: {"bundles": {"numBundles": n}}
+        if count is not None:
             await load_or_create(broker.store, namespace, count)
         return web.Response(status=204)
 

@@ -28,8 +28,9 @@ from magnetar.broker.cluster.bundles import (
 from magnetar.broker.cluster.lookup import LookupContext, LookupKind, lookup
 from magnetar.broker.cluster.ownership import OwnershipStore
 from magnetar.broker.config import BrokerConfig
-from magnetar.broker.errors import TopicNotOwnedError
+from magnetar.broker.errors import NamespaceNotFoundError, TopicNotOwnedError
 from magnetar.broker.model.topic_name import TopicName
+from magnetar.broker.namespace.records import namespace_document
 from magnetar.common.auth.client import ClientCredentials
 from magnetar.common.cluster.broker_info import BrokerInfo
 from magnetar.common.metadata import MetadataStore
@@ -98,11 +99,24 @@ class BundleOperations:
         if ranges is None:
             store = self._host.store
             assert store is not None
-            ranges = await load_or_create(
-                store, namespace, self._host.config.default_number_of_namespace_bundles
-            )
+            ranges = await load_or_create(store, namespace, await self._first_count(namespace))
             self._bundles[namespace] = ranges
         return ranges
+
+    async def _first_count(self, namespace: str) -> int:
+        """How many bundles this cluster's first layout of ``namespace`` has: the count it was
+        created with (``bundles.numBundles`` of its record in the configuration store, where
+        another cluster may have made it), else ``default_number_of_namespace_bundles``."""
+        default = self._host.config.default_number_of_namespace_bundles
+        try:
+            document = await namespace_document(self._host.configuration_store, namespace)
+        except NamespaceNotFoundError:
+            return default
+        bundles = document.get("bundles")
+        count = bundles.get("numBundles") if isinstance(bundles, dict) else None
+        if isinstance(count, int) and not isinstance(count, bool) and 1 <= count <= 1024:
+            return count
+        return default
 
     def forget_bundles(self, namespace: str) -> None:
         """The namespace's bundles changed (split): read them again."""
