@@ -123,13 +123,80 @@ def _event_millis(batch: pa.RecordBatch) -> list[int | None] | None:
     return pc.floor_divide(micros, 1000).to_pylist()
 
 
+#: Messages per producer batch on the path with a receipt per producer batch (the client's
+#: default batch size).
+RECEIPT_EVERY = 1_000
+#: That path only for Arrow batches whose values are at most this large: a producer batch of
+#: RECEIPT_EVERY of them stays far below the client's byte cut (BATCH_BYTES), so the client cuts
+#: batches by count alone.
+SPARSE_MAX_VALUE_BYTES = 1_000
+BATCH_BYTES = 4 * 1024 * 1024
+#: Producer settings that decide where the client cuts its batches: when the options set any,
+#: the boundaries are unknown here and every message gets its own receipt.
+BATCH_SHAPING = frozenset(
+    {
+        "batching_enabled",
+        "batching_max_messages",
+        "batching_max_allowed_size_in_bytes",
+        "batching_max_publish_delay_ms",
+        "batching_type",
+        "block_if_queue_full",
+        "chunking_enabled",
+    }
+)
+
+
+def _sparse_topic(batch: pa.RecordBatch, options: SinkOptions) -> str | None:
+    """The one topic of ``batch`` when its messages may share one receipt per producer batch:
+    no keys or properties (the sink routes them over the partitions itself, and their
+    metadata stays small), small values, a single topic, and no batching settings of the
+    user's. None: one receipt per message."""
+    if options.producer.keys() & BATCH_SHAPING or batch.num_rows == 0:
+        return None
+    index = batch.schema.get_field_index("__key")
+    if index >= 0 and batch.column(index).null_count != batch.num_rows:
+        return None
+    index = batch.schema.get_field_index("__messageProperties")
+    if index >= 0:
+        properties = batch.column(index)
+        if not pa.types.is_map(properties.type):
+            return None
+        offsets = properties.offsets  # entries of every map, null ones counted as they lie
+        if offsets[len(offsets) - 1].as_py() != offsets[0].as_py():
+            return None
+    values = batch.column(batch.schema.get_field_index("value"))
+    if not (pa.types.is_binary(values.type) or pa.types.is_string(values.type)):
+        return None
+    longest = pc.max(pc.binary_length(values)).as_py()
+    if longest is not None and longest > SPARSE_MAX_VALUE_BYTES:
+        return None
+    if options.topic:
+        return options.topic
+    index = batch.schema.get_field_index("__topic")
+    if index < 0:
+        return None
+    topics = pc.unique(batch.column(index))
+    return topics[0].as_py() if len(topics) == 1 and topics[0].is_valid else None
+
+
 def write_batches(options: SinkOptions, batches: Iterator[pa.RecordBatch]) -> WrittenMessages:
     """Send the rows of every batch (columns as ``write_rows`` takes them), with one flush of
     the producers per batch, and wait until the broker stored all of them.
 
     Messages are built with the client's ``MessageBuilder`` and sent by its producer directly:
     the wrapper's ``send_async`` checks the types of ten keyword arguments per message, which
-    cost more than the send itself here, and the columns' types are known per batch."""
+    cost more than the send itself here, and the columns' types are known per batch.
+
+    Receipts: a send callback costs more than the rest of a send (the client calls it on its
+    own thread, which takes the GIL and makes a message id object for each message). A
+    producer batch is one entry, stored or failed whole, and the client fails whole batches
+    (a timeout, a closed or fenced producer fails every one pending). So where the sink knows
+    where the client cuts its batches it asks for one receipt per producer batch: batches of
+    exactly RECEIPT_EVERY messages (count cut only: small values, no publish-delay cut, no
+    user batching settings, blocking when the queue is full so no send fails alone), each
+    ending with the one message that carries the callback; messages without keys go to the
+    partitions in runs of RECEIPT_EVERY, through one producer per partition. Anything else
+    (keys, properties, large values, several topics in a batch) gets a receipt per message."""
     # The client's own logger: a Python logger is called back for every message it logs at
     # any level, twice per message sent, which costs as much as building the message.
     client = pulsar.Client(
@@ -138,6 +205,7 @@ def write_batches(options: SinkOptions, batches: Iterator[pa.RecordBatch]) -> Wr
         **options.client,  # type: ignore[arg-type]
     )
     producers: dict[str, object] = {}
+    partition_producers: dict[str, list[object]] = {}
     # Every send's outcome, as result -> the id of the last message with it. The callback is a
     # builtin (dict.__setitem__): a Python function called back from the client's thread for
     # each message halves what the task can send (each call takes the GIL and a frame).
@@ -160,16 +228,54 @@ def write_batches(options: SinkOptions, batches: Iterator[pa.RecordBatch]) -> Wr
             producer = producers[topic] = client.create_producer(topic, **settings)._producer  # type: ignore[arg-type]
         return producer
 
+    def partitions_of(topic: str) -> list[object]:
+        found = partition_producers.get(topic)
+        if found is None:
+            settings = {
+                "max_pending_messages": ARROW_BATCH_ROWS,
+                **options.producer,
+                "batching_enabled": True,
+                "batching_max_messages": RECEIPT_EVERY,
+                "batching_max_allowed_size_in_bytes": BATCH_BYTES,
+                # Never cut by time: the flush at the end of each Arrow batch sends the rest.
+                "batching_max_publish_delay_ms": 3_600_000,
+                "block_if_queue_full": True,
+            }
+            found = partition_producers[topic] = [
+                client.create_producer(name, **settings)._producer  # type: ignore[arg-type]
+                for name in client.get_topic_partitions(topic)
+            ]
+        return found
+
     count = 0
+    turn = 0  # the partition the next run of messages goes to
     try:
         for batch in batches:
             values = _column(batch, "value")
             if values is None:
                 raise SinkError("the rows have no value column (binary or string)")
+            event_ms = _event_millis(batch)
+            sparse = _sparse_topic(batch, options)
+            if sparse is not None:
+                targets = partitions_of(sparse)
+                for start in range(0, len(values), RECEIPT_EVERY):
+                    producer = targets[turn % len(targets)]
+                    turn += 1
+                    last = min(len(values), start + RECEIPT_EVERY) - 1
+                    for i in range(start, last + 1):
+                        builder = _pulsar.MessageBuilder()
+                        value = values[i]
+                        builder.content(value if isinstance(value, bytes) else _value(value))
+                        if event_ms is not None and event_ms[i]:
+                            builder.event_timestamp(event_ms[i])
+                        producer.send_async(builder.build(), done if i == last else None)  # type: ignore[attr-defined]
+                count += len(values)
+                for producer in targets:
+                    producer.flush()  # type: ignore[attr-defined]
+                continue
             topics = None if options.topic else _column(batch, "__topic")
             keys = _column(batch, "__key")
             properties = _column(batch, "__messageProperties")
-            event_ms = _event_millis(batch)
             fixed = producer_of(options.topic) if options.topic else None
             for i, value in enumerate(values):
                 builder = _pulsar.MessageBuilder()

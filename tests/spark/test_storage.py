@@ -231,6 +231,18 @@ def test_arrow_and_row_sinks_store_the_same_messages(
     assert read["true"] == read["false"]
     assert len(read["true"]) == 50
     assert (b"v3", "k3", {"i": "3"}) in read["true"]
+    # Rows without keys or properties: one receipt per producer batch, the rows sent in runs
+    # of 1,000 over the partitions (2 tasks of 2,250 rows: runs of 1,000, 1,000 and 250).
+    create_partitioned(node, "storage-sink-runs", 3)
+    topic = "persistent://public/default/storage-sink-runs"
+    spark.range(0, 4500, 1, 2).selectExpr(
+        "CAST(CAST(id AS STRING) AS BINARY) AS value"
+    ).write.format("pulsar").option("service.url", node.url).option("topic", topic).mode(
+        "append"
+    ).save()
+    got = rows(spark, source_options(node), topic)
+    assert sorted(r[0] for r in got) == sorted(str(i).encode() for i in range(4500))
+    assert {r[2] for r in got} == {f"{topic}-partition-{n}" for n in range(3)}
 
 
 def test_storage_split_cuts_closed_ledgers_and_leaves_the_rest_to_the_broker() -> None:
