@@ -131,10 +131,14 @@ RECEIPT_EVERY = 1_000
 #: batches by count alone.
 SPARSE_MAX_VALUE_BYTES = 1_000
 BATCH_BYTES = 4 * 1024 * 1024
-#: Producer settings that decide where the client cuts its batches: when the options set any,
-#: the boundaries are unknown here and every message gets its own receipt.
+#: Producer settings that decide where the client cuts its batches or which partition a
+#: message goes to: when the options set any, every message gets its own receipt (and the
+#: client routes it as told).
 BATCH_SHAPING = frozenset(
     {
+        "message_routing_mode",
+        "hashing_scheme",
+        "message_router",
         "batching_enabled",
         "batching_max_messages",
         "batching_max_allowed_size_in_bytes",

@@ -40,7 +40,7 @@ from magnetar.common.ledger.managed_ledger_list import LedgerInfo, read_ledger_l
 from magnetar.common.metadata import MetadataError, MetadataStore, open_store
 from magnetar.common.metadata.etcd import EtcdTls
 from magnetar.common.metadata.readonly_local import ReadOnlyLocalStore
-from magnetar.common.protocol.stored_entry import schema_version, split_entry
+from magnetar.common.protocol.stored_entry import schema_version, split_entry_columns
 from magnetar.spark.arrow import ARROW_BATCH_ROWS, RowBuffer, micros
 from magnetar.spark.offsets import DataLossError, EntryPosition, LedgerExtent
 from magnetar.spark.schema import PayloadDecoder
@@ -174,6 +174,11 @@ class LedgerTrimmedError(DataLossError):
     """A ledger a task was reading was deleted (retention) before the task read all of it."""
 
 
+#: The properties of a message without any: one shared empty dict (never changed), not one
+#: per message.
+_NO_PROPERTIES: dict[str, str] = {}
+
+
 def append_entry(
     buffer: RowBuffer,
     stored: bytes,
@@ -184,7 +189,7 @@ def append_entry(
     """The messages of one stored entry as rows of ``buffer``: what the official client gives
     for them (a batch's message takes its key, properties and event time from its own
     metadata, its publish time and schema version from the entry's)."""
-    metadata, messages = split_entry(stored)
+    metadata, messages = split_entry_columns(stored)
     publish = micros(metadata.publish_time)
     if isinstance(messages, bytes):
         _append(
@@ -192,27 +197,34 @@ def append_entry(
             publish, micros(metadata.event_time), metadata.properties,
         )  # fmt: skip
         return
-    suffixes = batch_suffixes(len(messages))
+    singles, payloads = messages
+    suffixes = batch_suffixes(len(singles))
     if decoder is not None:
-        for (single, data), suffix in zip(messages, suffixes, strict=True):
+        for single, data, suffix in zip(singles, payloads, suffixes, strict=True):
             event = single.event_time if single.HasField("event_time") else metadata.event_time
             _append(
                 buffer, decoder, metadata, data, topic, prefix + suffix,
                 single.partition_key or None, publish, micros(event), single.properties,
             )  # fmt: skip
         return
-    # The untyped row, inlined: this loop runs once per message of the backlog.
-    value, keys, topics, ids = buffer.value, buffer.keys, buffer.topics, buffer.message_ids
-    publish_us, event_us, properties = buffer.publish_us, buffer.event_us, buffer.properties
+    # The untyped rows, column by column: these run once per message of the backlog, so each
+    # is a comprehension or a C-level extend rather than a loop of appends.
+    count = len(singles)
     entry_event = micros(metadata.event_time)
-    for (single, data), suffix in zip(messages, suffixes, strict=True):
-        value.append(data)
-        keys.append(single.partition_key or None)
-        topics.append(topic)
-        ids.append(prefix + suffix)
-        publish_us.append(publish)
-        event_us.append(micros(single.event_time) if single.event_time else entry_event)
-        properties.append({p.key: p.value for p in single.properties} if single.properties else {})
+    buffer.value.extend(payloads)
+    buffer.topics.extend([topic] * count)
+    buffer.publish_us.extend([publish] * count)
+    buffer.message_ids.extend(map(prefix.__add__, suffixes))
+    buffer.keys.extend([single.partition_key or None for single in singles])
+    buffer.event_us.extend(
+        [single.event_time * 1000 if single.event_time > 0 else entry_event for single in singles]
+    )
+    buffer.properties.extend(
+        [
+            {p.key: p.value for p in single.properties} if single.properties else _NO_PROPERTIES
+            for single in singles
+        ]
+    )
 
 
 def _append(

@@ -34,7 +34,9 @@ __all__ = [
     "entry_messages",
     "schema_version",
     "split_entry",
+    "split_entry_columns",
     "split_stored_batch",
+    "stored_batch_columns",
 ]
 
 _U16 = struct.Struct(">H")
@@ -118,31 +120,58 @@ def split_stored_batch(
 ) -> list[tuple[pb.SingleMessageMetadata, bytes]]:
     """``codec.split_batch`` for a batch a broker already stored: the same layout and the same
     bounds checks, without the check of each text field's UTF-8 that a broker needs before
-    it stores what a producer sent (the read path's hot loop; an invalid key or property still
-    fails, when it is read)."""
+    it stores what a producer sent (an invalid key or property still fails, when it is
+    read)."""
+    singles, payloads = stored_batch_columns(payload, count)
+    return list(zip(singles, payloads, strict=True))
+
+
+def stored_batch_columns(
+    payload: bytes | memoryview, count: int
+) -> tuple[list[pb.SingleMessageMetadata], list[bytes]]:
+    """:func:`split_stored_batch` as two lists, the messages' metadata and their payloads:
+    what a column-wise reader (the Spark source's storage path) takes whole. The read path's
+    hot loop."""
     view = memoryview(payload)
     size = len(view)
     pos = 0
     parse = pb.SingleMessageMetadata.FromString
-    out: list[tuple[pb.SingleMessageMetadata, bytes]] = []
+    unpack = _U32.unpack_from
+    singles: list[pb.SingleMessageMetadata] = []
+    payloads: list[bytes] = []
     try:
         for _ in range(count):
-            (header,) = _U32.unpack_from(view, pos)
+            (header,) = unpack(view, pos)
             pos += 4
             single = parse(view[pos : pos + header])
             pos += header
             length = single.payload_size
-            if header < 0 or length < 0 or pos + length > size:
-                raise StoredEntryError(f"batch message {len(out)} of {count} overruns the entry")
-            out.append((single, view[pos : pos + length].tobytes()))
+            if length < 0 or pos + length > size:
+                raise StoredEntryError(
+                    f"batch message {len(singles)} of {count} overruns the entry"
+                )
+            singles.append(single)
+            payloads.append(view[pos : pos + length].tobytes())
             pos += length
     except (struct.error, ValueError, DecodeError) as e:
         if isinstance(e, StoredEntryError):
             raise
-        raise StoredEntryError(f"batch of {count} messages: message {len(out)}: {e}") from None
+        raise StoredEntryError(f"batch of {count} messages: message {len(singles)}: {e}") from None
     if pos != size:
         raise StoredEntryError(f"{size - pos} bytes left over after {count} batch messages")
-    return out
+    return singles, payloads
+
+
+def split_entry_columns(
+    stored: bytes,
+) -> tuple[pb.MessageMetadata, tuple[list[pb.SingleMessageMetadata], list[bytes]] | bytes]:
+    """:func:`split_entry` with a batch as :func:`stored_batch_columns` gives it."""
+    metadata, payload = _metadata(stored)
+    if not is_batch(metadata):
+        return metadata, bytes(decompress(metadata, payload))
+    return metadata, stored_batch_columns(
+        decompress(metadata, payload), metadata.num_messages_in_batch
+    )
 
 
 def split_entry(
