@@ -1,12 +1,17 @@
 """Tenants, namespaces and partitioned topics move from a cluster's local metadata store to the
 configuration store when an operator adds one (``records.move_to_configuration_store``), on two
 real SQLite stores: what the configuration store has wins, the local copies go, running it again
-moves nothing, and one store under two URLs is left as it is."""
+moves nothing, and one store under two URLs is left as it is. ``initialize-cluster-metadata``
+writes ``public/default`` to the configuration store; no broker code reads such a record through
+a local store handle."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -98,3 +103,26 @@ def test_configuration_records_are_never_read_from_the_local_store() -> None:
                 line = text.count("\n", 0, match.start()) + 1
                 found.append(f"{relative}:{line}: {match.group(0)}")
     assert found == [], "use broker.configuration_store for these records:\n" + "\n".join(found)
+
+
+def test_initialize_cluster_metadata_writes_the_configuration_store(tmp_path: Path) -> None:
+    local, shared = tmp_path / "local" / "meta.db", tmp_path / "shared" / "meta.db"
+    local.parent.mkdir()
+    shared.parent.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "magnetar.cli", "initialize-cluster-metadata",
+         "--metadata-url", f"local://{local}", "--configuration-metadata-store",
+         f"local://{shared}", "--cluster", "east"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+    async def namespaces(path: Path) -> list[str]:
+        store = await open_store(f"local://{path}")
+        try:
+            return list(await store.scan(f"{NAMESPACES_PATH}/"))
+        finally:
+            await store.close()
+
+    assert asyncio.run(namespaces(shared)) == [f"{NAMESPACES_PATH}/public/default"]
+    assert asyncio.run(namespaces(local)) == []
