@@ -523,6 +523,45 @@ def test_backlog_quota_consumer_backlog_eviction(
     assert list(ok(node, "GET", f"{base}/backlogQuotaMap")) == ["message_age"]
 
 
+def test_topic_backlog_quota_and_ttl_act_on_their_topic_only(
+    node: StandaloneProcess, pc: pulsar.Client
+) -> None:
+    """A topic's own consumer_backlog_eviction quota, and its own message TTL, empty its
+    subscriptions; a sibling topic of the namespace (no policy of its own, none on the
+    namespace) keeps its whole backlog."""
+    assert call(node, "PUT", "/namespaces/public/tquota")[0] == 204
+    for name in ("own", "sibling"):
+        pc.subscribe(f"persistent://public/tquota/{name}", "slow").close()
+        producer = pc.create_producer(f"persistent://public/tquota/{name}", batching_enabled=False)
+        for _ in range(10):
+            producer.send(b"x" * 100)
+        producer.close()
+    quota = {"limitSize": -1, "limitTime": 0, "policy": "consumer_backlog_eviction"}
+    path = "/persistent/public/tquota/own"
+    assert call(node, "POST", f"{path}/backlogQuota?backlogQuotaType=message_age", quota)[0] == 204
+    eventually(
+        lambda: ok(node, "GET", f"{path}/stats")["subscriptions"]["slow"]["msgBacklog"] == 0,
+        "the topic's age quota evicting every message",
+    )
+    sibling = ok(node, "GET", "/persistent/public/tquota/sibling/stats")
+    assert sibling["subscriptions"]["slow"]["msgBacklog"] == 10
+    # The topic's own message TTL: applied when it is set (and at each policy round).
+    pc.subscribe("persistent://public/tquota/ttl", "slow").close()
+    producer = pc.create_producer("persistent://public/tquota/ttl", batching_enabled=False)
+    for _ in range(5):
+        producer.send(b"y")
+    producer.close()
+    time.sleep(1.2)  # the messages are now older than the TTL about to be set
+    ttl_path = "/persistent/public/tquota/ttl"
+    assert call(node, "POST", f"{ttl_path}/messageTTL?messageTTL=1")[0] == 204
+    eventually(
+        lambda: ok(node, "GET", f"{ttl_path}/stats")["subscriptions"]["slow"]["msgBacklog"] == 0,
+        "the topic's TTL expiring its messages",
+    )
+    sibling = ok(node, "GET", "/persistent/public/tquota/sibling/stats")
+    assert sibling["subscriptions"]["slow"]["msgBacklog"] == 10
+
+
 def test_inactive_topics_deleted(node: StandaloneProcess, pc: pulsar.Client) -> None:
     assert call(node, "PUT", "/namespaces/public/idle")[0] == 204
     base = "/namespaces/public/idle"
