@@ -36,7 +36,7 @@ PARTITION_STATS_TIMEOUT_S = 30.0
 TOPIC_SUMS = (
     "msgRateIn", "msgThroughputIn", "msgRateOut", "msgThroughputOut", "bytesInCounter",
     "msgInCounter", "bytesOutCounter", "msgOutCounter", "storageSize", "backlogSize",
-    "offloadedStorageSize", "waitingPublishers",
+    "offloadedStorageSize", "waitingPublishers", "publishRateLimitedTimes",
 )  # fmt: skip
 SUBSCRIPTION_SUMS = (
     "msgRateOut", "msgThroughputOut", "bytesOutCounter", "msgOutCounter", "msgRateRedeliver",
