@@ -40,7 +40,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pulsar
@@ -548,26 +548,41 @@ def test_replicated_subscription_fails_over_with_bounded_redelivery(geo: Geo) ->
     ledger, entry = internal["cursors"]["app"]["markDeletePosition"].split(":")
     mark_delete = (int(ledger), int(entry))
     assert mark_delete >= first_half[bodies[49]], mark_delete
-    # East's topic as stored, markers included: the snapshot its subscription reached last
-    # (the newest whose local position is at or before its mark-delete position).
-    entries = stored_entries(geo, "east", short)
-    data = [(p, body.decode()) for p, h, body in entries if marker_type(h) is None]
+
+    # East's topic as stored, markers included: the update east wrote last for "app" names
+    # west's position from one of its snapshots (the newest its mark-delete position reached
+    # that its cache of at most 10 still held).
+    def east_markers() -> tuple[list, dict, list, list]:
+        entries = stored_entries(geo, "east", short)
+        data = [(p, body.decode()) for p, h, body in entries if marker_type(h) is None]
+        requests: dict[str, tuple[int, int]] = {}
+        snapshots: list[mk.ReplicatedSubscriptionsSnapshot] = []
+        updates: list[mk.ReplicatedSubscriptionsUpdate] = []
+        for position, headers, payload in entries:
+            kind = marker_type(headers)
+            if kind is None or "x-pulsar-replicated-from" in headers:
+                continue
+            body = markers.parse(kind, payload)
+            if kind == markers.SNAPSHOT_REQUEST:
+                requests.setdefault(body.snapshot_id, position)  # the first round's
+            elif kind == markers.SNAPSHOT:
+                snapshots.append(body)
+            elif kind == markers.UPDATE and body.subscription_name == "app":
+                updates.append(body)
+        return data, requests, snapshots, updates
+
+    wait_until(lambda: bool(east_markers()[3]), "east's update of app")
+    data, requests, snapshots, updates = east_markers()
     assert [body for _, body in data] == bodies
-    requests: dict[str, tuple[int, int]] = {}
-    snapshots: list[mk.ReplicatedSubscriptionsSnapshot] = []
-    for position, headers, payload in entries:
-        kind = marker_type(headers)
-        if kind == markers.SNAPSHOT_REQUEST and "x-pulsar-replicated-from" not in headers:
-            request = markers.parse(kind, payload)
-            requests.setdefault(request.snapshot_id, position)  # the first round's
-        elif kind == markers.SNAPSHOT:
-            snapshots.append(markers.parse(kind, payload))
-    usable = [s for s in snapshots if position_tuple(s.local_message_id) <= mark_delete]
-    assert usable, f"no snapshot before {mark_delete} among {len(snapshots)}"
-    chosen = usable[-1]
-    west_target = next(position_tuple(c.message_id) for c in chosen.clusters if c.cluster == "west")
-    # West may deliver again only what east stored after the chosen snapshot's request: one
-    # snapshot round's worth of the first half.
+
+    def west_of(clusters: Iterable[mk.ClusterMessageId]) -> tuple[int, int]:
+        return next(position_tuple(c.message_id) for c in clusters if c.cluster == "west")
+
+    west_target = west_of(updates[-1].clusters)
+    # The snapshot it came from (the first with that position: the loosest bound if several).
+    chosen = next(s for s in snapshots if west_of(s.clusters) == west_target)
+    # West may deliver again only what east stored after that snapshot's request: one snapshot
+    # round's worth of the first half.
     bound = sum(1 for p, body in data if body in first_half and p > requests[chosen.snapshot_id])
     between = sorted(requests.values())
     per_interval = max(sum(1 for p, _ in data if a < p < b) for a, b in itertools.pairwise(between))
@@ -599,6 +614,14 @@ def test_replicated_subscription_fails_over_with_bounded_redelivery(geo: Geo) ->
     assert len(got) == 50 + len(again)
     other = geo.stats("west", short)["subscriptions"]["other"]
     assert other["msgBacklog"] == 100 and other["isReplicated"] is False, other
+    # And back: west acknowledged everything, so its own snapshots move east's "app" to the end.
+    wait_until(
+        lambda: geo.stats("east", short)["subscriptions"]["app"]["msgBacklog"] == 0,
+        "east's subscription moved by west's update",
+    )
+    # The flag is kept with the topic: still replicated after east's topic is reloaded.
+    geo.clusters["east"].admin_json("PUT", f"/admin/v2/namespaces/{NAMESPACE}/unload")
+    assert geo.stats("east", short)["subscriptions"]["app"]["isReplicated"] is True
 
 
 def test_markers_reach_no_consumer_in_any_mode(geo: Geo) -> None:
