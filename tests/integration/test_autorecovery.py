@@ -10,7 +10,8 @@ ledgers and one writing E2/Qw2/Qa2); bookies are added as the tests kill them:
   (broker topics, E3/Qw2/Qa2 and E2/Qw2/Qa2 ledgers written directly, and an open ledger whose
   writer was killed too, fenced and recovered by a worker); then a second bookie of the
   original ensembles is killed: every acknowledged message is still read through the broker,
-  every acknowledged entry directly;
+  every acknowledged entry directly, and a topic's compacted ledger (made before the first
+  loss) is replicated like the others and its compacted view read;
 - the auditor's own bookie is killed: another bookie becomes auditor and its ledgers are
   replicated;
 - a live bookie is decommissioned under traffic: no client error, no ledger names it after;
@@ -176,6 +177,39 @@ def topics_on_each_broker(cluster: MagnetarCluster, client: pulsar.Client) -> li
     raise AssertionError(f"32 topics did not reach every broker: {chosen}")
 
 
+def compact_keyed(cluster: MagnetarCluster, client: pulsar.Client, topic: str) -> int:
+    """Ten keys written twice to ``topic`` (beside its other messages), compacted by its owner;
+    the compacted ledger."""
+    producer = client.create_producer(topic, batching_enabled=False)
+    for round_ in range(2):
+        for i in range(10):
+            producer.send(f"r{round_}-{i}".encode(), partition_key=f"compacted-{i}")
+    producer.close()
+    path = "/admin/v2/" + topic.replace("://", "/") + "/compaction"
+    cluster.admin_json("PUT", path)  # redirected to the owner
+    cluster.wait_for(
+        lambda: cluster.admin_json("GET", path)["status"] == "SUCCESS", what=f"{topic} compacted"
+    )
+    internal = cluster.admin_json("GET", path.replace("/compaction", "/internalStats"))
+    ledger_id: int = internal["compactedLedger"]["ledgerId"]
+    assert internal["compactedLedger"]["entries"] >= 10
+    return ledger_id
+
+
+def read_compacted_keys(client: pulsar.Client, topic: str) -> dict[str, bytes]:
+    """The latest value of each ``compacted-*`` key, read through the compacted view."""
+    reader = client.create_reader(topic, pulsar.MessageId.earliest, is_read_compacted=True)
+    try:
+        view = {}
+        while reader.has_message_available():
+            message = reader.read_next(30_000)
+            if message.partition_key().startswith("compacted-"):
+                view[message.partition_key()] = message.data()
+        return view
+    finally:
+        reader.close()
+
+
 def consume_all(client: pulsar.Client, topic: str, wanted: set[str]) -> None:
     consumer = ConsumerThread(
         client, topic, f"check-{time.monotonic_ns()}", pulsar.ConsumerType.Exclusive
@@ -240,6 +274,7 @@ def test_lost_bookies_ledgers_are_replicated_and_stay_readable(cluster: Magnetar
         topics = topics_on_each_broker(cluster, pulsar_client)
         producers = [PacedProducer(pulsar_client, t, interval=0.01).start() for t in topics]
         wait_for_each(producers, 100)
+        compacted = compact_keyed(cluster, pulsar_client, topics[0])
 
         async def write_direct() -> dict[int, int]:
             async with cluster.client() as client:
@@ -265,7 +300,8 @@ def test_lost_bookies_ledgers_are_replicated_and_stay_readable(cluster: Magnetar
         first, second = original  # E2: both of its bookies die, one after the other
 
         cluster.bookie(first).kill()
-        wait_fully_replicated(cluster, {first})
+        wait_fully_replicated(cluster, {first})  # the compacted ledger too
+        assert compacted in ledgers(cluster)
         wait_for_each(producers, 50)  # the writers moved off the lost bookie and go on
         for producer in producers:
             producer.stop()
@@ -290,6 +326,9 @@ def test_lost_bookies_ledgers_are_replicated_and_stay_readable(cluster: Magnetar
         for producer, topic in zip(producers, topics, strict=True):
             consume_all(pulsar_client, topic, set(producer.receipted))
             producer.close()
+        assert read_compacted_keys(pulsar_client, topics[0]) == {
+            f"compacted-{i}": f"r1-{i}".encode() for i in range(10)
+        }
 
     async def read_direct() -> None:
         async with cluster.client() as client:
