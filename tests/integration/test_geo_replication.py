@@ -834,6 +834,8 @@ def test_every_remote_broker_killed_under_traffic_then_the_local_one(geo: Geo) -
     for tag in ("t-", "m-"):  # order per producer
         mine = [m for m in got if m.startswith(tag)]
         assert mine == sorted(mine, key=lambda m: int(m[2:])), tag
+    for broker in (geo.broker("east"), *west_cluster.brokers):
+        assert_no_traceback(broker)
 
 
 def test_a_cluster_that_adds_the_configuration_store_keeps_its_namespaces(
