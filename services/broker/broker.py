@@ -27,6 +27,8 @@ from magnetar.broker.cluster.ownership import OwnershipStore
 from magnetar.broker.cluster.registry import BrokerRegistry
 from magnetar.broker.cluster.resource_usage import ResourceUsage
 from magnetar.broker.config import BrokerConfig
+from magnetar.broker.ledger.heartbeat import Heartbeat
+from magnetar.broker.ledger.ledger_info import ManagedLedgerConfig
 from magnetar.broker.metrics import BrokerMetrics
 from magnetar.broker.model.topic_name import TopicName
 from magnetar.broker.namespace.authorization import AuthorizationService
@@ -55,6 +57,9 @@ from magnetar.common.tls import ServerTls, client_context
 
 log = logging.getLogger(__name__)
 
+#: How long the health check's round trip may take (Pulsar's health check waits as long).
+HEARTBEAT_TIMEOUT_S = 10.0
+
 
 class Broker:
     """One broker: its metadata session, ledger client, servers and rooms (see the module
@@ -76,6 +81,7 @@ class Broker:
         #: not the local one (``configuration_store`` is the one to use).
         self.shared_configuration_store: MetadataStore | None = None
         self.ledger_client: LedgerClient | None = None
+        self._heartbeat: Heartbeat | None = None
         self.connections: set[ServerConnection] = set()
         self.metrics = BrokerMetrics()
         self.authentication = AuthenticationService(config)
@@ -390,6 +396,22 @@ class Broker:
 
     def may_serve(self) -> bool:
         return self.membership.may_serve()
+
+    async def heartbeat(self) -> None:
+        """A message round-tripped through this broker's heartbeat topic's managed ledger
+        (``ledger/heartbeat.py``); HeartbeatFailedError with the reason otherwise."""
+        if self._heartbeat is None:
+            c = self.config
+            self._heartbeat = Heartbeat(
+                self.info.broker_id,
+                ManagedLedgerConfig(
+                    ensemble_size=c.ensemble_size,
+                    write_quorum=c.write_quorum,
+                    ack_quorum=c.ack_quorum,
+                ),
+            )
+        assert self.ledger_client is not None and self.store is not None
+        await self._heartbeat.round_trip(self.ledger_client, self.store, HEARTBEAT_TIMEOUT_S)
 
     async def get_topic(self, name: TopicName, *, auto: bool = False) -> Topic:
         return await self.topic_service.get_topic(name, auto=auto)

@@ -1126,3 +1126,21 @@ def test_publish_rate_pauses_producers_without_losing_a_message(
     assert ok(node, "GET", f"{base}/publishRate") is None
     producer.close()
     consumer.close()
+
+
+def test_health_check_round_trips_through_the_heartbeat_topic(node: StandaloneProcess) -> None:
+    """``GET /brokers/health`` writes a message to this broker's heartbeat topic's managed
+    ledger and reads it back (Pulsar's health check); its ledgers do not pile up."""
+    [broker] = ok(node, "GET", "/brokers/standalone")
+    name = f"pulsar/{broker}/persistent/healthcheck"
+    for _ in range(4):
+        status, _, body = call(node, "GET", "/brokers/health")
+        assert (status, body) == (200, b"ok")
+    heartbeat_ledgers = []
+    for ledger in bk(node, "listledgers").stdout.split():
+        shown = bk(node, "ledgermetadata", ledger).stdout
+        if f"managed-ledger = b'{name}'" in shown:
+            heartbeat_ledgers.append(ledger)
+    # The one written by the last check (closed by nothing yet) and at most the one before.
+    assert 1 <= len(heartbeat_ledgers) <= 2, heartbeat_ledgers
+    assert bk(node, "readledger", heartbeat_ledgers[-1]).returncode == 0

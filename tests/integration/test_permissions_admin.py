@@ -207,6 +207,12 @@ def test_only_superusers_and_tenant_admins_manage_grants(
     assert reason(admin(node, "DELETE", rack)) == superuser_only
     assert admin(node, "GET", rack, user="admin") == (200, {"rack": "/r1"})
     assert admin(node, "DELETE", rack, user="admin")[0] == 204
+    # Pulsar's health check writes to the bookies: superusers only (the probes use /health).
+    assert reason(admin(node, "GET", "/brokers/health")) == superuser_only
+    check = urllib.request.Request(node.admin_url + "/brokers/health")
+    check.add_header("Authorization", "Basic " + base64.b64encode(b"admin:pw").decode())
+    with urllib.request.urlopen(check, timeout=30) as answer:
+        assert (answer.status, answer.read()) == (200, b"ok")
     for tenant in ("theirs", "ours"):
         assert admin(node, "PUT", f"/namespaces/{tenant}/ns", user="admin")[0] == 204
 

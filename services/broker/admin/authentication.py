@@ -8,8 +8,9 @@ anonymous role. Missing or bad credentials are answered 401 with Pulsar's ``{"re
 A proxy names its client in ``X-Original-Principal``, as Pulsar's proxy does; only a role in
 ``proxy_roles`` may, and it may not name a proxy role.
 
-``/health``, ``/admin/v2/brokers/health``, ``/admin/v2/brokers/ready`` and ``/metrics`` stay
-open: probes and scrapers carry no credentials.
+``/health``, ``/admin/v2/brokers/ready`` and ``/metrics`` stay open: probes and scrapers carry
+no credentials. ``/admin/v2/brokers/health``, Pulsar's health check, writes to the bookies and
+is for superusers, as in Pulsar.
 """
 
 from __future__ import annotations
@@ -30,9 +31,7 @@ if TYPE_CHECKING:
 #: Where the caller's role and the client a proxy relays are kept on the request.
 ROLE = web.RequestKey("role", str)
 ORIGINAL_PRINCIPAL = web.RequestKey("original_principal", str)
-OPEN_PATHS = frozenset(
-    {"/health", "/metrics", "/admin/v2/brokers/health", "/admin/v2/brokers/ready"}
-)
+OPEN_PATHS = frozenset({"/health", "/metrics", "/admin/v2/brokers/ready"})
 ORIGINAL_PRINCIPAL_HEADER = "X-Original-Principal"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -1,5 +1,6 @@
-"""The broker's own state over HTTP: ``GET /health`` (also ``/admin/v2/brokers/health``), the
-readiness ``GET /admin/v2/brokers/ready`` and ``GET /metrics`` (Prometheus text)."""
+"""The broker's own state over HTTP: the liveness ``GET /health``, Pulsar's health check
+``GET /admin/v2/brokers/health`` (a message round-tripped through the broker's heartbeat topic),
+the readiness ``GET /admin/v2/brokers/ready`` and ``GET /metrics`` (Prometheus text)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from aiohttp import web
 
 from magnetar.broker.admin.errors import AdminError
+from magnetar.broker.ledger.heartbeat import HeartbeatFailedError
 from magnetar.common.metrics import CONTENT_TYPE, render
 
 if TYPE_CHECKING:
@@ -21,14 +23,34 @@ class Readiness(Protocol):
     def not_ready_reason(self) -> str | None: ...
 
 
+@runtime_checkable
+class HealthCheck(Protocol):
+    """A broker that can round-trip a message through its heartbeat topic (the process's)."""
+
+    async def heartbeat(self) -> None: ...
+
+
 def add_health_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None:
     @routes.get("/health")
-    @routes.get("/admin/v2/brokers/health")
     async def health(request: web.Request) -> web.Response:
-        # Unhealthy once this broker can no longer write safely: its metadata session may
-        # have expired (its bundles may be someone else's).
+        # The liveness probe: unhealthy once this broker can no longer write safely (its
+        # metadata session may have expired: its bundles may be someone else's). It touches
+        # no bookie, so a bookie outage does not get brokers restarted.
         if not broker.may_serve():
             raise AdminError(503, "the broker's metadata session expired or is not open")
+        return web.Response(text="ok")
+
+    @routes.get("/admin/v2/brokers/health")
+    async def healthcheck(request: web.Request) -> web.Response:
+        # Pulsar's health check: a message written and read back through this broker's
+        # heartbeat topic (metadata store and bookies); 500 with where it stopped.
+        if not broker.may_serve():
+            raise AdminError(503, "the broker's metadata session expired or is not open")
+        if isinstance(broker, HealthCheck):
+            try:
+                await broker.heartbeat()
+            except HeartbeatFailedError as e:
+                raise AdminError(500, f"health check failed: {e}") from None
         return web.Response(text="ok")
 
     @routes.get("/admin/v2/brokers/ready")
