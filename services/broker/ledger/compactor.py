@@ -80,7 +80,7 @@ class Compactor:
         try:
             await ml.update_properties({PENDING_PROPERTY: str(handle.ledger_id)})
             log.info(
-                "topic %s: compacting through %s: writing %d messages of %d keys to ledger %d",
+                "topic %s: compacting through %s: writing %d messages (of %d entries) to ledger %d",
                 ml.name,
                 end,
                 sum(len(v) for v in latest.values()),
