@@ -555,13 +555,19 @@ def _rate_verbs(path: Callable[[argparse.Namespace, str], str], what: str) -> di
                     "dispatchThrottlingRateInMsg": a.msg_dispatch_rate,
                     "dispatchThrottlingRateInByte": a.byte_dispatch_rate,
                     "ratePeriodInSecond": a.dispatch_rate_period,
-                    "relativeToPublishRate": False,
+                    "relativeToPublishRate": a.relative_to_publish_rate,
                 },
             ),
             (
                 _flag("-md", "--msg-dispatch-rate", type=int, default=-1),
                 _flag("-bd", "--byte-dispatch-rate", type=int, default=-1),
                 _flag("-dt", "--dispatch-rate-period", type=int, default=1),
+                _flag(
+                    "-rp",
+                    "--relative-to-publish-rate",
+                    action="store_true",
+                    help="the limits are over the topic's publish rate",
+                ),
             ),
             ("namespace" if what == "a namespace" else "topic",),
         )

@@ -260,8 +260,10 @@ def test_every_other_verb_against_the_standalone(
     admin("topics", "remove-message-ttl", topic)
     assert admin("topics", "get-message-ttl", topic) is None
     for name in ("dispatch-rate", "subscription-dispatch-rate"):
-        admin("topics", f"set-{name}", topic, "-md", "10")
-        assert admin("topics", f"get-{name}", topic)["dispatchThrottlingRateInMsg"] == 10  # type: ignore[index]
+        admin("topics", f"set-{name}", topic, "-md", "10", "-rp")
+        rate = admin("topics", f"get-{name}", topic)
+        assert rate["dispatchThrottlingRateInMsg"] == 10  # type: ignore[index]
+        assert rate["relativeToPublishRate"] is True  # type: ignore[index]
         admin("topics", f"remove-{name}", topic)
         assert admin("topics", f"get-{name}", topic) is None, name
     pc = pulsar.Client(node.url, operation_timeout_seconds=10, logger=QUIET)

@@ -127,8 +127,9 @@ class Policies:
     backlog_quota: BacklogQuota | None = None
     inactive_topics: InactiveTopics | None = None
     #: (messages, bytes, period seconds) a topic, and each subscription, may dispatch.
-    dispatch_rate: tuple[int, int, int] | None = None
-    subscription_dispatch_rate: tuple[int, int, int] | None = None
+    #: (messages, bytes, period in seconds, relative to the publish rate)
+    dispatch_rate: tuple[int, int, int, bool] | None = None
+    subscription_dispatch_rate: tuple[int, int, int, bool] | None = None
     #: Pulsar's ``replication_clusters``: the clusters the namespace's topics live in.
     replication_clusters: tuple[str, ...] = ()
     #: Pulsar's ``compaction_threshold``: compact once the compaction backlog passes these
@@ -175,7 +176,8 @@ class InactiveTopics:
 
 def check_dispatch_rate(value: Any) -> dict[str, Any]:
     """Pulsar's DispatchRate: ``dispatchThrottlingRateInMsg``, ``dispatchThrottlingRateInByte``
-    (-1: no limit), ``ratePeriodInSecond`` (1 or more), ``relativeToPublishRate`` (false only)."""
+    (-1: no limit), ``ratePeriodInSecond`` (1 or more), ``relativeToPublishRate`` (true: the
+    limits are over the topic's publish rate)."""
     if not isinstance(value, dict):
         raise PolicyError(
             'expected {"dispatchThrottlingRateInMsg": N, "dispatchThrottlingRateInByte": N, '
@@ -191,13 +193,14 @@ def check_dispatch_rate(value: Any) -> dict[str, Any]:
         if not isinstance(number, int) or isinstance(number, bool) or number < lowest:
             raise PolicyError(f"{key} must be a number, {lowest} or more; got {number!r}")
         result[key] = number
-    if value.get("relativeToPublishRate", False):
-        raise PolicyError("relativeToPublishRate is not supported")
-    result["relativeToPublishRate"] = False
+    relative = value.get("relativeToPublishRate", False)
+    if not isinstance(relative, bool):
+        raise PolicyError(f"relativeToPublishRate must be true or false; got {relative!r}")
+    result["relativeToPublishRate"] = relative
     return result
 
 
-def _dispatch_rate(document: dict[str, Any], field: str) -> tuple[int, int, int] | None:
+def _dispatch_rate(document: dict[str, Any], field: str) -> tuple[int, int, int, bool] | None:
     """The rate of the (single) cluster in a ``{cluster: DispatchRate}`` policy field."""
     by_cluster = document.get(field)
     if not isinstance(by_cluster, dict) or not by_cluster:
@@ -209,6 +212,7 @@ def _dispatch_rate(document: dict[str, Any], field: str) -> tuple[int, int, int]
         int(rate.get("dispatchThrottlingRateInMsg", -1)),
         int(rate.get("dispatchThrottlingRateInByte", -1)),
         max(int(rate.get("ratePeriodInSecond", 1)), 1),
+        rate.get("relativeToPublishRate") is True,
     )
     return None if found[0] <= 0 and found[1] <= 0 else found
 

@@ -646,13 +646,21 @@ class PersistentTopic:
         for subscription in self.subscriptions.values():
             subscription.limits = self.limits
 
+    def publish_rates(self) -> tuple[float, float]:
+        """Messages and bytes published a second, over the last stats interval (for dispatch
+        rates relative to the publish rate)."""
+        rate_in, throughput_in, _, _ = self.rates.topic.rates(
+            (self.messages_in, self.bytes_in, self.msg_out, self.bytes_out)
+        )
+        return rate_in, throughput_in
+
     def apply_dispatch_rates(self, policies: Policies) -> None:
         """The dispatch rates in force; a limiter is kept while its rate is unchanged."""
         rate = DispatchRate(*policies.dispatch_rate) if policies.dispatch_rate else None
         if rate is None:
             self.dispatch_limiter = None
         elif self.dispatch_limiter is None or self.dispatch_limiter.rate != rate:
-            self.dispatch_limiter = RateLimiter(rate)
+            self.dispatch_limiter = RateLimiter(rate, publish_rates=self.publish_rates)
         per_subscription = policies.subscription_dispatch_rate
         self.subscription_dispatch_rate = (
             DispatchRate(*per_subscription) if per_subscription else None

@@ -141,7 +141,7 @@ class Subscription:
             self._rate_limiter = None
         else:
             if self._rate_limiter is None or self._rate_limiter.rate != rate:
-                self._rate_limiter = RateLimiter(rate)
+                self._rate_limiter = RateLimiter(rate, publish_rates=self.topic.publish_rates)
             found.append(self._rate_limiter)
         return found
 
