@@ -49,6 +49,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -415,9 +416,16 @@ def wait_listening(broker: Broker, port: int, timeout: float = 60.0) -> None:
     raise RuntimeError(f"{broker.name} did not listen on {port}:\n{broker.log_tail()}")
 
 
-def start_magnetar(processes: Processes, workdir: Path) -> Broker:
+def start_magnetar(
+    processes: Processes, workdir: Path, name: str = "Magnetar", source: Path | None = None
+) -> Broker:
+    """A standalone of the installed magnetar, or of the source tree ``source`` (e.g. a git
+    worktree of an earlier commit), to compare two versions in one run."""
     port = free_port()
     log_path = workdir / "magnetar.log"
+    env = None
+    if source is not None:
+        env = dict(os.environ, PYTHONPATH=str(_package_of(source, workdir)))
     with open(log_path, "ab") as log:
         process = processes.start(
             [
@@ -426,11 +434,26 @@ def start_magnetar(processes: Processes, workdir: Path) -> Broker:
                 "--http-port", str(free_port()), "--bookie-port", str(free_port()),
                 "--bookie-http-port", str(free_port()), "--journal-sync",
             ],
-            stdout=log, stderr=subprocess.STDOUT,
+            stdout=log, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
-    broker = Broker("Magnetar", f"pulsar://127.0.0.1:{port}", process, log_path)
+    broker = Broker(name, f"pulsar://127.0.0.1:{port}", process, log_path)
     wait_listening(broker, port)
     return broker
+
+
+def _package_of(source: Path, workdir: Path) -> Path:
+    """A directory where ``import magnetar`` finds ``source``'s code, laid out as pyproject's
+    package-dir maps it (services -> magnetar, common -> magnetar.common, spark ->
+    magnetar.spark); put first on PYTHONPATH it comes before the editable install."""
+    root = workdir / "baseline-package"
+    package = root / "magnetar"
+    if not package.exists():
+        package.mkdir(parents=True)
+        for item in (source / "services").iterdir():
+            (package / item.name).symlink_to(item.resolve())
+        (package / "common").symlink_to((source / "common").resolve())
+        (package / "spark").symlink_to((source / "spark").resolve())
+    return root
 
 
 def pulsar_lite_binary() -> str:
@@ -598,6 +621,8 @@ def measure(
 # --------------------------------------------------------------------------------------------
 
 COST_TOPICS = 4
+#: The name of the --baseline broker in the tables.
+BASELINE = "baseline"
 COST_PRODUCERS = 2
 
 
@@ -749,7 +774,7 @@ def measure_cost(
     # Warm-up, not reported: first connections, topic creation, caches.
     run_cost(processes, broker, workdir, 2_000, args.size, batched=False)
     results = []
-    for batched in (False, True):
+    for batched in (mode == "batched" for mode in args.modes):
         label = "batched" if batched else "unbatched"
         print(f"  {broker.name}: {label} ...", file=sys.stderr, flush=True)
         profile = None
@@ -812,7 +837,7 @@ def print_cost(args: argparse.Namespace, rounds: list[dict[str, list[CostResult]
         f"Cost per message: {COST_TOPICS} topics, {COST_PRODUCERS} producer processes, 1 consumer "
         f"process (one shared subscription over the topics), {args.messages:,} x {args.size} B, "
         f"individual acks; official pulsar-client {client}, pulsar-lite {lite}; "
-        f"{os.cpu_count()} CPUs; {len(rounds)} round(s), both brokers in each"
+        f"{os.cpu_count()} CPUs; {len(rounds)} round(s), every broker in each"
     )
     print(f"  Magnetar durability: {MAGNETAR_DURABILITY}")
     print(f"  pulsar-lite durability: {LITE_DURABILITY}")
@@ -829,20 +854,20 @@ def print_cost(args: argparse.Namespace, rounds: list[dict[str, list[CostResult]
                     f"{r.us_per_message:>15.1f}{r.broker_cpu:>10.2f} s{r.client_cpu:>11.2f} s  "
                     f"{r.acked:,} acked, {r.unique:,} received: {r.problems}"
                 )
-    if not all(len(by_broker) == 2 for by_broker in rounds):
-        return
-    print("\nMagnetar / pulsar-lite, per round (median)")
-    for index, mode in enumerate(("unbatched", "batched")):
-        rate = [r["Magnetar"][index].rate / r["pulsar-lite"][index].rate for r in rounds]
-        cost = [
-            r["Magnetar"][index].us_per_message / r["pulsar-lite"][index].us_per_message
-            for r in rounds
-        ]
-        print(
-            f"  {mode:<10} e2e rate {' '.join(f'{x:.2f}x' for x in rate)} "
-            f"({statistics.median(rate):.2f}x);  broker CPU/msg "
-            f"{' '.join(f'{x:.2f}x' for x in cost)} ({statistics.median(cost):.2f}x)"
-        )
+    for other in ("pulsar-lite", BASELINE):
+        if not all("Magnetar" in r and other in r for r in rounds):
+            continue
+        print(f"\nMagnetar / {other}, per round (median)")
+        for index, mode in enumerate(args.modes):
+            rate = [r["Magnetar"][index].rate / r[other][index].rate for r in rounds]
+            cost = [
+                r["Magnetar"][index].us_per_message / r[other][index].us_per_message for r in rounds
+            ]
+            print(
+                f"  {mode:<10} e2e rate {' '.join(f'{x:.2f}x' for x in rate)} "
+                f"({statistics.median(rate):.2f}x);  broker CPU/msg "
+                f"{' '.join(f'{x:.2f}x' for x in cost)} ({statistics.median(cost):.2f}x)"
+            )
 
 
 def main_cost(args: argparse.Namespace) -> int:
@@ -851,8 +876,14 @@ def main_cost(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     processes = Processes()
     workdir = Path(tempfile.mkdtemp(prefix="cost-bench-", dir=args.dir))
-    starters = [("Magnetar", start_magnetar), ("pulsar-lite", start_pulsar_lite)]
-    skipped = {"Magnetar": args.skip_magnetar, "pulsar-lite": args.skip_lite}
+    starters: list[tuple[str, Callable[[Processes, Path], Broker]]] = [
+        ("Magnetar", start_magnetar),
+        ("pulsar-lite", start_pulsar_lite),
+    ]
+    skipped = {"Magnetar": args.skip_magnetar, "pulsar-lite": args.skip_lite, BASELINE: False}
+    if args.baseline:
+        source = Path(args.baseline).resolve()
+        starters.insert(1, (BASELINE, lambda p, d: start_magnetar(p, d, BASELINE, source)))
     rounds: list[dict[str, list[CostResult]]] = []
     try:
         for number in range(args.rounds):
@@ -990,6 +1021,16 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--rounds", type=int, default=3, help="--cost rounds [default: 3]")
     parser.add_argument(
+        "--baseline",
+        help="--cost: also run a Magnetar from this source tree (e.g. a git worktree of an "
+        "earlier commit) in every round, and print Magnetar / baseline",
+    )
+    parser.add_argument(
+        "--modes",
+        default="unbatched,batched",
+        help="--cost workloads, in order [default: unbatched,batched]",
+    )
+    parser.add_argument(
         "--profile",
         help="--cost: record Magnetar's unbatched runs with py-spy into this directory and "
         "print the top functions",
@@ -1014,6 +1055,9 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if args.role is None:
         args.sizes = [int(s) for s in args.sizes.split(",")]
+        args.modes = args.modes.split(",")
+        if not args.modes or set(args.modes) - {"unbatched", "batched"}:
+            parser.error("--modes: unbatched, batched or both")
         if min(args.sizes) < SEQUENCE_BYTES or args.size < SEQUENCE_BYTES:
             parser.error(f"--sizes: each message carries a {SEQUENCE_BYTES}-byte sequence number")
         if args.skip_magnetar and args.skip_lite:
