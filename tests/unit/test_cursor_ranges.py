@@ -79,3 +79,21 @@ def test_count_and_from_sorted_agree(added: list[Position], cut: Position) -> No
     assert len(ranges) == len(set(ranges))
     again = AckRanges.from_sorted(ranges.ranges())
     assert again.ranges() == ranges.ranges() and len(again) == len(ranges)
+
+
+@given(st.lists(positions, max_size=40), st.lists(st.lists(positions, max_size=30), max_size=6))
+def test_add_all_is_adding_each(first: list[Position], groups: list[list[Position]]) -> None:
+    """A grouped ACK applied as runs gives the ranges adding its positions one by one gives."""
+    one_by_one = AckRanges()
+    grouped = AckRanges()
+    for p in first:
+        one_by_one.add(p)
+        grouped.add(p)
+    for group in groups:
+        before = set(one_by_one)
+        for p in group:
+            one_by_one.add(p)
+        assert grouped.add_all(group) == bool(set(group) - before)
+        check_invariants(grouped)
+        assert grouped.ranges() == one_by_one.ranges()
+        assert len(grouped) == len(one_by_one)

@@ -88,6 +88,22 @@ class AckRanges:
         self._add_range(position.ledger_id, position.entry_id, position.entry_id)
         return True
 
+    def add_all(self, positions: Iterable[Position]) -> bool:
+        """Add many positions as ranges of consecutive entries (a grouped ACK is mostly one
+        run): one merge per run instead of one per position. True if any was new."""
+        before = self._count
+        run: list[int] | None = None  # [ledger_id, first, last] of the run being collected
+        for ledger_id, entry_id in sorted((p.ledger_id, p.entry_id) for p in positions):
+            if run is not None and ledger_id == run[0] and run[2] <= entry_id <= run[2] + 1:
+                run[2] = entry_id
+                continue
+            if run is not None:
+                self._add_range(*run)
+            run = [ledger_id, entry_id, entry_id]
+        if run is not None:
+            self._add_range(*run)
+        return self._count != before
+
     def _add_range(self, ledger_id: int, first: int, last: int) -> None:
         index = bisect.bisect_left(self._ranges, (ledger_id, first, first))
         # Merge with the previous range when it touches or overlaps.

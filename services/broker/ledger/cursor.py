@@ -413,13 +413,12 @@ class ManagedCursor:
 
     def delete(self, positions: Iterable[Position]) -> None:
         """Individual acks; the mark-delete position moves over any contiguous acked run."""
-        changed = False
-        for position in positions:
-            if position <= self._mark_delete:
-                continue
-            self._batch_acks.pop(position, None)
-            changed |= self._acked.add(position)
-        if changed:
+        mark_delete = self._mark_delete
+        above = [p for p in positions if p > mark_delete]
+        if self._batch_acks:
+            for position in above:
+                self._batch_acks.pop(position, None)
+        if self._acked.add_all(above):
             self.ml.stats.mark_deletes += 1
             self._advance()
             self._after_ack()

@@ -231,39 +231,65 @@ class Subscription:
     def _ack(self, consumer: Consumer, ack_type: int, message_ids: list[pb.MessageIdData]) -> None:
         last = self.topic.ml.last_confirmed_position
         self.last_active = time.monotonic()
-        for mid in message_ids:
-            position = from_wire(mid)
-            if position.ledger_id < 0:
-                continue  # MessageId.earliest: nothing to acknowledge
-            if position > last:
-                raise ValueError(
-                    f"subscription {self}: cannot acknowledge {position}, past the last "
-                    f"stored entry {last} (invalid mark-delete position)"
-                )
-            acked: list[int] = []
-            size = 0
-            if mid.ack_set:
-                # Batch-index ack: ack_set holds the batch's still-unacknowledged indexes.
-                size = self._batch_size(position, mid)
-                if size > 0:
-                    acked = acked_from_bit_set(list(mid.ack_set), size)
-            if ack_type == pb.CommandAck.Cumulative:
-                # Everything before the entry; of the entry itself, what the ack set says (all
-                # of it without one). (L, -1) means "everything before (L, 0)".
-                through = (
-                    Position(position.ledger_id, position.entry_id - 1) if mid.ack_set else position
-                )
-                self._cumulative(through)
-                if mid.ack_set and size > 0:
-                    self._batch_indexes(consumer, position, acked, size)
-            elif mid.ack_set:
-                if size > 0:
-                    self._batch_indexes(consumer, position, acked, size)
-                # else: not out on any consumer, nothing to match the bits against
-            else:
-                self.cursor.delete([position])
-                self._forget(consumer, position)
+        # Whole-entry individual acks (the client groups them, hundreds per ACK) go to the
+        # cursor at once: one range update and one advance of mark-delete per command.
+        individual: list[Position] = []
+        try:
+            for mid in message_ids:
+                position = from_wire(mid)
+                if position.ledger_id < 0:
+                    continue  # MessageId.earliest: nothing to acknowledge
+                if position > last:
+                    raise ValueError(
+                        f"subscription {self}: cannot acknowledge {position}, past the last "
+                        f"stored entry {last} (invalid mark-delete position)"
+                    )
+                if ack_type != pb.CommandAck.Cumulative and not mid.ack_set:
+                    individual.append(position)
+                    continue
+                if individual:  # in the order the client sent them
+                    self._individual(consumer, individual)
+                    individual = []
+                self._ack_one(consumer, ack_type, mid, position)
+        finally:
+            if individual:
+                self._individual(consumer, individual)
         self.dispatcher.wake()
+
+    def _individual(self, consumer: Consumer, positions: list[Position]) -> None:
+        self.cursor.delete(positions)
+        acked = consumer.acked
+        redelivery_counts, batch_sizes = self.redelivery_counts, self.batch_sizes
+        for position in positions:
+            acked(position)
+            if redelivery_counts:
+                redelivery_counts.pop(position, None)
+            if batch_sizes:
+                batch_sizes.pop(position, None)
+
+    def _ack_one(
+        self, consumer: Consumer, ack_type: int, mid: pb.MessageIdData, position: Position
+    ) -> None:
+        """A cumulative ack, or an ack of some messages of a batch entry."""
+        acked: list[int] = []
+        size = 0
+        if mid.ack_set:
+            # Batch-index ack: ack_set holds the batch's still-unacknowledged indexes.
+            size = self._batch_size(position, mid)
+            if size > 0:
+                acked = acked_from_bit_set(list(mid.ack_set), size)
+        if ack_type == pb.CommandAck.Cumulative:
+            # Everything before the entry; of the entry itself, what the ack set says (all
+            # of it without one). (L, -1) means "everything before (L, 0)".
+            through = (
+                Position(position.ledger_id, position.entry_id - 1) if mid.ack_set else position
+            )
+            self._cumulative(through)
+            if mid.ack_set and size > 0:
+                self._batch_indexes(consumer, position, acked, size)
+        elif size > 0:
+            self._batch_indexes(consumer, position, acked, size)
+        # else: not out on any consumer, nothing to match the bits against
 
     def _batch_size(self, position: Position, mid: pb.MessageIdData) -> int:
         """The size of the batch at ``position``: as dispatched when known, else as the ack
