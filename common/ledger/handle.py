@@ -24,6 +24,7 @@ import collections
 import functools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: Called with an add's future once it is done, in the turn that ends it.
+AddListener = Callable[["asyncio.Future[int]"], None]
+
 
 @dataclass(slots=True, frozen=True)
 class LedgerEntry:
@@ -65,7 +69,18 @@ class LedgerEntry:
 
 
 class _PendingAdd:
-    __slots__ = ("acks", "done", "entry", "entry_id", "future", "length", "sent", "sent_at", "size")
+    __slots__ = (
+        "acks",
+        "done",
+        "entry",
+        "entry_id",
+        "future",
+        "length",
+        "listener",
+        "sent",
+        "sent_at",
+        "size",
+    )
 
     def __init__(
         self,
@@ -75,8 +90,10 @@ class _PendingAdd:
         future: asyncio.Future[int],
         length: int,
         size: int,
+        listener: AddListener | None = None,
     ) -> None:
         self.entry_id = entry_id
+        self.listener = listener
         self.entry = entry
         self.acks = acks
         self.future = future
@@ -146,18 +163,24 @@ class LedgerHandle:
         """Append one entry and wait until it is acknowledged; returns its entry id."""
         return await (await self.add_async(payload))
 
-    async def add_async(self, payload: bytes) -> asyncio.Future[int]:
+    async def add_async(
+        self, payload: bytes, listener: AddListener | None = None
+    ) -> asyncio.Future[int]:
         """Append one entry; waits only for room in the in-flight window. The future gives the
         entry id once the entry is acknowledged (futures complete in entry order).
+        ``listener`` is called with that future as soon as it is done, in the same turn of the
+        event loop (a done callback would run one turn later, one turn per entry).
         Raises EntryTooLargeError, before anything is sent, for an entry over the limit."""
-        future = self.try_add(payload)
+        future = self.try_add(payload, listener)
         while future is None:
             self._room.clear()
             await self._room.wait()
-            future = self.try_add(payload)
+            future = self.try_add(payload, listener)
         return future
 
-    def try_add(self, payload: bytes) -> asyncio.Future[int] | None:
+    def try_add(
+        self, payload: bytes, listener: AddListener | None = None
+    ) -> asyncio.Future[int] | None:
         """add_async without the wait: None (nothing sent) while the in-flight window is full."""
         self._check_writable()
         if HEADER_SIZE + len(payload) > self.max_entry_size:
@@ -178,7 +201,7 @@ class LedgerHandle:
         )
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         op = _PendingAdd(
-            entry_id, entry, AckSet(self._quorum), future, self._pushed_length, len(entry)
+            entry_id, entry, AckSet(self._quorum), future, self._pushed_length, len(entry), listener
         )
         self._pending.append(op)
         self._pending_bytes += op.size
@@ -268,18 +291,18 @@ class LedgerHandle:
             len(retracted) - 1,
         )
         for taken in reversed(retracted):
-            if taken.future.done():
-                continue
             if taken is op:
-                taken.future.set_exception(
-                    EntryTooLargeError(self.ledger_id, op.size, self.max_entry_size, str(error))
+                self._settle(
+                    taken,
+                    EntryTooLargeError(self.ledger_id, op.size, self.max_entry_size, str(error)),
                 )
             else:
-                taken.future.set_exception(
+                self._settle(
+                    taken,
                     LedgerError(
                         f"ledger {self.ledger_id}: add not stored: entry {op.entry_id} before "
                         "it was refused as too large; send it again"
-                    )
+                    ),
                 )
         self._wake_window()
 
@@ -298,10 +321,24 @@ class LedgerHandle:
             self.last_add_confirmed = op.entry_id
             self.length = op.length
             released = True
-            if not op.future.done():
-                op.future.set_result(op.entry_id)
+            self._settle(op)
         if released:
             self._wake_window()
+
+    def _settle(self, op: _PendingAdd, error: BaseException | None = None) -> None:
+        """End an add: its future, then its listener at once."""
+        future = op.future
+        if future.done():
+            return
+        if error is None:
+            future.set_result(op.entry_id)
+        else:
+            future.set_exception(error)
+        if op.listener is not None:
+            try:
+                op.listener(future)
+            except Exception:
+                log.exception("ledger %d: add listener failed", self.ledger_id)
 
     def _wake_window(self) -> None:
         if not self._room.is_set():
@@ -323,8 +360,7 @@ class LedgerHandle:
         while self._pending:
             op = self._pending.popleft()
             op.done = True
-            if not op.future.done():
-                op.future.set_exception(error)
+            self._settle(op, error)
         self._pending_bytes = 0
         self._room.set()  # waiters wake up and see the error
 

@@ -390,9 +390,17 @@ class ManagedLedger(LedgerPositions):
                         await self._wait_before_roll()
                         await self._roll()
                     assert self._current is not None
-                    entry_future = self._current.try_add(data)
-                    if entry_future is None:  # the ledger's in-flight window is full
-                        entry_future = await self._current.add_async(data)
+                    # Called as each add completes, in that turn: the entry is in the cache
+                    # before a dispatcher sees the new LAC, and the receipt waits no extra turn.
+                    listener = functools.partial(
+                        self._add_done,
+                        self._current.ledger_id,
+                        data,
+                        future,
+                        (queued_at, time.monotonic()),
+                    )
+                    if self._current.try_add(data, listener) is None:  # the window is full
+                        await self._current.add_async(data, listener)
                 except LedgerFencedError as e:
                     self._fence(str(e))
                     continue
@@ -421,15 +429,6 @@ class ManagedLedger(LedgerPositions):
                 self._queue.popleft()
                 self._pushed_entries += 1
                 self._pushed_bytes += len(data)
-                entry_future.add_done_callback(
-                    functools.partial(
-                        self._add_done,
-                        self._current.ledger_id,
-                        data,
-                        future,
-                        (queued_at, time.monotonic()),
-                    )
-                )
                 if self._pushed_entries % YIELD_EVERY == 0:
                     # Let the bookies start on what was pushed: a burst is journaled in
                     # pieces, so its first receipts do not wait for its last entry.
