@@ -64,6 +64,9 @@ from magnetar.common.metadata import NOT_EXISTS, BadVersionError, MetadataStore
 
 log = logging.getLogger(__name__)
 
+#: Told that an add is done (its future, done), see ``add_entry_async``.
+StoredListener = Callable[["asyncio.Future[Position]"], None]
+
 #: The writer yields to the event loop after this many adds in a row.
 YIELD_EVERY = 64
 #: Passes of read-recover-claim when opening, against a previous owner still rolling over.
@@ -106,10 +109,11 @@ class ManagedLedger(LedgerPositions):
         #: Counters for metrics (adds, reads, cache, latencies), shared with the reader.
         self.stats = ManagedLedgerStats()
         self.reader = EntryReader(name, client, config.cache_bytes, self.stats)
-        #: Adds waiting for the writer: data, its future, when it was called (monotonic).
-        self._queue: collections.deque[tuple[bytes, asyncio.Future[Position], float]] = (
-            collections.deque()
-        )
+        #: Adds waiting for the writer: data, its future, when it was called (monotonic), who
+        #: is told once it is stored.
+        self._queue: collections.deque[
+            tuple[bytes, asyncio.Future[Position], float, StoredListener | None]
+        ] = collections.deque()
         self._wake = asyncio.Event()
         #: Set and dropped after each completed add; made only when a tailer waits.
         self._added: asyncio.Event | None = None
@@ -312,10 +316,16 @@ class ManagedLedger(LedgerPositions):
     async def add_entry(self, data: bytes) -> Position:
         return await self.add_entry_async(data)
 
-    def add_entry_async(self, data: bytes) -> asyncio.Future[Position]:
+    def add_entry_async(
+        self, data: bytes, on_stored: StoredListener | None = None
+    ) -> asyncio.Future[Position]:
         """Queue one entry; the future gives its position once acknowledged. Futures complete in
-        the order of the calls, across rollovers."""
+        the order of the calls, across rollovers. ``on_stored`` is called with the future once
+        it is done: for a stored entry in the turn the ledger acknowledged it (a done callback
+        would wait a turn of the event loop, one per entry), otherwise as a done callback."""
         future: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
+        if on_stored is not None:
+            future.add_done_callback(on_stored)  # any failure reaches it this way
         if self._error is not None:
             future.set_exception(self._error)
         elif self._terminating or self.terminated_at is not None:
@@ -325,7 +335,7 @@ class ManagedLedger(LedgerPositions):
         elif self._state is not _State.OPEN:
             future.set_exception(ManagedLedgerClosedError(f"managed ledger {self.name} is closed"))
         else:
-            self._queue.append((data, future, time.monotonic()))
+            self._queue.append((data, future, time.monotonic(), on_stored))
             self._wake.set()
         return future
 
@@ -370,7 +380,7 @@ class ManagedLedger(LedgerPositions):
 
     def _fail_queued(self, error: BaseException) -> None:
         while self._queue:
-            _, future, _ = self._queue.popleft()
+            _, future, _, _ = self._queue.popleft()
             self.stats.adds_failed += 1
             if not future.done():
                 future.set_exception(error)
@@ -384,7 +394,7 @@ class ManagedLedger(LedgerPositions):
                 if self._error is not None:
                     self._fail_queued(self._error)
                     break
-                data, future, queued_at = self._queue[0]
+                data, future, queued_at, on_stored = self._queue[0]
                 try:
                     if self._should_roll():
                         await self._wait_before_roll()
@@ -397,6 +407,7 @@ class ManagedLedger(LedgerPositions):
                         self._current.ledger_id,
                         data,
                         future,
+                        on_stored,
                         (queued_at, time.monotonic()),
                     )
                     if self._current.try_add(data, listener) is None:  # the window is full
@@ -441,6 +452,7 @@ class ManagedLedger(LedgerPositions):
         ledger_id: int,
         data: bytes,
         future: asyncio.Future[Position],
+        on_stored: StoredListener | None,
         times: tuple[float, float],
         entry_future: asyncio.Future[int],
     ) -> None:
@@ -469,7 +481,12 @@ class ManagedLedger(LedgerPositions):
             self._confirmed_in_current = True
         self.reader.cache.put(position, data)
         if not future.done():
-            future.set_result(position)
+            if on_stored is None:
+                future.set_result(position)
+            else:
+                future.remove_done_callback(on_stored)
+                future.set_result(position)
+                on_stored(future)
         self._notify_added()
         if self.on_added is not None:
             self.on_added()

@@ -184,19 +184,6 @@ def send_message(conn: ServerConnection, body: pb.CommandSend, frame: codec.Fram
         dedup_highest = (
             metadata.highest_sequence_id if metadata.HasField("highest_sequence_id") else None
         )
-    future = topic.publish(
-        frame.headers_and_payload,
-        dedup_name,
-        dedup_sequence,
-        -1 if dedup_highest is None else dedup_highest,
-        max(body.num_messages, 1),
-        marker=marker,
-    )
-    pause = topic.publish_throttle.published(
-        max(body.num_messages, 1), len(frame.headers_and_payload)
-    )
-    if pause > 0:
-        conn.hold_reading(pause)  # the rest of the second: nothing more read from this client
     producer_id, sequence_id = body.producer_id, body.sequence_id
 
     def receipt(done: asyncio.Future[Position | None]) -> None:
@@ -230,4 +217,17 @@ def send_message(conn: ServerConnection, body: pb.CommandSend, frame: codec.Fram
             )
         )
 
-    future.add_done_callback(receipt)
+    topic.publish(
+        frame.headers_and_payload,
+        dedup_name,
+        dedup_sequence,
+        -1 if dedup_highest is None else dedup_highest,
+        max(body.num_messages, 1),
+        marker=marker,
+        on_stored=receipt,
+    )
+    pause = topic.publish_throttle.published(
+        max(body.num_messages, 1), len(frame.headers_and_payload)
+    )
+    if pause > 0:
+        conn.hold_reading(pause)  # the rest of the second: nothing more read from this client

@@ -13,6 +13,7 @@ import asyncio
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from magnetar.broker.errors import TopicBusyError
@@ -135,9 +136,14 @@ class NonPersistentTopic:
         sequence_id: int = -1,
         highest: int = -1,
         messages: int | None = None,
+        *,
+        marker: bool = False,
+        on_stored: Callable[[asyncio.Future[Position | None]], None] | None = None,
     ) -> asyncio.Future[Position | None]:
         """Deliver one entry to each subscription's chosen consumer now (``messages``: taken
-        from the entry's metadata, which is decoded here anyway)."""
+        from the entry's metadata, which is decoded here anyway). ``marker`` is accepted as
+        the persistent topic's ``publish`` takes it; markers come only through persistent
+        topics' replication."""
         position = Position(0, next(self._entry_ids))
         metadata = entry_metadata(stored)  # once, for every subscription
         count = message_count(metadata)
@@ -149,6 +155,8 @@ class NonPersistentTopic:
         for subscription in list(self.subscriptions.values()):
             subscription.deliver(position, stored, metadata, count)
         done: asyncio.Future[Position | None] = asyncio.get_running_loop().create_future()
+        if on_stored is not None:
+            done.add_done_callback(on_stored)
         done.set_result(position)
         return done
 

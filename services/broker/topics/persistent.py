@@ -158,23 +158,33 @@ class PersistentTopic:
         messages: int | None = None,
         *,
         marker: bool = False,
+        on_stored: Callable[[asyncio.Future[Position | None]], None] | None = None,
     ) -> asyncio.Future[Position | None]:
         """Append one entry (a producer's payload section); resolves once it is durable, to
         None for a duplicate that deduplication dropped. ``messages``: the entry's messages when
         the caller knows them (SEND's ``num_messages``); else they are read from its metadata.
         ``marker``: a marker (written here, or one a remote's replicator sent): not
-        deduplicated, not counted, acknowledged for every subscription once stored."""
+        deduplicated, not counted, acknowledged for every subscription once stored.
+        ``on_stored`` is called with the future once it is done (with no wait for a turn of the
+        event loop when the entry was stored: ``ManagedLedger.add_entry_async``)."""
         if self.unloading:
             refused: asyncio.Future[Position | None] = asyncio.get_running_loop().create_future()
+            if on_stored is not None:
+                refused.add_done_callback(on_stored)
             refused.set_exception(TopicUnloadingError(f"topic {self.name} is being unloaded"))
             return refused
         if marker:
-            return self._publish_marker(stored, None)
+            stored_marker = self._publish_marker(stored, None)
+            if on_stored is not None:
+                stored_marker.add_done_callback(on_stored)
+            return stored_marker
         dedup = self.deduplication
         if dedup is not None:
             status = dedup.check(producer_name, sequence_id, highest)
             if status is not DuplicateStatus.NEW:
                 done: asyncio.Future[Position | None] = asyncio.get_running_loop().create_future()
+                if on_stored is not None:
+                    done.add_done_callback(on_stored)
                 if status is DuplicateStatus.DUPLICATE:
                     done.set_result(None)
                 else:
@@ -185,7 +195,7 @@ class PersistentTopic:
                         )
                     )
                 return done
-        future = self.ml.add_entry_async(stored)
+        future = self.ml.add_entry_async(stored, on_stored)  # type: ignore[arg-type]
         self._last_publish = future
         self.last_active = self.last_data_at = time.monotonic()
         self.msg_in += 1
