@@ -56,6 +56,8 @@ __all__ = ["AckRanges", "ManagedCursor", "NonDurableCursor", "cursor_key", "dele
 
 log = logging.getLogger(__name__)
 
+_NO_INDEXES: frozenset[int] = frozenset()
+
 #: Longest wait between retries of a cursor whose state could not be stored.
 MAX_RETRY_INTERVAL_S = 60.0
 
@@ -389,7 +391,8 @@ class ManagedCursor:
         return self._acked
 
     def acked_batch_indexes(self, position: Position) -> frozenset[int]:
-        return frozenset(self._batch_acks.get(position, ()))
+        found = self._batch_acks.get(position) if self._batch_acks else None
+        return frozenset(found) if found else _NO_INDEXES
 
     def is_acked(self, position: Position) -> bool:
         return position <= self._mark_delete or position in self._acked
