@@ -626,8 +626,18 @@ BASELINE = "baseline"
 COST_PRODUCERS = 2
 
 
-def process_tree_cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process and of its live descendants."""
+def system_cpu_seconds(pid: int) -> float:
+    """System CPU time of a process so far (syscalls: socket writes, journal writes, fsync)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, IndexError):
+        return float("nan")
+    return int(fields[12]) / os.sysconf("SC_CLK_TCK")
+
+
+def process_tree_cpu_seconds(pid: int, of: Callable[[int], float] | None = None) -> float:
+    """User + system CPU time (or what ``of`` reads) of a process and its live descendants."""
+    of = of or cpu_seconds
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -640,7 +650,7 @@ def process_tree_cpu_seconds(pid: int) -> float:
     total, pending = 0.0, [pid]
     while pending:
         current = pending.pop()
-        used = cpu_seconds(current)
+        used = of(current)
         if used == used:  # not NaN: the process may have ended meanwhile
             total += used
         pending.extend(children.get(current, []))
@@ -658,6 +668,7 @@ class CostResult:
     duplicates: int
     seconds: float
     broker_cpu: float
+    broker_sys: float  # of broker_cpu, in the kernel
     client_cpu: float
 
     @property
@@ -727,6 +738,7 @@ def run_cost(
             )  # fmt: skip
             time.sleep(1.0)  # attached before the run starts
         broker_before = process_tree_cpu_seconds(broker.process.pid)
+        broker_sys_before = process_tree_cpu_seconds(broker.process.pid, system_cpu_seconds)
         for process in clients.values():
             tell(process, "go")
         produced = [
@@ -742,6 +754,9 @@ def run_cost(
             read_line(clients["consumer"], COST_DRAIN_TIMEOUT_S + 30, f"{broker.name} consumer")
         )
         broker_cpu = process_tree_cpu_seconds(broker.process.pid) - broker_before
+        broker_sys = (
+            process_tree_cpu_seconds(broker.process.pid, system_cpu_seconds) - broker_sys_before
+        )
         if spy is not None:
             spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
             spy.wait(30)
@@ -764,6 +779,7 @@ def run_cost(
         duplicates=consumed["duplicates"],
         seconds=consumed["seconds"],
         broker_cpu=broker_cpu,
+        broker_sys=broker_sys,
         client_cpu=client_cpu,
     )
 
@@ -843,7 +859,7 @@ def print_cost(args: argparse.Namespace, rounds: list[dict[str, list[CostResult]
     print(f"  pulsar-lite durability: {LITE_DURABILITY}")
     print(
         f"\n{'round':<6}{'broker':<13}{'mode':<11}{'load':>6}{'e2e msg/s':>11}"
-        f"{'broker us/msg':>15}{'broker CPU':>12}{'clients CPU':>13}  check"
+        f"{'broker us/msg':>15}{'broker CPU':>12}{'of it sys':>11}{'clients CPU':>13}  check"
     )
     for number, by_broker in enumerate(rounds, 1):
         for name, results in by_broker.items():
@@ -851,7 +867,8 @@ def print_cost(args: argparse.Namespace, rounds: list[dict[str, list[CostResult]
                 mode = "batched" if r.batched else "unbatched"
                 print(
                     f"{number:<6}{name:<13}{mode:<11}{r.load:>6.2f}{r.rate:>11,.0f}"
-                    f"{r.us_per_message:>15.1f}{r.broker_cpu:>10.2f} s{r.client_cpu:>11.2f} s  "
+                    f"{r.us_per_message:>15.1f}{r.broker_cpu:>10.2f} s{r.broker_sys:>9.2f} s"
+                    f"{r.client_cpu:>11.2f} s  "
                     f"{r.acked:,} acked, {r.unique:,} received: {r.problems}"
                 )
     for other in ("pulsar-lite", BASELINE):
