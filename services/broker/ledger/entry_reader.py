@@ -90,11 +90,13 @@ class EntryReader:
         UnreadableEntryError, after the entries before it when there are any."""
         result: list[tuple[Position, bytes]] = []
         entry_id = first
+        get = self.cache.get
         while entry_id <= last:
-            cached = self.cache.get(Position(ledger_id, entry_id))
+            position = Position(ledger_id, entry_id)
+            cached = get(position)
             if cached is None:
                 break
-            result.append((Position(ledger_id, entry_id), cached))
+            result.append((position, cached))
             entry_id += 1
         stats = self.stats
         if result:

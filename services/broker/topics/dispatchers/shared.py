@@ -67,8 +67,8 @@ def next_by_priority(consumers: list[Consumer], turn: itertools.count[int]) -> C
     """Round robin among the ready consumers of the best priority level (0 is the best): a
     lower level gets messages only while every consumer above it has no permits."""
     ready = [c for c in consumers if c.ready]
-    if not ready:
-        return None
+    if len(ready) <= 1:
+        return ready[0] if ready else None
     best = min(c.priority for c in ready)
     level = [c for c in ready if c.priority == best]
     return level[next(turn) % len(level)]
