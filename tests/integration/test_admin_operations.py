@@ -7,6 +7,7 @@ subscription expiration policies. Each test asserts status codes, field types an
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import subprocess
@@ -20,6 +21,9 @@ from typing import Any
 import pulsar
 import pytest
 
+from magnetar.common.ledger.managed_ledger_keys import managed_ledger_key
+from magnetar.common.ledger.managed_ledger_list import ManagedLedgerRecord
+from magnetar.common.metadata import open_store
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from tests.support.raw_client import RawConnection, module_standalone
 from tests.support.standalone import StandaloneProcess, client
@@ -1136,11 +1140,17 @@ def test_health_check_round_trips_through_the_heartbeat_topic(node: StandalonePr
     for _ in range(4):
         status, _, body = call(node, "GET", "/brokers/health")
         assert (status, body) == (200, b"ok")
-    heartbeat_ledgers = []
-    for ledger in bk(node, "listledgers").stdout.split():
-        shown = bk(node, "ledgermetadata", ledger).stdout
-        if f"managed-ledger = b'{name}'" in shown:
-            heartbeat_ledgers.append(ledger)
-    # The one written by the last check (closed by nothing yet) and at most the one before.
-    assert 1 <= len(heartbeat_ledgers) <= 2, heartbeat_ledgers
-    assert bk(node, "readledger", heartbeat_ledgers[-1]).returncode == 0
+
+    async def heartbeat_ledgers() -> list[int]:
+        # The standalone's own store, read beside it (as `magnetar bk` does).
+        store = await open_store(f"local://{node.data_dir / 'meta.db'}", read_only=True)
+        try:
+            found = await store.get(managed_ledger_key(name))
+        finally:
+            await store.close()
+        assert found is not None, f"no managed ledger {name}"
+        return [i.ledger_id for i in ManagedLedgerRecord.from_bytes(name, found.value).ledgers]
+
+    # The one written by the last check and at most the one before: four checks, four ledgers
+    # made, the older ones deleted.
+    assert 1 <= len(asyncio.run(heartbeat_ledgers())) <= 2
