@@ -79,6 +79,12 @@ class RateLimiter:
         over = (messages > 0 and self._messages >= messages) or (size > 0 and self._bytes >= size)
         return max(self._window_start + self.rate.period_s - now, 0.0) if over else 0.0
 
+    def over(self) -> tuple[bool, bool]:
+        """Whether this window's (messages, bytes) limit is reached."""
+        self._roll()
+        messages, size = self.limits()
+        return (messages > 0 and self._messages >= messages), (size > 0 and self._bytes >= size)
+
     def consume(self, messages: int, size: int) -> None:
         self._roll()
         self._messages += messages

@@ -6,6 +6,7 @@ present, rates are over the last interval (:mod:`rates`). Both topic kinds build
 from __future__ import annotations
 
 import datetime
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from magnetar.broker.topics.dispatchers.failover import active_consumer
@@ -176,6 +177,7 @@ def persistent_stats(topic: PersistentTopic, rates: TopicRates) -> dict[str, Any
             "isReplicated": sub.replicated,
             "nonContiguousDeletedMessagesRanges": len(sub.cursor.individually_acked),
             "subscriptionProperties": {},
+            **_throttled(sub.throttled),
         }
     compacted = ml.compacted.size if ml.compacted is not None else 0
     return {
@@ -188,6 +190,16 @@ def persistent_stats(topic: PersistentTopic, rates: TopicRates) -> dict[str, Any
         # Entries no bookie could give back intact (digest errors on every copy).
         "unreadableEntries": {str(p): why for p, why in sorted(ml.unreadable.items())},
     }
+
+
+def _throttled(counts: Counter[tuple[str, str]]) -> dict[str, int]:
+    """Pulsar's dispatchThrottled{Msg,Bytes}EventsBy{Subscription,Topic,Broker}Limit (there is
+    no broker-wide dispatch rate here: those stay 0)."""
+    out = {}
+    for by in ("Subscription", "Topic", "Broker"):
+        out[f"dispatchThrottledMsgEventsBy{by}Limit"] = counts[(by.lower(), "messages")]
+        out[f"dispatchThrottledBytesEventsBy{by}Limit"] = counts[(by.lower(), "bytes")]
+    return out
 
 
 def nonpersistent_stats(topic: NonPersistentTopic, rates: TopicRates) -> dict[str, Any]:

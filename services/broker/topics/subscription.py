@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -119,6 +120,9 @@ class Subscription:
         self.expired = 0
         self.last_expired_ms = 0
         self._rate_limiter: RateLimiter | None = None
+        #: Times dispatch was held by a dispatch rate, by (``topic``|``subscription`` limit,
+        #: ``messages``|``bytes``), for stats.
+        self.throttled: Counter[tuple[str, str]] = Counter()
         #: When a consumer last came or went or acknowledged (subscription expiration).
         self.last_active = time.monotonic()
         # Without a mode yet, an idle dispatcher holds the place: with no consumer it never

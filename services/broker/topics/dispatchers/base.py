@@ -160,8 +160,19 @@ class Dispatcher(abc.ABC):
         return True
 
     def _throttled(self) -> float:
-        """Seconds to wait before dispatching more (0: now), by the dispatch rate limits."""
-        return max((limiter.delay() for limiter in self.subscription.rate_limiters()), default=0.0)
+        """Seconds to wait before dispatching more (0: now), by the dispatch rate limits; each
+        hold is counted for the subscription's stats (Pulsar's dispatchThrottled*Events*)."""
+        sub = self.subscription
+        wait = 0.0
+        for limiter in sub.rate_limiters():
+            delay = limiter.delay()
+            if delay > 0:
+                wait = max(wait, delay)
+                messages, size = limiter.over()
+                by = "topic" if limiter is sub.topic.dispatch_limiter else "subscription"
+                sub.throttled[(by, "messages")] += messages
+                sub.throttled[(by, "bytes")] += size
+        return wait
 
     def entries_to_read(self, permits: int) -> int:
         """Entries to read for ``permits`` messages, at the average batch size seen so far
