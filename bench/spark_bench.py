@@ -25,11 +25,14 @@ against etcd, one bookie and one broker in their own processes (``tests.support.
 journal fsync on, ledgers on the one bookie), and each line gives the broker's and the
 bookie's CPU apart: what a storage read leaves to the broker. Every step after the backlog
 is run ``--rounds`` times, the paths in turn (a machine shared with other work moves single
-figures by 2x), and the medians and their ratios are printed at the end. A Spark session is started (and warmed
-with a small read) before anything is timed, so the figures do not include the JVM start.
+figures by 2x), and the medians and their ratios are printed at the end. A Spark session is started and warmed
+before anything is timed (a small read on every path, its ledgers closed, and a small write
+with each sink, two tasks each), so the figures include neither the JVM start nor the Python
+workers' first imports.
 The numbers are printed; nothing is asserted.
 
     python bench/spark_bench.py [--messages 1000000] [--partitions 4] [--rounds 3] [--cluster]
+                                [--producer-batch 1000]
 """
 
 from __future__ import annotations
@@ -190,14 +193,16 @@ def timed(what: str, rows: int, node: Standalone | Cluster) -> Iterator[dict[str
     )
 
 
-def produce_backlog(standalone: Standalone | Cluster, topic: str, messages: int) -> None:
+def produce_backlog(
+    standalone: Standalone | Cluster, topic: str, messages: int, batch: int = 1000
+) -> None:
     quiet = logging.getLogger("pulsar-client")
     quiet.setLevel(logging.WARNING)
     client = pulsar.Client(standalone.url, operation_timeout_seconds=60, logger=quiet)
     producer = client.create_producer(
         topic,
         batching_enabled=True,
-        batching_max_messages=1000,
+        batching_max_messages=batch,
         batching_max_publish_delay_ms=5,
         max_pending_messages=10_000,
         block_if_queue_full=True,
@@ -238,6 +243,12 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3, help="times every step is run")
     parser.add_argument(
+        "--producer-batch",
+        type=int,
+        default=1000,
+        help="at most this many messages per entry of the backlog (smaller: more entries)",
+    )
+    parser.add_argument(
         "--cluster", action="store_true", help="etcd, a bookie and a broker as separate processes"
     )
     args = parser.parse_args()
@@ -251,13 +262,13 @@ def main() -> None:
                 f"{'cluster' if args.cluster else 'standalone'}: "
                 f"{n:,} messages of {PAYLOAD_BYTES} bytes, {partitions} partitions, Spark "
                 f"local[2], {os.cpu_count()} CPUs, load average at start "
-                f"{os.getloadavg()[0]:.1f}",
+                f"{os.getloadavg()[0]:.1f}, producer batches of up to {args.producer_batch}",
                 flush=True,
             )
             source = "bench-backlog"
             standalone.admin("PUT", f"persistent/public/default/{source}/partitions", partitions)
             with timed("produce backlog (official client)", n, standalone):
-                produce_backlog(standalone, source, n)
+                produce_backlog(standalone, source, n, args.producer_batch)
 
             for p in range(partitions):
                 standalone.admin("PUT", f"persistent/public/default/{source}-partition-{p}/unload")
@@ -265,12 +276,26 @@ def main() -> None:
             spark = spark_session()
             options = {"service.url": standalone.url, "admin.url": standalone.admin_url}
             storage = {"metadata.url": standalone.metadata_url}
-            # Warm-up on a small topic: the JVM, the Python workers and their imports.
+            # Warm-up on a small topic, its ledgers closed so the storage path reads it too,
+            # two partitions so that both Python workers run every path once: the JVM, the
+            # workers and their imports (the ledger client's, grpc's) are not timed.
+            standalone.admin("PUT", "persistent/public/default/bench-warm-up/partitions", 2)
             produce_backlog(standalone, "bench-warm-up", 1000)
+            for p in range(2):
+                standalone.admin(
+                    "PUT", f"persistent/public/default/bench-warm-up-partition-{p}/unload"
+                )
             for extra in ({"arrow": "false"}, {"readFromStorage": "never"}, storage):
                 spark.read.format("pulsar").options(**options, **extra).option(
                     "topic", "bench-warm-up"
                 ).load().count()
+
+            for arrow in ("false", "true"):
+                spark.range(0, 1000, 1, 2).selectExpr(
+                    "CAST(CAST(id AS STRING) AS BINARY) AS value"
+                ).write.format("pulsar").option("service.url", standalone.url).option(
+                    "topic", "bench-warm-up"
+                ).option("arrow", arrow).mode("append").save()
 
             reads = (
                 ("batch read, broker, tuples", {"arrow": "false", "readFromStorage": "never"}),
