@@ -510,8 +510,9 @@ class ManagedCursor:
         reads = 0
         while len(result) < max_entries:
             reads += 1
+            wanted = max_entries - len(result)
             try:
-                batch = await self.ml.read_entries(self.read_position, max_entries - len(result))
+                batch = await self.ml.read_entries(self.read_position, wanted)
             except BaseException as e:
                 if self.moves == moves:
                     if result and isinstance(e, Exception):
@@ -529,6 +530,10 @@ class ManagedCursor:
             # ranges from ``_acked``), and those must not go out again.
             result.extend((p, data) for p, data in batch if not self.is_acked(p))
             self.read_position = self.ml.next_position(batch[-1][0])
+            if len(batch) < wanted:
+                # The managed ledger gave all it has now: another read would come back empty
+                # (and make the entries read so far be checked against the acks again).
+                break
         if reads > 1:  # entries of an earlier read may have been acked while later ones waited
             result = [(p, data) for p, data in result if not self.is_acked(p)]
         return result
