@@ -44,6 +44,27 @@ def is_marker_entry(stored: bytes) -> bool:
     return pb.MessageMetadata.FromString(stored[start:end]).HasField("marker_type")
 
 
+#: The tags of MessageMetadata.num_messages_in_batch (field 11) and deliver_at_time (field 19),
+#: both varints, as they are encoded.
+_BATCH_SIZE_TAG = b"\x58"
+_DELIVER_AT_TAG = b"\x98\x01"
+
+
+def dispatch_facts(stored: bytes) -> tuple[int, int]:
+    """What a dispatcher needs of an entry's metadata: its message count (a batch's size, else
+    1) and its delivery time (ms, 0 when it has none). The encoded tags are looked for first:
+    metadata holding neither (a plain message) is not decoded; bytes that only look like them
+    (inside another field's value) cost a decode, never a wrong answer."""
+    start, end = _metadata_span(stored)
+    if (
+        stored.find(_BATCH_SIZE_TAG, start, end) < 0
+        and stored.find(_DELIVER_AT_TAG, start, end) < 0
+    ):
+        return 1, 0
+    metadata = pb.MessageMetadata.FromString(stored[start:end])
+    return message_count(metadata), metadata.deliver_at_time
+
+
 def entry_payload(stored: bytes) -> bytes:
     """The payload after the metadata (a batch's messages, or the one message)."""
     return stored[_metadata_span(stored)[1] :]

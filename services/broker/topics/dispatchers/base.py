@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING
 
 from magnetar.broker.ledger.errors import ManagedLedgerError, UnreadableEntryError
-from magnetar.broker.model.entry import is_marker_entry, message_count
+from magnetar.broker.model.entry import dispatch_facts, is_marker_entry
 from magnetar.broker.model.position import Position
 from magnetar.broker.topics.consumer import Consumer
 from magnetar.broker.topics.dispatchers.delayed import DelayedDeliveryTracker
@@ -206,7 +206,7 @@ class Dispatcher(abc.ABC):
         """Dispatch one entry, with its redelivery count and the batch indexes already acked
         (``count``: its messages, when the caller knows them already)."""
         if count is None:
-            count = message_count(stored)
+            count = dispatch_facts(stored)[0]
         if count > 1:
             self.subscription.batch_sizes[position] = count
         sub = self.subscription
@@ -260,7 +260,11 @@ class ReplayingDispatcher(Dispatcher):
 
     def hold_if_delayed(self, position: Position, metadata: pb.MessageMetadata) -> bool:
         """Delayed delivery: keep a message whose time has not come; True if it was kept."""
-        deliver_at = metadata.deliver_at_time
+        return self.hold_until(position, metadata.deliver_at_time)
+
+    def hold_until(self, position: Position, deliver_at: int) -> bool:
+        """Keep the message at ``position`` until ``deliver_at`` (ms; 0: none) if that is
+        still ahead; True if it was kept."""
         if not deliver_at or deliver_at <= time.time() * 1000:
             return False
         self.delayed.hold(position, deliver_at)

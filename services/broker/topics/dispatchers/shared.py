@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 
-from magnetar.broker.model.entry import entry_metadata, message_count
+from magnetar.broker.model.entry import dispatch_facts
 from magnetar.broker.model.position import Position
 from magnetar.broker.topics.consumer import Consumer
 from magnetar.broker.topics.dispatchers.base import ReplayingDispatcher
@@ -36,8 +36,8 @@ class SharedDispatcher(ReplayingDispatcher):
                 return True  # only markers: read on
         sent = False
         for i, (position, stored) in enumerate(entries):
-            metadata = entry_metadata(stored)  # once per entry: its delivery time and size
-            if not replayed and self.hold_if_delayed(position, metadata):
+            count, deliver_at = dispatch_facts(stored)
+            if not replayed and deliver_at and self.hold_until(position, deliver_at):
                 continue
             consumer = self._next_consumer()
             if consumer is None:  # permits ran out (batches count more than one)
@@ -46,7 +46,7 @@ class SharedDispatcher(ReplayingDispatcher):
                 else:
                     self.cursor.unread(position)
                 break
-            self.send(consumer, position, stored, message_count(metadata))
+            self.send(consumer, position, stored, count)
             sent = True
         return sent
 
