@@ -98,6 +98,10 @@ class IllegalCommand(Exception):
 
 def next_state(state: ConnectionState, command: int) -> ConnectionState:
     """The state after the client sent ``command`` in ``state``; raises IllegalCommand."""
+    if state is ConnectionState.CONNECTED:  # every frame after CONNECT: no enum hashed
+        if command in CLIENT_COMMANDS:
+            return state
+        raise IllegalCommand(state, command)
     if command not in LEGAL[state]:
         raise IllegalCommand(state, command)
     return TRANSITIONS.get((state, command), state)
