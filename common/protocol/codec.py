@@ -513,6 +513,14 @@ def _raw_type_number(command: pb.BaseCommand) -> int | None:
     return None
 
 
+#: The BaseCommand fields whose body type can hold text (the rest need no UTF-8 check).
+_BODIES_WITH_TEXT: frozenset[str] = frozenset(
+    field
+    for field in _FIELD_BY_TYPE.values()
+    if _text_kinds(_BASE.fields_by_name[field].message_type)
+)
+
+
 def _parse_command(data: memoryview) -> pb.BaseCommand:
     command = pb.BaseCommand()
     try:
@@ -524,44 +532,52 @@ def _parse_command(data: memoryview) -> pb.BaseCommand:
         if number is None:
             raise UnknownCommandError("BaseCommand without a type")
         raise UnknownCommandError(f"unknown command type {number}", type_number=number)
-    name = command_name(command.type)
-    field = _FIELD_BY_TYPE[command.type]
+    type_number = command.type
+    field = _FIELD_BY_TYPE[type_number]
     if not command.HasField(field):
         raise UnknownCommandError(
-            f"{name} command without its '{field}' body", type_number=command.type, command=command
+            f"{command_name(type_number)} command without its '{field}' body",
+            type_number=type_number,
+            command=command,
         )
     body = getattr(command, field)
     missing = body.FindInitializationErrors()
     if missing:
         raise CommandDecodeError(
-            f"{name} command lacks required fields: {', '.join(missing)}", command=command
+            f"{command_name(type_number)} command lacks required fields: {', '.join(missing)}",
+            command=command,
         )
-    bad_text = _invalid_text_field(body)
-    if bad_text is not None:
-        raise CommandDecodeError(f"{name} command has invalid UTF-8 in {bad_text}", command=command)
+    if field in _BODIES_WITH_TEXT:  # not SEND, FLOW, PING, ...: nothing to look at
+        bad_text = _invalid_text_field(body)
+        if bad_text is not None:
+            raise CommandDecodeError(
+                f"{command_name(type_number)} command has invalid UTF-8 in {bad_text}",
+                command=command,
+            )
     return command
 
 
 def _decode_payload_section(command: pb.BaseCommand, view: memoryview) -> Frame:
-    name = command_name(command.type)
     size = len(view)
     pos = 0
 
     broker_entry_metadata = None
     if size >= 2 and _U16.unpack_from(view, 0)[0] == MAGIC_BROKER_ENTRY_METADATA:
         if size < 6:
-            raise MetadataDecodeError(f"{name}: truncated broker entry metadata", command=command)
+            raise MetadataDecodeError(
+                f"{command_name(command.type)}: truncated broker entry metadata", command=command
+            )
         entry_size = _U32.unpack_from(view, 2)[0]
         pos = 6
         if entry_size > size - pos:
             raise MetadataDecodeError(
-                f"{name}: broker entry metadata of {entry_size} bytes overruns the frame",
+                f"{command_name(command.type)}: broker entry metadata of {entry_size} bytes overruns the frame",
                 command=command,
             )
         broker_entry_metadata = pb.BrokerEntryMetadata()
         problem = _parse(broker_entry_metadata, view[pos : pos + entry_size])
         if problem is not None:
-            raise MetadataDecodeError(f"{name}: {problem}", command=command)
+            raise MetadataDecodeError(f"{command_name(command.type)}: {problem}", command=command)
         pos += entry_size
 
     headers_start = pos
@@ -570,13 +586,15 @@ def _decode_payload_section(command: pb.BaseCommand, view: memoryview) -> Frame:
     # unambiguous.
     if size - pos >= 2 and _U16.unpack_from(view, pos)[0] == MAGIC_CRC32C:
         if size - pos < 6:
-            raise MetadataDecodeError(f"{name}: truncated checksum", command=command)
+            raise MetadataDecodeError(
+                f"{command_name(command.type)}: truncated checksum", command=command
+            )
         expected = _U32.unpack_from(view, pos + 2)[0]
         pos += 6
         actual = crc32c.crc32c(view[pos:])
         if actual != expected:
             raise ChecksumError(
-                f"{name}: CRC32C mismatch (frame says {expected:#010x}, computed {actual:#010x})",
+                f"{command_name(command.type)}: CRC32C mismatch (frame says {expected:#010x}, computed {actual:#010x})",
                 command=command,
                 expected=expected,
                 actual=actual,
@@ -584,19 +602,21 @@ def _decode_payload_section(command: pb.BaseCommand, view: memoryview) -> Frame:
         checksum = ChecksumState.VALID
 
     if size - pos < 4:
-        raise MetadataDecodeError(f"{name}: frame ends before the metadata size", command=command)
+        raise MetadataDecodeError(
+            f"{command_name(command.type)}: frame ends before the metadata size", command=command
+        )
     metadata_size = _U32.unpack_from(view, pos)[0]
     pos += 4
     if metadata_size > size - pos:
         raise MetadataDecodeError(
-            f"{name}: metadata of {metadata_size} bytes overruns the frame "
+            f"{command_name(command.type)}: metadata of {metadata_size} bytes overruns the frame "
             f"({size - pos} bytes left)",
             command=command,
         )
     metadata = pb.MessageMetadata()
     problem = _parse(metadata, view[pos : pos + metadata_size])
     if problem is not None:
-        raise MetadataDecodeError(f"{name}: {problem}", command=command)
+        raise MetadataDecodeError(f"{command_name(command.type)}: {problem}", command=command)
     pos += metadata_size
     return Frame(
         command=command,
