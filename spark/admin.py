@@ -157,7 +157,9 @@ class Admin:
             raise
         assert isinstance(answer, dict)
         ledgers = tuple(
-            LedgerExtent(int(ledger["ledgerId"]), int(ledger["entries"]))
+            LedgerExtent(
+                int(ledger["ledgerId"]), int(ledger["entries"]), int(ledger.get("size", 0))
+            )
             for ledger in answer.get("ledgers", [])
         )
         return LedgerStats(

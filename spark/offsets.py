@@ -44,10 +44,12 @@ EARLIEST = EntryPosition(-1, -1)
 
 @dataclass(slots=True, frozen=True)
 class LedgerExtent:
-    """One ledger of a topic: its id and how many entries it holds."""
+    """One ledger of a topic: its id, how many entries it holds and their stored bytes (0:
+    unknown)."""
 
     ledger: int
     entries: int
+    size: int = 0
 
 
 class OffsetError(ValueError):

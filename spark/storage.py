@@ -6,7 +6,7 @@ ledger's tail stays with the broker, which alone knows where it ends.
 
 - The driver reads each topic-partition's ledger list from the metadata store
   (``managed_ledger_list``) and cuts the part of a range that lies in *closed* ledgers into
-  tasks of at most ``STORAGE_TASK_ENTRIES`` entries, by ledger and entry range
+  tasks of about ``STORAGE_TASK_BYTES`` of stored entries, by ledger and entry range
   (``storage_split``): parallelism follows the data, not the partition count. What comes from
   the first ledger that is not closed on goes to the broker as before.
 - An executor opens the metadata store (etcd for a cluster; a standalone's SQLite file
@@ -47,8 +47,12 @@ from magnetar.spark.schema import PayloadDecoder
 
 log = logging.getLogger("magnetar.spark")
 
-#: At most this many entries per storage task (a ledger larger than this is cut).
+#: Stored bytes per storage task (a ledger larger than this is cut), by each ledger's mean
+#: entry size; entries per task where a ledger's size is unknown.
+STORAGE_TASK_BYTES = 32 * 1024 * 1024
 STORAGE_TASK_ENTRIES = 1_000
+#: At most this many entries per storage task, however small they are.
+STORAGE_TASK_MAX_ENTRIES = 20_000
 #: Entries asked of the bookies at once by a task (64 in flight, as the ledger client reads).
 READ_CHUNK_ENTRIES = 256
 
@@ -102,12 +106,18 @@ def storage_split(
     ledgers: Sequence[LedgerExtent],
     closed: frozenset[int],
     max_entries: int = STORAGE_TASK_ENTRIES,
+    max_bytes: int = STORAGE_TASK_BYTES,
 ) -> tuple[list[Segments], EntryPosition | None]:
-    """``(begin, until]`` cut into storage tasks over closed ledgers (at most ``max_entries``
-    entries each, in log order) and the position after which the broker reads the rest up to
-    ``until`` (None when the closed ledgers hold all of it). Everything from the first ledger
-    that is not closed on is the broker's, so the two parts never interleave."""
-    segments: list[tuple[int, int, int]] = []
+    """``(begin, until]`` cut into storage tasks over closed ledgers, in log order, and the
+    position after which the broker reads the rest up to ``until`` (None when the closed
+    ledgers hold all of it). Everything from the first ledger that is not closed on is the
+    broker's, so the two parts never interleave.
+
+    A task holds about ``max_bytes`` of stored entries, by each ledger's mean entry size
+    (between 1 and ``STORAGE_TASK_MAX_ENTRIES`` entries of it), so a backlog of small entries
+    is not cut into many small tasks that each pay a task's start; an entry of a ledger whose
+    size is unknown counts as ``max_bytes / max_entries``."""
+    segments: list[tuple[int, int, int, float]] = []
     broker_from: EntryPosition | None = None
     for extent in ledgers:
         if extent.entries == 0 or not begin.ledger <= extent.ledger <= until.ledger:
@@ -117,21 +127,28 @@ def storage_split(
         if first > last:
             continue
         if broker_from is None and extent.ledger in closed:
-            segments.append((extent.ledger, first, last))
+            per_task = max_entries
+            if extent.size > 0:
+                mean = extent.size / extent.entries
+                per_task = min(max(int(max_bytes / mean), 1), STORAGE_TASK_MAX_ENTRIES)
+            segments.append((extent.ledger, first, last, max_bytes / per_task))
         elif broker_from is None:
             broker_from = EntryPosition(extent.ledger, first - 1)
     tasks: list[Segments] = []
     current: list[tuple[int, int, int]] = []
-    room = max_entries
-    for ledger, first, last in segments:
+    room = float(max_bytes)
+    for ledger, first, last, cost in segments:
         while first <= last:
-            take = min(room, last - first + 1)
-            current.append((ledger, first, first + take - 1))
-            first += take
-            room -= take
-            if room == 0:
+            take = min(int(room / cost + 1e-9), last - first + 1)
+            if take == 0 and not current:
+                take = 1
+            if take > 0:
+                current.append((ledger, first, first + take - 1))
+                first += take
+                room -= take * cost
+            if take == 0 or room < cost * (1 - 1e-9):
                 tasks.append(tuple(current))
-                current, room = [], max_entries
+                current, room = [], float(max_bytes)
     if current:
         tasks.append(tuple(current))
     return tasks, broker_from

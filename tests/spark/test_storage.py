@@ -252,6 +252,10 @@ def test_storage_split_cuts_closed_ledgers_and_leaves_the_rest_to_the_broker() -
     assert rest == EntryPosition(4, -1)
     tasks, rest = storage_split(EntryPosition(1, 2), EntryPosition(3, 1), extents, frozenset({1}))
     assert tasks == [((1, 3, 4),)]
+    # With the ledgers' sizes: about 32 MiB a task, whatever the entries' size.
+    sized = (LedgerExtent(1, 10, 10 * 4 << 20), LedgerExtent(2, 6250, 6250 * 2200))
+    tasks, _ = storage_split(EARLIEST, EntryPosition(2, 6249), sized, frozenset({1, 2}))
+    assert tasks == [((1, 0, 7),), ((1, 8, 9), (2, 0, 6249))]
     assert rest == EntryPosition(3, -1)
     assert storage_split(EntryPosition(3, -1), EntryPosition(3, 3), extents, frozenset({3})) == (
         [((3, 0, 3),)],
