@@ -22,6 +22,9 @@ elif ! kubectl kustomize --help >/dev/null 2>&1; then
   echo "warning: $(command -v kubectl) has no 'kustomize' (kubectl 1.14 or later has);" \
     "the deploy/k8s tests will fail with it" >&2
 fi
+# The quick start is walked in a fresh virtual environment (tests/integration/test_quickstart.py):
+# Debian's python3 makes one with pip only with python3-venv.
+python3 -c "import ensurepip, venv" >/dev/null 2>&1 || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then
   sudo_cmd=""
   [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
