@@ -28,6 +28,7 @@ from magnetar.common.ledger.placement import NotEnoughBookiesError
 from magnetar.common.proto import bookie_pb2 as pb
 from tests.support.etcd import free_port
 from tests.support.ledger_cluster import LedgerCluster, ledger_cluster_fixture, payload_for
+from tests.support.polling import wait_until_async
 
 BOOKIES = 3
 
@@ -214,7 +215,17 @@ async def test_delete_removes_metadata_and_bookie_copies(cluster: LedgerCluster)
             await handle.add(payload_for(ledger_id, i))
         await handle.close()
         ensemble = handle.metadata.last_fragment.bookies
-        for address in ensemble:  # every bookie holds a copy first
+
+        # Every bookie holds a copy first: the third write of each entry may still be on its
+        # way when the close returns (an add completes at the ack quorum, 2 of 3).
+        async def stored_everywhere() -> bool:
+            try:
+                return all([await client.bookie(a).read(ledger_id, 19) for a in ensemble])
+            except BookieError:
+                return False
+
+        assert await wait_until_async(stored_everywhere, timeout=15)
+        for address in ensemble:
             assert await client.bookie(address).read(ledger_id, 0)
 
         await client.delete_ledger(ledger_id)
