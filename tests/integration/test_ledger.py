@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator
 
 import crc32c
+import grpc
 import pytest
 
 from magnetar.common.ledger.bookie_client import BookieClient, BookieError
@@ -26,6 +27,7 @@ from magnetar.common.ledger.errors import (
 from magnetar.common.ledger.metadata import LedgerState
 from magnetar.common.ledger.placement import NotEnoughBookiesError
 from magnetar.common.proto import bookie_pb2 as pb
+from magnetar.common.proto import bookie_pb2_grpc
 from tests.support.etcd import free_port
 from tests.support.ledger_cluster import LedgerCluster, ledger_cluster_fixture, payload_for
 from tests.support.polling import wait_until_async
@@ -116,6 +118,50 @@ async def test_batch_reads_by_range_and_by_entry_give_the_same_entries(
             with pytest.raises(NoSuchEntryError):
                 await opened.read_batch(100, 120)
         assert reader.corrupt_reads == 0
+
+
+class BookieBeforeRangeReads(bookie_pb2_grpc.BookieServicer):
+    """The gRPC surface of a bookie older than range reads: ``ReadEntry`` answered by a real
+    bookie, ``ReadEntries`` left to gRPC (UNIMPLEMENTED)."""
+
+    def __init__(self, real: BookieClient) -> None:
+        self.real = real
+
+    async def ReadEntry(self, request: pb.ReadRequest, context: object) -> pb.ReadResponse:
+        try:
+            entry = await self.real.read(request.ledger_id, request.entry_id, fence=request.fence)
+        except BookieError as e:
+            return pb.ReadResponse(status=e.status, message=str(e))
+        return pb.ReadResponse(
+            status=pb.OK, ledger_id=request.ledger_id, entry_id=request.entry_id, entry=entry
+        )
+
+
+async def test_bookies_without_range_reads_are_read_entry_by_entry(
+    cluster: LedgerCluster,
+) -> None:
+    async with cluster.client() as client:
+        handle = await client.create_ledger(2, 2, 2)
+        sent = payloads(handle.ledger_id, 40, seed=3)
+        await asyncio.gather(*[await handle.add_async(p) for p in sent])
+        await handle.close()
+    real = BookieClient(handle.ensemble[0])
+    server = grpc.aio.server()
+    bookie_pb2_grpc.add_BookieServicer_to_server(BookieBeforeRangeReads(real), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with cluster.client() as reader:
+            for address in handle.ensemble:  # both replicas answer as the older bookie does
+                reader.add_local_bookie(address, BookieClient(f"127.0.0.1:{port}"))
+            opened = await reader.open_ledger(handle.ledger_id, recovery=False)
+            batch = await opened.read_batch(0, 39)
+            assert [e.payload for e in batch] == sent
+            assert not any(reader.has_range_read(a) for a in handle.ensemble)
+            assert [e.payload for e in await opened.read_batch(10, 12)] == sent[10:13]
+    finally:
+        await server.stop(None)
+        await real.close()
 
 
 async def test_empty_ledger_closes_with_no_entries(cluster: LedgerCluster) -> None:
