@@ -135,6 +135,13 @@ class LocalBookieClient:
                 self._settle(callbacks, BookieUnavailableError(self.address, f"add failed: {e}"))
                 continue
             self._outstanding -= len(callbacks)
+            if not failures:  # the usual batch: every add stored, one call each and no lookup
+                for callback in callbacks:
+                    try:
+                        callback(None)
+                    except Exception:
+                        log.exception("add callback failed")
+                continue
             failed = {i: (status, message) for i, status, message in failures}
             for i, callback in enumerate(callbacks):
                 problem = failed.get(i)
