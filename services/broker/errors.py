@@ -11,6 +11,11 @@ class NamespaceNotFoundError(Exception):
     """A topic was asked for in a namespace that does not exist."""
 
 
+class NamespaceNotInClusterError(Exception):
+    """The namespace is replicated to clusters that do not include this broker's: its topics are
+    not served here (Pulsar's "Namespace missing local cluster name in clusters list")."""
+
+
 class TopicNotFoundError(Exception):
     """The topic does not exist and may not be created automatically."""
 

@@ -9,6 +9,8 @@ registered; the namespace is replicated in a full mesh.
 - a replication list set through one cluster's admin reaches another cluster's loaded topics
   through the brokers' watch on the configuration store (policy rounds are 600 s apart);
 - a replication list naming a cluster the tenant does not allow is refused (403);
+- a cluster left out of a namespace's replication list refuses lookups of its topics (Pulsar's
+  MetadataError / 412 naming the list) and serves them once added;
 - a namespace replicated both ways with the official client producing on two sides and
   consuming on all three: exact counts, no duplicates, nothing replicated back or around (no
   loops: each cluster stores each message once); ``replication`` in topic stats;
@@ -50,6 +52,7 @@ from magnetar.broker.cluster.bundles import BundleRange, topic_hash
 from magnetar.broker.model import markers
 from magnetar.common.metadata import open_store
 from magnetar.common.proto import markers_pb2 as mk
+from magnetar.common.proto import pulsar_api_pb2 as pb
 from tests.support.cluster import (
     BrokerProcess,
     MagnetarCluster,
@@ -57,6 +60,7 @@ from tests.support.cluster import (
     assert_no_traceback,
 )
 from tests.support.etcd import EtcdServer
+from tests.support.raw_client import RawConnection
 from tests.support.standalone import QUIET
 
 TENANT = "geo"
@@ -205,6 +209,54 @@ def test_clusters_are_shared_and_replication_lists_are_checked(geo: Geo) -> None
     status, body = east.admin("POST", "/admin/v2/namespaces/narrow/ns/replication", CLUSTERS)
     assert status == 403, body
     assert east.admin_json("GET", "/admin/v2/namespaces/narrow/ns/replication") == []
+
+
+def test_a_cluster_left_out_of_the_replication_list_refuses_its_topics(geo: Geo) -> None:
+    """Pulsar's rule: a namespace replicated to clusters that leave this one out is not served
+    here; lookups (binary and HTTP) and partitioned metadata answer an error naming them."""
+    east = geo.clusters["east"]
+    east.admin_json("PUT", "/admin/v2/tenants/apart", {"allowedClusters": list(CLUSTERS)})
+    east.admin_json("PUT", "/admin/v2/namespaces/apart/ns")
+    east.admin_json("POST", "/admin/v2/namespaces/apart/ns/replication", ["east", "north"])
+    topic = "persistent://apart/ns/t"
+    expected = (
+        "Namespace missing local cluster name in clusters list: "
+        "local_cluster=west ns=apart/ns clusters=[east, north]"
+    )
+    status, raw = geo.broker("west").http("GET", "/lookup/v2/topic/persistent/apart/ns/t")
+    assert status == 412 and expected in raw.decode(), (status, raw)
+    assert east.http_lookup(topic)["brokerUrl"] == geo.broker("east").url
+    with RawConnection(geo.broker("west")) as raw:  # type: ignore[arg-type]
+        raw.connect()
+        raw.command(pb.CommandPartitionedTopicMetadata(topic=topic, request_id=1))
+        answer = raw.expect(pb.BaseCommand.PARTITIONED_METADATA_RESPONSE).body
+        assert (answer.response, answer.error, answer.message) == (
+            answer.Failed, pb.MetadataError, expected
+        ), answer  # fmt: skip
+        raw.command(pb.CommandLookupTopic(topic=topic, request_id=2))
+        answer = raw.expect(pb.BaseCommand.LOOKUP_RESPONSE).body
+        assert (answer.response, answer.error, answer.message) == (
+            answer.Failed, pb.MetadataError, expected
+        ), answer  # fmt: skip
+    # The official client retries a metadata error until its operation timeout, as with Pulsar.
+    refused = pulsar.Client(geo.broker("west").url, operation_timeout_seconds=2, logger=QUIET)
+    try:
+        with pytest.raises(pulsar.Timeout):
+            refused.create_producer(topic)
+    finally:
+        refused.close()
+    west, east_client = geo.client("west"), geo.client("east")
+    try:
+        east_client.create_producer(topic).send(b"x")  # served where it is listed
+        # West added to the list: served there too, with what east stored.
+        admin(geo.broker("north"), "namespaces", "set-clusters", "apart/ns",
+              "--clusters", "east,north,west")  # fmt: skip
+        consumer = west.subscribe(topic, "app", initial_position=pulsar.InitialPosition.Earliest)
+        assert receive_all(consumer, 1) == ["x"]
+    finally:
+        west.close()
+        east_client.close()
+    assert_no_traceback(geo.broker("west"))
 
 
 def test_a_replicated_namespace_is_deleted_where_pulsar_allows(geo: Geo) -> None:

@@ -224,7 +224,10 @@ def add_cluster_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None:
     @routes.get("/lookup/v2/topic/{domain:persistent|non-persistent}/{tenant}/{namespace}/{topic}")
     async def http_lookup(request: web.Request) -> web.Response:
         name = requests.topic(request)
-        await broker.namespace_policies(name.namespace_name)  # 404 for an unknown namespace
+        policies = await broker.namespace_policies(name.namespace_name)  # 404 if unknown
+        missing = policies.missing_cluster(broker.config.cluster_name, name.namespace_name)
+        if missing is not None:
+            raise AdminError(412, missing)
         authoritative = requests.flag(request, "authoritative")
         counts = broker.metrics.lookup_counts
         with counts.measure():

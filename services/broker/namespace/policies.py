@@ -140,6 +140,17 @@ class Policies:
     #: Minutes a subscription with no consumer may stay idle before it is deleted (0: never).
     subscription_expiration_minutes: float = 0.0
 
+    def missing_cluster(self, local: str, namespace: str) -> str | None:
+        """Why ``namespace``'s topics are not served in cluster ``local`` (Pulsar's words), or
+        None: a namespace with a replication list not naming ``local`` lives elsewhere."""
+        clusters = self.replication_clusters
+        if not clusters or local in clusters:
+            return None
+        return (
+            "Namespace missing local cluster name in clusters list: "
+            f"local_cluster={local} ns={namespace} clusters=[{', '.join(clusters)}]"
+        )
+
 
 #: Pulsar's RetentionPolicy names of a backlog quota.
 QUOTA_POLICIES = ("producer_request_hold", "producer_exception", "consumer_backlog_eviction")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from magnetar.broker.errors import (
     NamespaceNotFoundError,
+    NamespaceNotInClusterError,
     ProducerHeldByQuotaError,
     ProducerRefusedByQuotaError,
     TopicNotFoundError,
@@ -46,6 +47,8 @@ class Refusal:
 #: The one table: how each refusal the handlers know is answered.
 REFUSALS: dict[type[Exception], Refusal] = {
     NamespaceNotFoundError: Refusal(pb.TopicNotFound, "{error}"),
+    # Pulsar answers a lookup in a cluster the namespace is not replicated to with MetadataError.
+    NamespaceNotInClusterError: Refusal(pb.MetadataError, "{error}"),
     TopicNotFoundError: Refusal(pb.TopicNotFound, "{error}"),
     # Pulsar's words, so the client looks the topic up again; they must not name an unload in
     # progress (the official clients keep the connection for such a message).
@@ -95,8 +98,12 @@ PRODUCER_ADMISSION: tuple[type[Exception], ...] = (
     ProducerHeldByQuotaError,
     ProducerRefusedByQuotaError,
 )
-PARTITIONED_METADATA: tuple[type[Exception], ...] = (NamespaceNotFoundError, TopicNotFoundError)
-LOOKUP: tuple[type[Exception], ...] = (NamespaceNotFoundError,)
+PARTITIONED_METADATA: tuple[type[Exception], ...] = (
+    NamespaceNotFoundError,
+    NamespaceNotInClusterError,
+    TopicNotFoundError,
+)
+LOOKUP: tuple[type[Exception], ...] = (NamespaceNotFoundError, NamespaceNotInClusterError)
 GET_SCHEMA: tuple[type[Exception], ...] = (SchemaNotFoundError,)
 PUT_SCHEMA: tuple[type[Exception], ...] = (IncompatibleSchemaError,)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from magnetar.broker.cluster.lookup import LookupKind, lookup
+from magnetar.broker.errors import NamespaceNotInClusterError
+from magnetar.broker.model.topic_name import TopicName
 from magnetar.broker.protocol import errors
 from magnetar.broker.protocol.authorization import may_list, may_look_up
 from magnetar.common.proto import pulsar_api_pb2 as pb
@@ -31,6 +33,7 @@ async def _answer_partitioned_metadata(
     ):
         return
     try:
+        await served_in_this_cluster(conn, name)
         partitions = await conn.broker.partitions_for_client(name)
     except Exception as e:
         conn.refuse(
@@ -43,6 +46,15 @@ async def _answer_partitioned_metadata(
         )
         return
     conn.send(reply(request_id=body.request_id, partitions=partitions, response=reply.Success))
+
+
+async def served_in_this_cluster(conn: ServerConnection, name: TopicName) -> None:
+    """Raise NamespaceNotInClusterError when the topic's namespace is replicated to clusters
+    that leave this one out: Pulsar answers its lookups there with an error naming them."""
+    policies = await conn.broker.namespace_policies(name.namespace_name)
+    missing = policies.missing_cluster(conn.broker.config.cluster_name, name.namespace_name)
+    if missing is not None:
+        raise NamespaceNotInClusterError(missing)
 
 
 def lookup_topic(conn: ServerConnection, body: pb.CommandLookupTopic, frame: codec.Frame) -> None:
@@ -66,6 +78,7 @@ async def _answer_lookup(conn: ServerConnection, body: pb.CommandLookupTopic) ->
     counts = conn.broker.metrics.lookup_counts
     try:
         with counts.measure():
+            await served_in_this_cluster(conn, name)
             answer = await lookup(conn.broker, name, body.authoritative)
     except Exception as e:
         conn.refuse(body.request_id, name, e, errors.LOOKUP, errors.LOOKUP_FAILED, reply)

@@ -14,6 +14,7 @@ from magnetar.broker.config import BrokerConfig
 from magnetar.broker.model.counts import ConnectionCounts, LookupCounts
 from magnetar.broker.model.topic_name import TopicName
 from magnetar.broker.namespace.authorization import AuthorizationService
+from magnetar.broker.namespace.policies import Policies
 from magnetar.broker.topics.nonpersistent import NonPersistentTopic
 from magnetar.broker.topics.persistent import PersistentTopic
 from magnetar.common.auth.service import AuthenticationService
@@ -64,6 +65,8 @@ class BrokerService(LookupContext, Protocol):
     ) -> PersistentTopic | NonPersistentTopic: ...
 
     async def partitions_for_client(self, name: TopicName) -> int: ...
+
+    async def namespace_policies(self, namespace: str) -> Policies: ...
 
     async def list_topics(self, namespace: str, domains: tuple[str, ...]) -> list[str]: ...
 
