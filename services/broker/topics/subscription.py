@@ -264,12 +264,14 @@ class Subscription:
         self.cursor.delete(positions)
         acked = consumer.acked
         redelivery_counts, batch_sizes = self.redelivery_counts, self.batch_sizes
+        count = 0
         for position in positions:
-            acked(position)
+            count += acked(position)
             if redelivery_counts:
                 redelivery_counts.pop(position, None)
             if batch_sizes:
                 batch_sizes.pop(position, None)
+        self.msg_acked += count
 
     def _ack_one(
         self, consumer: Consumer, ack_type: int, mid: pb.MessageIdData, position: Position
