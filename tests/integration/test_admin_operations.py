@@ -151,6 +151,11 @@ def test_topic_stats_have_pulsars_shape_and_exact_counts(
     [consumer_stats] = subscription["consumers"]
     conforms(consumer_stats, CONSUMER_STATS)
     assert consumer_stats["consumerName"] == "c1" and consumer_stats["msgOutCounter"] == 10
+    # The first stats of a subscription, consumer or producer rate what it did since the topic
+    # loaded, never its whole count over the instant since the stats were asked (millions/s).
+    assert subscription["msgRateOut"] <= stats["msgRateOut"] * 1.01 + 0.01
+    assert consumer_stats["msgRateOut"] <= subscription["msgRateOut"] * 1.01 + 0.01
+    assert publisher["msgRateIn"] <= stats["msgRateIn"] * 1.01 + 0.01
     producer.close()
     consumer.close()
     assert ok(node, "GET", f"/persistent/public/default/{topic}/stats")["publishers"] == []

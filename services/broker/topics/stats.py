@@ -6,6 +6,7 @@ present, rates are over the last interval (:mod:`rates`). Both topic kinds build
 from __future__ import annotations
 
 import datetime
+import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -25,13 +26,18 @@ class TopicRates:
     producer and consumer (by identity; forgotten when they go)."""
 
     def __init__(self) -> None:
-        self.topic = RateWindow(4)  # messages in, bytes in, messages out, bytes out
+        self._loaded = time.monotonic()
+        # messages in, bytes in, messages out, bytes out
+        self.topic = RateWindow(4, start=self._loaded)
         self._others: dict[object, RateWindow] = {}
 
     def of(self, key: object) -> RateWindow:
+        """The window of a subscription, producer or consumer, made at its first stats: its
+        counters so far are rated over the time since the topic loaded (not over the instant
+        since the stats were asked, which would rate ten messages at millions a second)."""
         window = self._others.get(key)
         if window is None:
-            window = self._others[key] = RateWindow(2)
+            window = self._others[key] = RateWindow(2, start=self._loaded)
         return window
 
     def keep_only(self, keys: set[object]) -> None:
