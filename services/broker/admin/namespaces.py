@@ -117,6 +117,13 @@ DISPATCH_RATES = {
     "subscriptionDispatchRate": "subscriptionDispatchRate",
 }
 
+#: Admin path segment -> (the policy field holding ``{cluster: rate}``, the rate's check):
+#: the dispatch rates and the publish rate, read and set alike at both levels.
+RATES: dict[str, tuple[str, Callable[[Any], dict[str, Any]]]] = {
+    **{segment: (field, policies.check_dispatch_rate) for segment, field in DISPATCH_RATES.items()},
+    "publishRate": (PUBLISH_RATE, policies.check_publish_rate),
+}
+
 
 def add_namespace_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None:
     @routes.get("/admin/v2/tenants")
@@ -219,21 +226,24 @@ def add_namespace_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None
         ranges = await broker.namespace_bundles(requests.namespace(request))
         return web.json_response({**document, "bundles": json.loads(bundle_math.encode(ranges))})
 
-    for segment, field in DISPATCH_RATES.items():
+    for segment, (field, check) in RATES.items():
 
         async def get_rate(request: web.Request, field: str = field) -> web.Response:
             found = (await _policy_document(broker, request)).get(field) or {}
             return web.json_response(next(iter(found.values()), None))
 
         async def set_rate(
-            request: web.Request, field: str = field, segment: str = segment
+            request: web.Request,
+            field: str = field,
+            segment: str = segment,
+            check: Callable[[Any], dict[str, Any]] = check,
         ) -> web.Response:
             namespace = requests.namespace(request)
             await _policy_document(broker, request)  # 404 for a missing namespace
             value = None
             if request.method == "POST":
                 try:
-                    rate = policies.check_dispatch_rate(await requests.json_body(request))
+                    rate = check(await requests.json_body(request))
                 except PolicyError as e:
                     raise AdminError(400, f"{segment}: {e}") from None
                 value = {broker.config.cluster_name: rate}
@@ -244,27 +254,6 @@ def add_namespace_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None
         routes.get(f"/admin/v2/namespaces/{{tenant}}/{{namespace}}/{segment}")(get_rate)
         routes.post(f"/admin/v2/namespaces/{{tenant}}/{{namespace}}/{segment}")(set_rate)
         routes.delete(f"/admin/v2/namespaces/{{tenant}}/{{namespace}}/{segment}")(set_rate)
-
-    @routes.get("/admin/v2/namespaces/{tenant}/{namespace}/publishRate")
-    async def get_publish_rate(request: web.Request) -> web.Response:
-        found = (await _policy_document(broker, request)).get(PUBLISH_RATE) or {}
-        return web.json_response(next(iter(found.values()), None))
-
-    @routes.post("/admin/v2/namespaces/{tenant}/{namespace}/publishRate")
-    @routes.delete("/admin/v2/namespaces/{tenant}/{namespace}/publishRate")
-    async def set_publish_rate(request: web.Request) -> web.Response:
-        namespace = requests.namespace(request)
-        await _policy_document(broker, request)  # 404 for a missing namespace
-        value = None
-        if request.method == "POST":
-            try:
-                rate = policies.check_publish_rate(await requests.json_body(request))
-            except PolicyError as e:
-                raise AdminError(400, f"publishRate: {e}") from None
-            value = {broker.config.cluster_name: rate}
-        await _update_policies(broker, f"{NAMESPACES_PATH}/{namespace}", PUBLISH_RATE, value)
-        broker.policies_changed()
-        return web.Response(status=204)
 
     @routes.get("/admin/v2/namespaces/{tenant}/{namespace}/properties")
     async def get_properties(request: web.Request) -> web.Response:

@@ -33,7 +33,7 @@ from aiohttp import web
 
 from magnetar.broker.admin import requests
 from magnetar.broker.admin.errors import AdminError
-from magnetar.broker.admin.namespaces import DISPATCH_RATES, PUBLISH_RATE
+from magnetar.broker.admin.namespaces import RATES
 from magnetar.broker.admin.subscriptions import TOPIC_PATH
 from magnetar.broker.model.topic_name import TopicName
 from magnetar.broker.namespace import policies
@@ -181,7 +181,7 @@ def add_topic_policy_routes(routes: web.RouteTableDef, broker: AdminBroker) -> N
             routes.post(f"{TOPIC_PATH}/{segment}")(set_policy)
         routes.delete(f"{TOPIC_PATH}/{segment}")(set_policy)
 
-    for segment, field in DISPATCH_RATES.items():
+    for segment, (field, check) in RATES.items():
 
         async def get_rate(request: web.Request, field: str = field) -> web.Response:
             name = await _existing(broker, request)
@@ -189,13 +189,16 @@ def add_topic_policy_routes(routes: web.RouteTableDef, broker: AdminBroker) -> N
             return web.json_response(next(iter(found.values()), None))
 
         async def set_rate(
-            request: web.Request, field: str = field, segment: str = segment
+            request: web.Request,
+            field: str = field,
+            segment: str = segment,
+            check: Callable[[Any], dict[str, Any]] = check,
         ) -> web.Response:
             name = await _existing(broker, request)
             value = None
             if request.method == "POST":
                 try:
-                    rate = policies.check_dispatch_rate(await requests.json_body(request))
+                    rate = check(await requests.json_body(request))
                 except PolicyError as e:
                     raise AdminError(400, f"{segment}: {e}") from None
                 value = {broker.config.cluster_name: rate}
@@ -205,26 +208,6 @@ def add_topic_policy_routes(routes: web.RouteTableDef, broker: AdminBroker) -> N
         routes.get(f"{TOPIC_PATH}/{segment}")(get_rate)
         routes.post(f"{TOPIC_PATH}/{segment}")(set_rate)
         routes.delete(f"{TOPIC_PATH}/{segment}")(set_rate)
-
-    @routes.get(TOPIC_PATH + "/publishRate")
-    async def get_publish_rate(request: web.Request) -> web.Response:
-        name = await _existing(broker, request)
-        found = (await _document(broker, name)).get(PUBLISH_RATE) or {}
-        return web.json_response(next(iter(found.values()), None))
-
-    @routes.post(TOPIC_PATH + "/publishRate")
-    @routes.delete(TOPIC_PATH + "/publishRate")
-    async def set_publish_rate(request: web.Request) -> web.Response:
-        name = await _existing(broker, request)
-        value = None
-        if request.method == "POST":
-            try:
-                rate = policies.check_publish_rate(await requests.json_body(request))
-            except PolicyError as e:
-                raise AdminError(400, f"publishRate: {e}") from None
-            value = {broker.config.cluster_name: rate}
-        await _update(broker, name, PUBLISH_RATE, value)
-        return web.Response(status=204)
 
     @routes.get(TOPIC_PATH + "/backlogQuotaMap")
     async def backlog_quota_map(request: web.Request) -> web.Response:
