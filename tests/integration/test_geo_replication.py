@@ -208,6 +208,8 @@ def test_clusters_are_shared_and_replication_lists_are_checked(geo: Geo) -> None
     east.admin_json("PUT", "/admin/v2/namespaces/narrow/ns")
     status, body = east.admin("POST", "/admin/v2/namespaces/narrow/ns/replication", CLUSTERS)
     assert status == 403, body
+    status, body = east.admin("POST", "/admin/v2/namespaces/narrow/ns/replication", [])
+    assert status == 412 and "ClusterIds should not be null or empty" in str(body), body
     assert east.admin_json("GET", "/admin/v2/namespaces/narrow/ns/replication") == []
 
 
@@ -501,6 +503,17 @@ def test_partitioned_topic_replicates_partition_by_partition(geo: Geo) -> None:
     finally:
         west.close()
     assert sorted(got) == sorted(f"p-{i}" for i in range(60))
+
+    def replication_summed() -> bool:  # the partitions' replication added up, per remote
+        stats = geo.clusters["east"].admin_json(
+            "GET", f"/admin/v2/persistent/{NAMESPACE}/partitioned/partitioned-stats"
+        )
+        return set(stats["replication"]) == {"west", "north"} and all(
+            (r["msgOutCounter"], r["replicationBacklog"], r["connected"]) == (60, 0, True)
+            for r in stats["replication"].values()
+        )
+
+    wait_until(replication_summed, "east's partitioned stats adding up its replicators")
 
 
 def stored_entries(geo: Geo, cluster: str, short: str) -> list[tuple[tuple[int, int], dict, bytes]]:

@@ -43,6 +43,12 @@ SUBSCRIPTION_SUMS = (
     "chunkedMessageRate", "msgBacklog", "backlogSize", "msgBacklogNoDelayed", "msgDelayed",
     "unackedMessages", "msgRateExpired", "totalMsgExpired",
 )  # fmt: skip
+#: Summed per remote cluster (Pulsar's ReplicatorStatsImpl.add); ``connected`` holds when it
+#: holds for every partition, ``replicationDelayInSeconds`` is the largest.
+REPLICATION_SUMS = (
+    "msgRateIn", "msgThroughputIn", "msgRateOut", "msgThroughputOut", "msgRateExpired",
+    "replicationBacklog", "msgOutCounter", "bytesOutCounter",
+)  # fmt: skip
 
 
 def add_up(partitions: list[dict[str, Any]]) -> dict[str, Any]:
@@ -64,6 +70,21 @@ def add_up(partitions: list[dict[str, Any]]) -> dict[str, Any]:
                 if key in sub:
                     merged[key] = merged.get(key, 0) + sub[key]
             merged["consumers"].extend(sub.get("consumers", []))
+        for remote, replication in stats.get("replication", {}).items():
+            merged = total["replication"].get(remote)
+            if merged is None:
+                total["replication"][remote] = dict(replication)
+                continue
+            for key in REPLICATION_SUMS:
+                if key in replication:
+                    merged[key] = merged.get(key, 0) + replication[key]
+            merged["connected"] = bool(merged.get("connected")) and bool(
+                replication.get("connected")
+            )
+            merged["replicationDelayInSeconds"] = max(
+                merged.get("replicationDelayInSeconds", 0),
+                replication.get("replicationDelayInSeconds", 0),
+            )
     if total["msgInCounter"]:
         total["averageMsgSize"] = total["bytesInCounter"] / total["msgInCounter"]
     return total

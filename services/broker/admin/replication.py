@@ -47,6 +47,8 @@ def add_replication_routes(routes: web.RouteTableDef, broker: AdminBroker) -> No
             clusters = None
         if not isinstance(clusters, list) or not all(isinstance(c, str) for c in clusters):
             raise AdminError(412, 'expected a list of cluster names: ["a", "b"]')
+        if not clusters:  # Pulsar's rule and words
+            raise AdminError(412, "ClusterIds should not be null or empty")
         tenant = request.match_info["tenant"]
         found = await broker.configuration_store.get(f"{TENANTS_PATH}/{tenant}")
         if found is None:
