@@ -593,7 +593,14 @@ def _produce(pulsar, client, args, the_plan: Plan, recorder: Recorder, log) -> i
             }
             if args.producer_name:
                 options["producer_name"] = f"{args.producer_name}{args.separator}{n}"
-            producers.append(client.create_producer(topic, **options))
+            try:
+                producers.append(client.create_producer(topic, **options))
+            except pulsar.PulsarException as e:
+                print(
+                    f"magnetar perf: cannot create a producer on {topic}: {type(e).__name__}: {e}",
+                    file=sys.stderr,
+                )
+                return 1
     failed_hard = threading.Event()
     sent = 0
     started = time.monotonic()
@@ -643,21 +650,32 @@ def _produce(pulsar, client, args, the_plan: Plan, recorder: Recorder, log) -> i
 
 def _consume(pulsar, client, args, the_plan: Plan, recorder: Recorder, log) -> int:  # type: ignore[no-untyped-def]
     consumer_type = getattr(pulsar.ConsumerType, args.subscription_type)
-    consumers = [
-        client.subscribe(
-            topic,
-            subscription,
-            consumer_type=consumer_type,
-            initial_position=getattr(pulsar.InitialPosition, args.subscription_position),
-            receiver_queue_size=args.receiver_queue_size,
-            max_total_receiver_queue_size_across_partitions=args.receiver_queue_across,
-            replicate_subscription_state_enabled=args.replicated,
-            batch_index_ack_enabled=args.batch_index_ack,
-        )
-        for topic in the_plan.topics
-        for subscription in the_plan.subscriptions
-        for _ in range(args.num_consumers)
-    ]
+    consumers = []
+    for topic in the_plan.topics:
+        for subscription in the_plan.subscriptions:
+            for _ in range(args.num_consumers):
+                try:
+                    consumers.append(
+                        client.subscribe(
+                            topic,
+                            subscription,
+                            consumer_type=consumer_type,
+                            initial_position=getattr(
+                                pulsar.InitialPosition, args.subscription_position
+                            ),
+                            receiver_queue_size=args.receiver_queue_size,
+                            max_total_receiver_queue_size_across_partitions=args.receiver_queue_across,
+                            replicate_subscription_state_enabled=args.replicated,
+                            batch_index_ack_enabled=args.batch_index_ack,
+                        )
+                    )
+                except pulsar.PulsarException as e:
+                    print(
+                        f"magnetar perf: cannot subscribe to {topic} as {subscription}: "
+                        f"{type(e).__name__}: {e}",
+                        file=sys.stderr,
+                    )
+                    return 1
     started = time.monotonic()
     deadline = started + the_plan.duration
     # One thread per consumer, as pulsar-perf polls: a consumer with nothing to receive must not

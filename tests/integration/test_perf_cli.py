@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -172,3 +173,28 @@ def test_perf_refuses_a_bad_combination_with_the_reason(node: StandaloneProcess)
     _, err = process.communicate(timeout=60)
     assert process.returncode == 2
     assert "only one consumer is allowed when the subscription type is Exclusive" in err
+
+
+def test_perf_says_why_the_broker_refused_its_producer_or_consumer(
+    node: StandaloneProcess,
+) -> None:
+    topic = "persistent://public/default/perf-terminated"
+    request = urllib.request.Request(
+        f"{node.admin_url}/persistent/public/default/perf-terminated", method="PUT"
+    )
+    urllib.request.urlopen(request, timeout=10).close()
+    request = urllib.request.Request(
+        f"{node.admin_url}/persistent/public/default/perf-terminated/terminate",
+        method="POST",
+    )
+    urllib.request.urlopen(request, timeout=10).close()
+    process = perf("produce", "-u", node.url, "-m", "10", "--warmup-time", "0", topic)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 1
+    assert f"magnetar perf: cannot create a producer on {topic}: TopicTerminated" in err
+    assert "Traceback" not in err
+    process = perf("consume", "-u", node.url, "-m", "10", "persistent://no-tenant/ns/t")
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 1
+    assert "magnetar perf: cannot subscribe to persistent://no-tenant/ns/t" in err
+    assert "Traceback" not in err
