@@ -1,6 +1,6 @@
 """Stats of a partitioned topic, on Pulsar's paths and in its shapes:
 
-- ``GET {topic}/partitioned-stats`` (``?perPartition=false`` leaves the partitions out):
+- ``GET {topic}/partitioned-stats`` (``?perPartition=false``: empty ``partitions``):
   Pulsar's PartitionedTopicStats, the partitions' TopicStats added up (rates, counters, sizes;
   publishers listed together; subscriptions merged by name, their consumers listed together),
   ``metadata: {"partitions": N}`` and ``partitions: {name: TopicStats}``
@@ -158,8 +158,8 @@ def add_partitioned_stats_routes(routes: web.RouteTableDef, broker: AdminBroker)
         name = requests.topic(request)
         count, partitions = await _each_partition(broker, name, "stats")
         document = {**add_up(list(partitions.values())), "metadata": {"partitions": count}}
-        if request.query.get("perPartition", "true").lower() != "false":
-            document["partitions"] = partitions
+        per_partition = request.query.get("perPartition", "true").lower() != "false"
+        document["partitions"] = partitions if per_partition else {}
         return web.json_response(document)
 
     @routes.get(TOPIC_PATH + "/partitioned-internalStats")
