@@ -745,9 +745,16 @@ VERBS: dict[str, dict[str, Verb]] = {
             lambda a: (
                 "PUT",
                 f"namespaces/{namespace_path(a.namespace)}",
-                {"bundles": {"numBundles": a.bundles}} if a.bundles else None,
+                {
+                    **({"bundles": {"numBundles": a.bundles}} if a.bundles else {}),
+                    **({"replication_clusters": a.clusters.split(",")} if a.clusters else {}),
+                }
+                or None,
             ),
-            (_flag("-b", "--bundles", type=int, help="number of bundles"),),
+            (
+                _flag("-b", "--bundles", type=int, help="number of bundles"),
+                _flag("-c", "--clusters", help="replication clusters, comma separated"),
+            ),
             ("namespace",),
         ),
         "delete": Verb(

@@ -218,8 +218,13 @@ def test_a_cluster_left_out_of_the_replication_list_refuses_its_topics(geo: Geo)
     here; lookups (binary and HTTP) and partitioned metadata answer an error naming them."""
     east = geo.clusters["east"]
     east.admin_json("PUT", "/admin/v2/tenants/apart", {"allowedClusters": list(CLUSTERS)})
-    east.admin_json("PUT", "/admin/v2/namespaces/apart/ns")
-    east.admin_json("POST", "/admin/v2/namespaces/apart/ns/replication", ["east", "north"])
+    # Made replicated at once (pulsar-admin's `namespaces create --clusters`), the list checked
+    # as set-clusters checks it.
+    bad = {"replication_clusters": ["east", "nowhere"]}
+    assert east.admin("PUT", "/admin/v2/namespaces/apart/bad", bad)[0] == 403
+    assert east.admin("GET", "/admin/v2/namespaces/apart/bad")[0] == 404
+    admin(geo.broker("east"), "namespaces", "create", "apart/ns", "--clusters", "east,north")
+    assert east.admin_json("GET", "/admin/v2/namespaces/apart/ns/replication") == ["east", "north"]
     topic = "persistent://apart/ns/t"
     expected = (
         "Namespace missing local cluster name in clusters list: "

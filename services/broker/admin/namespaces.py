@@ -42,6 +42,7 @@ from magnetar.broker.cluster.bundles import load_or_create
 from magnetar.broker.config import TopicSettings
 from magnetar.broker.namespace import policies
 from magnetar.broker.namespace.authorization import TenantInfo
+from magnetar.broker.namespace.clusters import read_cluster
 from magnetar.broker.namespace.policies import PartitionCountError, PolicyError, parse_document
 from magnetar.broker.namespace.records import NAMESPACES_PATH, TENANTS_PATH
 from magnetar.broker.schema import compatibility as schema_compatibility
@@ -205,10 +206,17 @@ def add_namespace_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None
         tenant = request.match_info["tenant"]
         if await broker.configuration_store.get(f"{TENANTS_PATH}/{tenant}") is None:
             raise AdminError(404, f"Tenant does not exist: {tenant}")
-        count = await _bundle_count_body(request)
+        body = await requests.json_body(request) if request.can_read_body else None
+        count = _bundle_count(body)
         # Pulsar's policies body: {"bundles": {"numBundles": n}}, kept in the shared record so
         # every cluster's first bundles of the namespace are that many.
-        record = {} if count is None else {"bundles": {"numBundles": count}}
+        record: dict[str, Any] = {} if count is None else {"bundles": {"numBundles": count}}
+        # and {"replication_clusters": [...]} (pulsar-admin namespaces create --clusters),
+        # checked as the replication route checks it.
+        if isinstance(body, dict) and body.get("replication_clusters") is not None:
+            record["replication_clusters"] = await checked_replication_clusters(
+                broker, tenant, body["replication_clusters"]
+            )
         try:
             await broker.configuration_store.put(
                 f"{NAMESPACES_PATH}/{namespace}", json.dumps(record).encode(), NOT_EXISTS
@@ -354,11 +362,32 @@ def _tenant_changed(broker: AdminBroker, tenant: str) -> None:
         authorization.invalidate(tenant=tenant)
 
 
-async def _bundle_count_body(request: web.Request) -> int | None:
+async def checked_replication_clusters(
+    broker: AdminBroker, tenant: str, clusters: Any
+) -> list[str]:
+    """``clusters`` as a namespace's replication list, checked as Pulsar does: a non-empty list
+    of names, each allowed by the tenant (403) and registered or the local cluster (412)."""
+    if not isinstance(clusters, list) or not all(isinstance(c, str) for c in clusters):
+        raise AdminError(412, 'expected a list of cluster names: ["a", "b"]')
+    if not clusters:  # Pulsar's rule and words
+        raise AdminError(412, "ClusterIds should not be null or empty")
+    found = await broker.configuration_store.get(f"{TENANTS_PATH}/{tenant}")
+    if found is None:
+        raise AdminError(404, f"Tenant does not exist: {tenant}")
+    allowed = json.loads(found.value or b"{}").get("allowedClusters") or []
+    local = broker.config.cluster_name
+    for cluster in clusters:
+        if cluster not in allowed:
+            raise AdminError(
+                403, f"Cluster {cluster} is not in the list of allowed clusters of {tenant}"
+            )
+        if cluster != local and await read_cluster(broker.configuration_store, cluster) is None:
+            raise AdminError(412, f"Cluster {cluster} is not registered")
+    return list(dict.fromkeys(clusters))
+
+
+def _bundle_count(body: Any) -> int | None:
     """``bundles.numBundles`` of a namespace-creation body, if one was sent (1..1024)."""
-    if not request.can_read_body:
-        return None
-    body = await requests.json_body(request)
     bundles = body.get("bundles") if isinstance(body, dict) else None
     if bundles is None:
         return None

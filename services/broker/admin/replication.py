@@ -10,17 +10,15 @@ their replicators (``topics/replicator.py``)."""
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from magnetar.broker.admin import requests
 from magnetar.broker.admin.errors import AdminError
-from magnetar.broker.admin.namespaces import _update_policies
-from magnetar.broker.namespace.clusters import read_cluster
+from magnetar.broker.admin.namespaces import _update_policies, checked_replication_clusters
 from magnetar.broker.namespace.policies import parse_document
-from magnetar.broker.namespace.records import NAMESPACES_PATH, TENANTS_PATH
+from magnetar.broker.namespace.records import NAMESPACES_PATH
 
 if TYPE_CHECKING:
     from magnetar.broker.admin.service import AdminBroker
@@ -45,25 +43,7 @@ def add_replication_routes(routes: web.RouteTableDef, broker: AdminBroker) -> No
             clusters = await request.json()
         except ValueError:
             clusters = None
-        if not isinstance(clusters, list) or not all(isinstance(c, str) for c in clusters):
-            raise AdminError(412, 'expected a list of cluster names: ["a", "b"]')
-        if not clusters:  # Pulsar's rule and words
-            raise AdminError(412, "ClusterIds should not be null or empty")
-        tenant = request.match_info["tenant"]
-        found = await broker.configuration_store.get(f"{TENANTS_PATH}/{tenant}")
-        if found is None:
-            raise AdminError(404, f"Tenant does not exist: {tenant}")
-        allowed = json.loads(found.value or b"{}").get("allowedClusters") or []
-        local = broker.config.cluster_name
-        store = broker.configuration_store
-        for cluster in clusters:
-            if cluster not in allowed:
-                raise AdminError(
-                    403, f"Cluster {cluster} is not in the list of allowed clusters of {tenant}"
-                )
-            if cluster != local and await read_cluster(store, cluster) is None:
-                raise AdminError(412, f"Cluster {cluster} is not registered")
-        unique = list(dict.fromkeys(clusters))
+        unique = await checked_replication_clusters(broker, request.match_info["tenant"], clusters)
         await _update_policies(
             broker, f"{NAMESPACES_PATH}/{namespace}", "replication_clusters", unique
         )
