@@ -381,6 +381,14 @@ def test_both_ways_exactly_once_and_no_loops(geo: Geo) -> None:
         for remote, replication in stats["replication"].items():
             assert replication["connected"] is True, (name, remote, replication)
             assert replication["replicationBacklog"] == 0, (name, remote, replication)
+            # What comes in from it: its replicator's producer here (Pulsar's inbound side).
+            assert replication["inboundConnectedSince"], (name, remote, replication)
+            [inbound] = [
+                p for p in stats["publishers"] if p["producerName"] == f"pulsar.repl.{remote}"
+            ]
+            assert (replication["msgRateIn"], replication["msgThroughputIn"]) == (
+                inbound["msgRateIn"], inbound["msgThroughputIn"]
+            ), (name, remote)  # fmt: skip
         assert set(stats["subscriptions"]) == {"app"}, stats["subscriptions"]
     status, raw = geo.broker("east").http("GET", "/metrics")
     assert status == 200

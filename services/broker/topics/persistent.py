@@ -43,6 +43,7 @@ from magnetar.broker.topics.producers import ProducerSet
 from magnetar.broker.topics.publish_rate import PublishThrottle
 from magnetar.broker.topics.replicated_subscriptions import ReplicatedSubscriptionsController
 from magnetar.broker.topics.replicator import (
+    REPLICATOR_PREFIX,
     ReplicationContext,
     Replicator,
     is_replicator_cursor,
@@ -599,7 +600,18 @@ class PersistentTopic:
     def stats(self) -> dict[str, object]:
         """Topic stats in the shape of Pulsar's ``TopicStats`` (``stats.persistent_stats``)."""
         stats = persistent_stats(self, self.rates)
-        stats["replication"] = {r: rep.stats() for r, rep in sorted(self.replicators.items())}
+        replication = {r: rep.stats() for r, rep in sorted(self.replicators.items())}
+        # What comes in from each remote: its replicator's producer here (Pulsar's rule: shown
+        # on the remote's entry, when this topic replicates to it too).
+        for publisher in stats["publishers"]:  # type: ignore[attr-defined]
+            name = publisher.get("producerName") or ""
+            entry = replication.get(name.removeprefix(REPLICATOR_PREFIX))
+            if name.startswith(REPLICATOR_PREFIX) and entry is not None:
+                entry["msgRateIn"] = publisher.get("msgRateIn", 0.0)
+                entry["msgThroughputIn"] = publisher.get("msgThroughputIn", 0.0)
+                entry["inboundConnection"] = publisher.get("address")
+                entry["inboundConnectedSince"] = publisher.get("connectedSince")
+        stats["replication"] = replication
         return stats
 
     def internal_stats(self) -> dict[str, object]:
