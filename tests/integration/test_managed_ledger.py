@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -393,6 +393,32 @@ async def test_terminate_is_kept_by_the_next_owner(env: Env) -> None:
     await again.trim(Position(last.ledger_id + 1, 0))
     assert again.ledger_ids == ledgers[-1:]
     assert again.last_confirmed_position == last
+
+
+async def test_an_add_refused_by_terminate_is_answered_after_the_adds_before_it(
+    env: Env,
+) -> None:
+    """A producer is answered in order: the refusal of an add that came after terminate is
+    not told before the receipts of the adds still on their way to the bookies (the official
+    client closes its connection on a send error and would fail those, stored as they are)."""
+    ml = await env.open()
+    told: list[str] = []
+
+    def listener(name: str) -> Callable[[asyncio.Future[Position]], None]:
+        return lambda future: told.append(name)
+
+    stored = [ml.add_entry_async(payload(i), listener(f"m{i}")) for i in range(20)]
+    for _ in range(5):
+        await asyncio.sleep(0)  # the writer sends them to the bookies
+    terminating = asyncio.ensure_future(ml.terminate())
+    await asyncio.sleep(0)
+    late = ml.add_entry_async(b"late", listener("late"))
+    last = await terminating
+    assert [await f for f in stored][-1] == last
+    with pytest.raises(ManagedLedgerTerminatedError):
+        await late
+    await asyncio.sleep(0)
+    assert told == [f"m{i}" for i in range(20)] + ["late"]
 
 
 async def test_batch_index_acks(env: Env) -> None:

@@ -98,6 +98,7 @@ class ManagedLedger(LedgerPositions):
         #: Where it was terminated (its last entry for good); None: it takes adds.
         self.terminated_at: Position | None = None
         self._terminating = False
+        self._last_add: asyncio.Future[Position] | None = None  # the last add taken
         self._ledgers: list[LedgerInfo] = []
         self._version = NOT_EXISTS
         self._current: LedgerHandle | None = None
@@ -329,13 +330,21 @@ class ManagedLedger(LedgerPositions):
         if self._error is not None:
             future.set_exception(self._error)
         elif self._terminating or self.terminated_at is not None:
-            future.set_exception(
-                ManagedLedgerTerminatedError(f"managed ledger {self.name} is terminated")
-            )
+            refusal = ManagedLedgerTerminatedError(f"managed ledger {self.name} is terminated")
+            before = self._last_add
+            if before is not None and not before.done():
+                # Told after the adds before it (they complete in order): a client that closes
+                # its connection on a send error must have their receipts first.
+                before.add_done_callback(
+                    lambda _: None if future.done() else future.set_exception(refusal)
+                )
+            else:
+                future.set_exception(refusal)
         elif self._state is not _State.OPEN:
             future.set_exception(ManagedLedgerClosedError(f"managed ledger {self.name} is closed"))
         else:
             self._queue.append((data, future, time.monotonic(), on_stored))
+            self._last_add = future
             self._wake.set()
         return future
 
