@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("-k", "--key", help="partitioning key")
     p.add_argument("-p", "--properties", action="append", default=[], help="key=value")
     p.add_argument("-db", "--disable-batching", action="store_true")
-    p.set_defaults(func=_produce)
+    p.set_defaults(func=run, verb=_produce)
     c = sub.add_parser("consume", help="receive messages")
     c.add_argument("topic")
     c.add_argument("-s", "--subscription-name", required=True)
@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     c.add_argument("-r", "--rate", type=float, default=0, help="messages per second (0: no limit)")
     c.add_argument("--hex", action="store_true", help="print payloads as hex")
     c.add_argument("--receive-timeout", type=float, default=0, help="seconds; 0: wait forever")
-    c.set_defaults(func=_consume)
+    c.set_defaults(func=run, verb=_consume)
 
 
 def _client(args: argparse.Namespace) -> Any:
@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     try:
-        return int(args.func(args))
+        return int(args.verb(args))
     except pulsar.PulsarException as e:
         print(f"magnetar client: {type(e).__name__}: {e}", file=sys.stderr)
         return 1

@@ -121,6 +121,20 @@ def test_client_produce_consume_and_the_subscription_verbs(node: StandaloneProce
     assert missing.returncode == 1 and missing.stderr.startswith("magnetar admin: HTTP 404: ")
 
 
+def test_client_says_why_the_broker_refused(node: StandaloneProcess) -> None:
+    topic = "persistent://public/default/client-refused"
+    ok(node, "admin", "topics", "create", topic)
+    ok(node, "admin", "topics", "terminate", topic)
+    refused = magnetar(node, "client", "produce", topic, "-m", "x")
+    assert refused.returncode == 1, refused.stderr
+    assert "magnetar client: TopicTerminated: " in refused.stderr
+    assert "Traceback" not in refused.stderr
+    missing = magnetar(node, "client", "consume", "persistent://no-tenant/ns/t", "-s", "s")
+    assert missing.returncode == 1, missing.stderr
+    assert "magnetar client: TopicNotFound: " in missing.stderr
+    assert "Traceback" not in missing.stderr
+
+
 def test_consume_forever_until_interrupted(node: StandaloneProcess) -> None:
     consumer = subprocess.Popen(
         [sys.executable, "-m", "magnetar.cli", "client", "--url", node.url, "consume", "forever",
