@@ -462,6 +462,34 @@ def test_replication_clusters_and_disable_replication_per_message(geo: Geo) -> N
     assert received["north"] == ["all", "all-again"]
 
 
+def test_chunked_messages_replicate_with_deduplication(geo: Geo) -> None:
+    """The namespace deduplicates (the doc's commands enable it): every chunk of a message
+    carries its sequence id, and only the last chunk is looked at (Pulsar's rule), here and at
+    the remote, where the replicator's producer is deduplicated by the original one."""
+    topic = f"persistent://{NAMESPACE}/chunked"
+    bodies = [bytes([65 + i]) * (6 * 1024 * 1024) for i in range(2)] + [b"small"]
+    west, east = geo.client("west"), geo.client("east")
+    try:
+        consumers = {
+            name: client.subscribe(topic, "app", initial_position=pulsar.InitialPosition.Earliest)
+            for name, client in (("east", east), ("west", west))
+        }
+        producer = east.create_producer(topic, batching_enabled=False, chunking_enabled=True)
+        for body in bodies:
+            producer.send(body)
+        for name, consumer in consumers.items():
+            got = []
+            for _ in bodies:
+                message = consumer.receive(timeout_millis=30000)
+                got.append(message.data())
+                consumer.acknowledge(message)
+            assert got == bodies, (name, [len(b) for b in got])
+    finally:
+        east.close()
+        west.close()
+    assert not geo.broker("east").log_lines("still being stored")
+
+
 def test_bundle_unload_during_replication_no_gap_no_duplicate(geo: Geo) -> None:
     topic = f"persistent://{NAMESPACE}/unloaded"
     east_cluster = geo.clusters["east"]

@@ -174,6 +174,7 @@ def send_message(conn: ServerConnection, body: pb.CommandSend, frame: codec.Fram
     highest = body.highest_sequence_id if body.HasField("highest_sequence_id") else None
     dedup_name, dedup_sequence, dedup_highest = producer_name, body.sequence_id, highest
     marker = False
+    chunk: tuple[int, int] | None = None  # (chunk id, chunks of its message)
     if is_replicator_cursor(producer_name):
         # A geo-replicator: deduplicate by the original producer and sequence id (Pulsar's
         # rule for replicated messages), so a resend after a replicator restart is dropped.
@@ -184,6 +185,14 @@ def send_message(conn: ServerConnection, body: pb.CommandSend, frame: codec.Fram
         dedup_highest = (
             metadata.highest_sequence_id if metadata.HasField("highest_sequence_id") else None
         )
+        if metadata.HasField("chunk_id"):
+            chunk = (metadata.chunk_id, metadata.num_chunks_from_msg)
+    elif body.is_chunk:
+        metadata = entry_metadata(frame.headers_and_payload)
+        chunk = (metadata.chunk_id, metadata.num_chunks_from_msg)
+    # Every chunk of a message carries its sequence id: deduplication looks at the last chunk
+    # only, and records nothing for the others (Pulsar's rule).
+    deduplicate = chunk is None or chunk[0] == chunk[1] - 1
     producer_id, sequence_id = body.producer_id, body.sequence_id
 
     def receipt(done: asyncio.Future[Position | None]) -> None:
@@ -224,6 +233,7 @@ def send_message(conn: ServerConnection, body: pb.CommandSend, frame: codec.Fram
         -1 if dedup_highest is None else dedup_highest,
         max(body.num_messages, 1),
         marker=marker,
+        deduplicate=deduplicate,
         on_stored=receipt,
     )
     pause = topic.publish_throttle.published(

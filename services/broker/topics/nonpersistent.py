@@ -138,6 +138,7 @@ class NonPersistentTopic:
         messages: int | None = None,
         *,
         marker: bool = False,
+        deduplicate: bool = True,  # nothing is deduplicated on a non-persistent topic
         on_stored: Callable[[asyncio.Future[Position | None]], None] | None = None,
     ) -> asyncio.Future[Position | None]:
         """Deliver one entry to each subscription's chosen consumer now (``messages``: taken

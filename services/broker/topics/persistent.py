@@ -159,6 +159,7 @@ class PersistentTopic:
         messages: int | None = None,
         *,
         marker: bool = False,
+        deduplicate: bool = True,
         on_stored: Callable[[asyncio.Future[Position | None]], None] | None = None,
     ) -> asyncio.Future[Position | None]:
         """Append one entry (a producer's payload section); resolves once it is durable, to
@@ -166,6 +167,8 @@ class PersistentTopic:
         the caller knows them (SEND's ``num_messages``); else they are read from its metadata.
         ``marker``: a marker (written here, or one a remote's replicator sent): not
         deduplicated, not counted, acknowledged for every subscription once stored.
+        ``deduplicate`` False (a chunk before its message's last): stored without a look at
+        deduplication, and not recorded there.
         ``on_stored`` is called with the future once it is done (with no wait for a turn of the
         event loop when the entry was stored: ``ManagedLedger.add_entry_async``)."""
         if self.unloading:
@@ -179,7 +182,7 @@ class PersistentTopic:
             if on_stored is not None:
                 stored_marker.add_done_callback(on_stored)
             return stored_marker
-        dedup = self.deduplication
+        dedup = self.deduplication if deduplicate else None
         if dedup is not None:
             status = dedup.check(producer_name, sequence_id, highest)
             if status is not DuplicateStatus.NEW:
