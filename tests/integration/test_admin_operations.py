@@ -1004,6 +1004,9 @@ def quota_over_backlog(node: StandaloneProcess, pc: pulsar.Client, namespace: st
     assert call(node, "POST", f"/namespaces/{namespace}/backlogQuota", quota)[0] == 204
     stats = f"/persistent/{namespace}/t/stats"
     eventually(lambda: ok(node, "GET", stats)["publishers"] == [], "the producer disconnected")
+    # Pulsar's TopicStats say the quota in force.
+    in_force = ok(node, "GET", stats)
+    assert (in_force["backlogQuotaLimitSize"], in_force["backlogQuotaLimitTime"]) == (1000, -1)
     return topic, consumer, producer
 
 
@@ -1060,6 +1063,8 @@ def test_backlog_quota_producer_exception(node: StandaloneProcess, pc: pulsar.Cl
     assert call(node, "POST", f"{path}?backlogQuotaType=message_age", age)[0] == 204  # a round
     stats = "/persistent/public/quota-exception/t/stats"
     eventually(lambda: ok(node, "GET", stats)["publishers"] == [], "the producer disconnected")
+    in_force = ok(node, "GET", stats)
+    assert (in_force["backlogQuotaLimitSize"], in_force["backlogQuotaLimitTime"]) == (-1, 1)
     with pytest.raises(pulsar.ProducerBlockedQuotaExceededException):
         pc.create_producer(topic)
     for closing in (again, producer):

@@ -186,12 +186,16 @@ def persistent_stats(topic: PersistentTopic, rates: TopicRates) -> dict[str, Any
             **_throttled(sub.throttled),
         }
     compacted = ml.compacted.size if ml.compacted is not None else 0
+    quota = topic.backlog_quota
     return {
         # Pulsar's topic backlogSize: behind the slowest durable cursor, a replicator's too.
         **_topic_stats(
             topic, rates, subscriptions, ml.total_size + compacted, topic.backlog_size()
         ),
         "compaction": topic.compaction.stats(),
+        # Pulsar's: the backlog quota in force, bytes and seconds (-1: none).
+        "backlogQuotaLimitSize": quota.limit_size if quota is not None else -1,
+        "backlogQuotaLimitTime": quota.limit_time if quota is not None else -1,
         "entries": ml.number_of_entries,
         # Entries no bookie could give back intact (digest errors on every copy).
         "unreadableEntries": {str(p): why for p, why in sorted(ml.unreadable.items())},
