@@ -1,7 +1,8 @@
 """``magnetar initialize-cluster-metadata``: what a new cluster needs in its metadata store
 before clients come (Pulsar's ``pulsar initialize-cluster-metadata``): the ``public`` tenant and
 ``public/default`` namespace, in the configuration store (``--configuration-metadata-store``;
-by default the metadata store itself). Idempotent: what exists is left as it is, so the Kubernetes Job
+by default the metadata store itself), and, given Pulsar's ``--web-service-url`` /
+``--broker-service-url`` (and their ``-tls`` forms), the cluster registered there. Idempotent: what exists is left as it is, so the Kubernetes Job
 that runs it may run again (each broker also ensures the same at start).
 
 The cluster's name is the brokers' ``cluster_name`` setting; the cluster's instance id is
@@ -34,13 +35,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cluster",
         default=None,
-        help="the cluster's name, checked only for shape [default: $MAGNETAR_CLUSTER_NAME]",
+        help="the cluster's name [default: $MAGNETAR_CLUSTER_NAME]",
     )
+    for option, what in (
+        ("--web-service-url", "serviceUrl"),
+        ("--web-service-url-tls", "serviceUrlTls"),
+        ("--broker-service-url", "brokerServiceUrl"),
+        ("--broker-service-url-tls", "brokerServiceUrlTls"),
+    ):
+        parser.add_argument(
+            option,
+            default=None,
+            help=f"register the cluster in the configuration store with this {what} (Pulsar's "
+            "option; a cluster registered already is left as it is)",
+        )
 
 
 async def run(args: argparse.Namespace) -> int:
     from magnetar.bkshell import ShellTls
+    from magnetar.broker.namespace.clusters import ClusterData, ClusterDataError, cluster_key
     from magnetar.broker.namespace.records import ensure_default_namespace
+    from magnetar.common.metadata import NOT_EXISTS, BadVersionError
 
     url = args.metadata_url or os.environ.get("MAGNETAR_METADATA_URL") or DEFAULT_METADATA_URL
     cluster = args.cluster or os.environ.get("MAGNETAR_CLUSTER_NAME") or "standalone"
@@ -57,9 +72,30 @@ async def run(args: argparse.Namespace) -> int:
     except Exception as e:
         print(f"cannot open metadata store {url}: {e}", file=sys.stderr)
         return 1
+    urls = {
+        "serviceUrl": args.web_service_url,
+        "serviceUrlTls": args.web_service_url_tls,
+        "brokerServiceUrl": args.broker_service_url,
+        "brokerServiceUrlTls": args.broker_service_url_tls,
+    }
+    registered = ""
     try:
         await ensure_default_namespace(store)
+        if any(urls.values()):
+            try:
+                data = ClusterData.from_json(urls)
+            except ClusterDataError as e:
+                print(f"initialize-cluster-metadata: {e}", file=sys.stderr)
+                return 2
+            try:
+                await store.put(cluster_key(cluster), data.to_bytes(), NOT_EXISTS)
+                registered = f", cluster {cluster} registered"
+            except BadVersionError:
+                registered = f", cluster {cluster} registered already (left as it is)"
     finally:
         await store.close()
-    print(f"cluster {cluster}: configuration at {url} initialised (public/default present)")
+    print(
+        f"cluster {cluster}: configuration at {url} initialised (public/default present"
+        f"{registered})"
+    )
     return 0

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from magnetar.broker.namespace.clusters import cluster_key
 from magnetar.broker.namespace.records import (
     NAMESPACES_PATH,
     PARTITIONED_PATH,
@@ -126,3 +127,32 @@ def test_initialize_cluster_metadata_writes_the_configuration_store(tmp_path: Pa
 
     assert asyncio.run(namespaces(shared)) == [f"{NAMESPACES_PATH}/public/default"]
     assert asyncio.run(namespaces(local)) == []
+
+    # Pulsar's flags register the cluster there too (once: a second run leaves it).
+    def initialize(*urls: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "magnetar.cli", "initialize-cluster-metadata",
+             "--metadata-url", f"local://{local}", "--configuration-metadata-store",
+             f"local://{shared}", "--cluster", "east", *urls],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    done = initialize(
+        "--web-service-url", "http://east:8080", "--broker-service-url", "pulsar://east:6650"
+    )
+    assert done.returncode == 0 and "cluster east registered" in done.stdout, done
+
+    async def cluster(path: Path) -> dict[str, str] | None:
+        store = await open_store(f"local://{path}")
+        try:
+            found = await store.get(cluster_key("east"))
+            return None if found is None else json.loads(found.value)
+        finally:
+            await store.close()
+
+    east = {"serviceUrl": "http://east:8080", "brokerServiceUrl": "pulsar://east:6650"}
+    assert asyncio.run(cluster(shared)) == east
+    assert asyncio.run(cluster(local)) is None
+    done = initialize("--web-service-url", "http://other:8080")
+    assert done.returncode == 0 and "registered already" in done.stdout, done
+    assert asyncio.run(cluster(shared)) == east
