@@ -953,8 +953,14 @@ VERBS: dict[str, dict[str, Verb]] = {
             "what a subscription may leave unacknowledged, and what happens over it",
             _backlog_quota,
             (
-                _flag("--limitSize", help="e.g. 10G (destination_storage)"),
-                _flag("--limitTime", help="e.g. 1h (message_age)"),
+                _flag(
+                    "-l",
+                    "--limit",
+                    "--limitSize",
+                    dest="limitSize",
+                    help="e.g. 10G (destination_storage)",
+                ),
+                _flag("-lt", "--limitTime", dest="limitTime", help="e.g. 1h (message_age)"),
                 _flag(
                     "-p",
                     "--policy",

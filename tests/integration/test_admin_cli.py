@@ -231,6 +231,19 @@ def test_every_other_verb_against_the_standalone(
     admin("namespaces", "set-backlog-quota", ns, "--limitSize", "1G", "-p", "producer_exception")
     admin("namespaces", "remove-backlog-quota", ns)
     assert admin("namespaces", "get-backlog-quotas", ns) == {}
+    # pulsar-admin's own flags: -l/--limit for the size, -lt for the time.
+    admin("namespaces", "set-backlog-quota", ns, "-l", "2K", "-p", "producer_request_hold")
+    admin("namespaces", "set-backlog-quota", ns, "-lt", "1h", "-p", "producer_exception",
+          "-t", "message_age")  # fmt: skip
+    assert admin("namespaces", "get-backlog-quotas", ns) == {
+        "destination_storage": {
+            "limitSize": 2048, "limitTime": -1, "policy": "producer_request_hold"
+        },
+        "message_age": {"limitSize": -1, "limitTime": 3600, "policy": "producer_exception"},
+    }  # fmt: skip
+    admin("namespaces", "remove-backlog-quota", ns)
+    admin("namespaces", "remove-backlog-quota", ns, "-t", "message_age")
+    assert admin("namespaces", "get-backlog-quotas", ns) == {}
     admin(
         "namespaces",
         "set-inactive-topic-policies",
