@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from magnetar.broker.cluster.lookup import LookupKind, lookup
@@ -14,6 +15,8 @@ from magnetar.common.protocol import codec
 
 if TYPE_CHECKING:
     from magnetar.broker.protocol.connection import ServerConnection
+
+log = logging.getLogger(__name__)
 
 
 def partitioned_metadata(
@@ -51,7 +54,13 @@ async def _answer_partitioned_metadata(
 async def served_in_this_cluster(conn: ServerConnection, name: TopicName) -> None:
     """Raise NamespaceNotInClusterError when the topic's namespace is replicated to clusters
     that leave this one out: Pulsar answers its lookups there with an error naming them."""
-    policies = await conn.broker.namespace_policies(name.namespace_name)
+    try:
+        policies = await conn.broker.namespace_policies(name.namespace_name)
+    except Exception as e:
+        # No such namespace (answered as before, where the topic is used), or the
+        # configuration store out of reach: clients of topics loaded here are still served.
+        log.debug("lookup of %s: replication list not read (%s)", name, e)
+        return
     missing = policies.missing_cluster(conn.broker.config.cluster_name, name.namespace_name)
     if missing is not None:
         raise NamespaceNotInClusterError(missing)
