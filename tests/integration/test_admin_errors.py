@@ -317,3 +317,50 @@ def test_stored_partition_counts_out_of_bounds_are_answered(tmp_path: Path) -> N
     finally:
         node.stop()
         print(node.log_tail())
+
+
+def test_policy_bodies_of_the_wrong_shape_or_range_are_400(node: StandaloneProcess) -> None:
+    """Bodies Pulsar could not read into its policy types (a non-object where an object is
+    expected, a number beyond Java's int or long) are refused with 400 and nothing is stored."""
+    over_int, over_long = str(2**31), str(2**63)
+    topic = "/persistent/public/default/shapes"
+    assert admin(node, "PUT", topic)[0] == 204
+    cases: list[tuple[str, str, str]] = [
+        ("PUT", "/namespaces/public/shapes-string", '"x"'),
+        ("PUT", "/namespaces/public/shapes-list", "[1]"),
+        ("PUT", "/namespaces/public/shapes-number", "-5"),
+        ("PUT", "/namespaces/public/shapes-bool", "true"),
+        ("PUT", "/namespaces/public/default/compactionThreshold", over_long),
+        ("POST", f"{topic}/compactionThreshold", over_long),
+        ("POST", "/namespaces/public/default/subscriptionExpirationTime", over_int),
+        ("POST", "/namespaces/public/default/messageTTL", over_int),
+    ]
+    for base in ("/namespaces/public/default", topic):
+        for segment in ("dispatchRate", "subscriptionDispatchRate"):
+            cases += [
+                ("POST", f"{base}/{segment}", f'{{"ratePeriodInSecond": {over_int}}}'),
+                ("POST", f"{base}/{segment}", f'{{"dispatchThrottlingRateInMsg": {over_int}}}'),
+                ("POST", f"{base}/{segment}", f'{{"dispatchThrottlingRateInByte": {over_long}}}'),
+            ]
+        cases += [
+            ("POST", f"{base}/publishRate", f'{{"publishThrottlingRateInMsg": {over_int}}}'),
+            ("POST", f"{base}/publishRate", f'{{"publishThrottlingRateInByte": {over_long}}}'),
+            ("POST", f"{base}/backlogQuota", f'{{"limitSize": {over_long}}}'),
+            (
+                "POST",
+                f"{base}/backlogQuota?backlogQuotaType=message_age",
+                f'{{"limitTime": {over_int}, "policy": "producer_exception"}}',
+            ),
+        ]
+    for method, path, body in cases:
+        assert refused(node, method, path, body)[0] == 400, (method, path, body)
+    assert "shapes" not in json.dumps(admin(node, "GET", "/namespaces/public")[1])
+    for segment in ("compactionThreshold", "publishRate", "dispatchRate", "backlogQuotaMap"):
+        assert admin(node, "GET", f"/namespaces/public/default/{segment}")[1] in (None, {}), segment
+    assert admin(node, "GET", f"{topic}/compactionThreshold")[1] is None
+    # the largest values are taken
+    assert admin(node, "POST", f"{topic}/compactionThreshold", str(2**63 - 1))[0] == 204
+    assert admin(node, "GET", f"{topic}/compactionThreshold")[1] == 2**63 - 1
+    assert admin(node, "DELETE", f"{topic}/compactionThreshold")[0] == 204
+    assert "Traceback" not in node.log_tail(200_000)
+    healthy(node)

@@ -207,6 +207,8 @@ def add_namespace_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None
         if await broker.configuration_store.get(f"{TENANTS_PATH}/{tenant}") is None:
             raise AdminError(404, f"Tenant does not exist: {tenant}")
         body = await requests.json_body(request) if request.can_read_body else None
+        if body is not None and not isinstance(body, dict):
+            raise AdminError(400, f"the namespace's policies must be a JSON object, got {body!r}")
         count = _bundle_count(body)
         # Pulsar's policies body: {"bundles": {"numBundles": n}}, kept in the shared record so
         # every cluster's first bundles of the namespace are that many.

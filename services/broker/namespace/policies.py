@@ -185,6 +185,17 @@ class InactiveTopics:
     delete_while_inactive: bool
 
 
+#: The largest values of Java's int and long, the types of Pulsar's policy fields: a larger
+#: number cannot be a Pulsar policy (Pulsar refuses it as a malformed body).
+JAVA_INT_MAX = 2**31 - 1
+JAVA_LONG_MAX = 2**63 - 1
+
+
+def _java_number(number: Any, lowest: int, highest: int) -> bool:
+    """Whether ``number`` is an integer (not a boolean) within ``lowest..highest``."""
+    return isinstance(number, int) and not isinstance(number, bool) and lowest <= number <= highest
+
+
 def check_dispatch_rate(value: Any) -> dict[str, Any]:
     """Pulsar's DispatchRate: ``dispatchThrottlingRateInMsg``, ``dispatchThrottlingRateInByte``
     (-1: no limit), ``ratePeriodInSecond`` (1 or more), ``relativeToPublishRate`` (true: the
@@ -195,14 +206,14 @@ def check_dispatch_rate(value: Any) -> dict[str, Any]:
             '"ratePeriodInSecond": S}'
         )
     result: dict[str, Any] = {}
-    for key, default, lowest in (
-        ("dispatchThrottlingRateInMsg", -1, -1),
-        ("dispatchThrottlingRateInByte", -1, -1),
-        ("ratePeriodInSecond", 1, 1),
+    for key, default, lowest, highest in (
+        ("dispatchThrottlingRateInMsg", -1, -1, JAVA_INT_MAX),
+        ("dispatchThrottlingRateInByte", -1, -1, JAVA_LONG_MAX),
+        ("ratePeriodInSecond", 1, 1, JAVA_INT_MAX),
     ):
         number = value.get(key, default)
-        if not isinstance(number, int) or isinstance(number, bool) or number < lowest:
-            raise PolicyError(f"{key} must be a number, {lowest} or more; got {number!r}")
+        if not _java_number(number, lowest, highest):
+            raise PolicyError(f"{key} must be a number from {lowest} to {highest}; got {number!r}")
         result[key] = number
     relative = value.get("relativeToPublishRate", False)
     if not isinstance(relative, bool):
@@ -236,18 +247,24 @@ def check_publish_rate(value: Any) -> dict[str, int]:
             'expected {"publishThrottlingRateInMsg": N, "publishThrottlingRateInByte": N}'
         )
     result = {}
-    for key in ("publishThrottlingRateInMsg", "publishThrottlingRateInByte"):
+    for key, highest in (
+        ("publishThrottlingRateInMsg", JAVA_INT_MAX),
+        ("publishThrottlingRateInByte", JAVA_LONG_MAX),
+    ):
         number = value.get(key, -1)
-        if not isinstance(number, int) or isinstance(number, bool) or number < -1:
-            raise PolicyError(f"{key} must be a number, -1 (no limit) or more; got {number!r}")
+        if not _java_number(number, -1, highest):
+            raise PolicyError(
+                f"{key} must be a number from -1 (no limit) to {highest}; got {number!r}"
+            )
         result[key] = number
     return result
 
 
 def check_expiration_minutes(value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    if not _java_number(value, 0, JAVA_INT_MAX):
         raise PolicyError(
-            f"subscriptionExpirationTime must be a number of minutes >= 0 (0: never), got {value!r}"
+            f"subscriptionExpirationTime must be a number of minutes from 0 (never) to "
+            f"{JAVA_INT_MAX}, got {value!r}"
         )
     return value
 
@@ -274,10 +291,12 @@ def check_backlog_quota(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise PolicyError('expected {"limitSize": bytes, "limitTime": seconds, "policy": ...}')
     result: dict[str, Any] = {}
-    for key in ("limitSize", "limitTime"):
+    for key, highest in (("limitSize", JAVA_LONG_MAX), ("limitTime", JAVA_INT_MAX)):
         number = value.get(key, -1)
-        if not isinstance(number, int) or isinstance(number, bool) or number < -1:
-            raise PolicyError(f"{key} must be a number, -1 (no limit) or more; got {number!r}")
+        if not _java_number(number, -1, highest):
+            raise PolicyError(
+                f"{key} must be a number from -1 (no limit) to {highest}; got {number!r}"
+            )
         result[key] = number
     policy = value.get("policy", "producer_request_hold")
     if policy not in QUOTA_POLICIES:
@@ -475,8 +494,10 @@ def _compaction_threshold(document: dict[str, Any], defaults: TopicSettings) -> 
 
 
 def check_compaction_threshold(value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise PolicyError(f"compactionThreshold must be a number of bytes >= 0, got {value!r}")
+    if not _java_number(value, 0, JAVA_LONG_MAX):
+        raise PolicyError(
+            f"compactionThreshold must be a number of bytes from 0 to {JAVA_LONG_MAX}, got {value!r}"
+        )
     return value
 
 
@@ -493,7 +514,7 @@ def check_retention(value: Any) -> dict[str, int]:
 
 
 def check_ttl(value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    if not _java_number(value, 0, JAVA_INT_MAX):
         raise PolicyError(f"the message TTL must be a number of seconds >= 0, got {value!r}")
     return value
 
