@@ -362,5 +362,17 @@ def test_policy_bodies_of_the_wrong_shape_or_range_are_400(node: StandaloneProce
     assert admin(node, "POST", f"{topic}/compactionThreshold", str(2**63 - 1))[0] == 204
     assert admin(node, "GET", f"{topic}/compactionThreshold")[1] == 2**63 - 1
     assert admin(node, "DELETE", f"{topic}/compactionThreshold")[0] == 204
+    # Pulsar's deprecated "limit" is the size limit (what clients before 2.9.1 send)
+    quota = '{"limit": 1048576, "policy": "producer_exception"}'
+    assert admin(node, "POST", f"{topic}/backlogQuota", quota)[0] == 204
+    assert admin(node, "GET", f"{topic}/backlogQuotaMap")[1] == {
+        "destination_storage": {
+            "limitSize": 1048576,
+            "limitTime": -1,
+            "policy": "producer_exception",
+        }
+    }
+    assert admin(node, "DELETE", f"{topic}/backlogQuota")[0] == 204
+    assert refused(node, "POST", f"{topic}/backlogQuota", '{"limit": "big"}')[0] == 400
     assert "Traceback" not in node.log_tail(200_000)
     healthy(node)

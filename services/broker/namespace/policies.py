@@ -293,6 +293,9 @@ def check_backlog_quota(value: Any) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, highest in (("limitSize", JAVA_LONG_MAX), ("limitTime", JAVA_INT_MAX)):
         number = value.get(key, -1)
+        if key == "limitSize" and value.get(key) is None:
+            # Pulsar's deprecated name of limitSize, still what older clients send
+            number = value.get("limit", -1)
         if not _java_number(number, -1, highest):
             raise PolicyError(
                 f"{key} must be a number from -1 (no limit) to {highest}; got {number!r}"
