@@ -376,3 +376,33 @@ def test_policy_bodies_of_the_wrong_shape_or_range_are_400(node: StandaloneProce
     assert refused(node, "POST", f"{topic}/backlogQuota", '{"limit": "big"}')[0] == 400
     assert "Traceback" not in node.log_tail(200_000)
     healthy(node)
+
+
+def test_cluster_urls_of_the_wrong_scheme_are_400(node: StandaloneProcess) -> None:
+    """A cluster's URLs are checked as Pulsar checks them (each its scheme), when created and
+    when updated; nothing is stored from a refused body."""
+    for field, url in (
+        ("serviceUrl", "not a url"),
+        ("serviceUrl", "pulsar://h:6650"),
+        ("serviceUrl", "h:8080"),
+        ("serviceUrlTls", "http://h:8443"),
+        ("brokerServiceUrl", "http://h:8080"),
+        ("brokerServiceUrl", "localhost"),
+        ("brokerServiceUrlTls", "pulsar://h:6651"),
+    ):
+        body = json.dumps({field: url})
+        status, reason = refused(node, "PUT", "/clusters/schemes", body)
+        assert status == 400 and reason.startswith("Invalid ClusterData: Illegal"), (url, reason)
+        assert refused(node, "POST", "/clusters/standalone", body)[0] == 400, url
+    assert refused(node, "GET", "/clusters/schemes")[0] == 404
+    body = {
+        "serviceUrl": "http://h:8080",
+        "serviceUrlTls": "https://h:8443",
+        "brokerServiceUrl": "pulsar://h1:6650,h2:6650",
+        "brokerServiceUrlTls": "pulsar+ssl://h:6651",
+    }
+    assert admin(node, "PUT", "/clusters/schemes", json.dumps(body))[0] == 204
+    assert admin(node, "GET", "/clusters/schemes") == (200, body)
+    assert admin(node, "DELETE", "/clusters/schemes")[0] == 204
+    standalone = admin(node, "GET", "/clusters/standalone")[1]
+    assert isinstance(standalone, dict) and standalone["brokerServiceUrl"].startswith("pulsar://")

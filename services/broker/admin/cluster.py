@@ -75,7 +75,9 @@ def add_cluster_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None:
 
     async def cluster_body(request: web.Request) -> ClusterData:
         try:
-            return ClusterData.from_json(await request.json())
+            data = ClusterData.from_json(await request.json())
+            data.check_urls()
+            return data
         except (ValueError, ClusterDataError) as e:
             raise AdminError(400, f"Invalid ClusterData: {e}") from None
 

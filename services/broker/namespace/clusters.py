@@ -9,11 +9,28 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from magnetar.common.metadata import MetadataStore
 
 CLUSTERS_PATH = "/magnetar/admin/clusters"
 FIELDS = ("serviceUrl", "serviceUrlTls", "brokerServiceUrl", "brokerServiceUrlTls")
+#: Each URL's scheme and Pulsar's refusal of another (ClusterData's property check).
+URL_SCHEMES = {
+    "serviceUrl": ("http", "Illegal service url, example: http://pulsar.example.com:8080"),
+    "serviceUrlTls": (
+        "https",
+        "Illegal service tls url, example: https://pulsar.example.com:8443",
+    ),
+    "brokerServiceUrl": (
+        "pulsar",
+        "Illegal broker service url, example: pulsar://pulsar.example.com:6650",
+    ),
+    "brokerServiceUrlTls": (
+        "pulsar+ssl",
+        "Illegal broker service tls url, example: pulsar+ssl://pulsar.example.com:6651",
+    ),
+}
 
 
 class ClusterDataError(ValueError):
@@ -45,6 +62,13 @@ class ClusterData:
             if not data.service_url and not data.service_url_tls:
                 raise ClusterDataError("a cluster needs at least a serviceUrl or brokerServiceUrl")
         return data
+
+    def check_urls(self) -> None:
+        """Each URL given has its scheme (what Pulsar checks of a cluster it registers)."""
+        for field, url in self.to_json().items():
+            scheme, refusal = URL_SCHEMES[field]
+            if any(c.isspace() for c in url) or urlsplit(url).scheme != scheme:
+                raise ClusterDataError(f"{refusal}; got {url!r}")
 
     def to_json(self) -> dict[str, str]:
         values = (
