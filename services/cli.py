@@ -15,11 +15,28 @@ from magnetar.common.metadata import MetadataError
 from magnetar.common.runtime import tune_gc
 
 
+class _RefusedRequestFilter(logging.Filter):
+    """aiohttp logs a request its HTTP parser refused (a request line or header over 8190
+    bytes, a malformed header) as an ERROR with the parser's traceback; it is the client's
+    error, answered 400: one WARNING line instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from aiohttp.http_exceptions import HttpProcessingError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            record.msg, record.args = f"{record.getMessage()}: {exc.message}", ()
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
 def _setup_logging(level: str) -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("aiohttp.server").addFilter(_RefusedRequestFilter())
 
 
 async def _run_until_signalled(start, stop) -> None:  # type: ignore[no-untyped-def]

@@ -406,3 +406,27 @@ def test_cluster_urls_of_the_wrong_scheme_are_400(node: StandaloneProcess) -> No
     assert admin(node, "DELETE", "/clusters/schemes")[0] == 204
     standalone = admin(node, "GET", "/clusters/standalone")[1]
     assert isinstance(standalone, dict) and standalone["brokerServiceUrl"].startswith("pulsar://")
+
+
+def test_requests_the_http_parser_refuses_are_4xx_without_a_traceback(
+    node: StandaloneProcess,
+) -> None:
+    """A request line or header over aiohttp's 8190 bytes is refused before any route; the
+    broker logs one warning, not an ERROR with a traceback."""
+    long_name = "a" * 9000
+    for method, path, headers in (
+        ("POST", f"/persistent/public/default/{long_name}/terminate", {}),
+        ("PUT", f"/persistent/public/default/{long_name}/compaction", {}),
+        ("GET", "/clusters", {"X-Long": long_name}),
+    ):
+        request = urllib.request.Request(node.admin_url + path, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                status = response.status
+        except urllib.error.HTTPError as e:
+            status = e.code
+        assert 400 <= status < 500, (path[:60], status)
+    log = node.log_tail(200_000)
+    assert "Traceback" not in log and " ERROR " not in log
+    assert log.count("Got more than 8190 bytes") >= 3
+    healthy(node)
