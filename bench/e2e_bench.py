@@ -52,12 +52,14 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.support.etcd import free_port  # noqa: E402
+
+T = TypeVar("T")
 
 SEQUENCE_BYTES = 8
 # After the producer is done, how long the consumer may take to receive the rest.
@@ -600,6 +602,27 @@ def run_pair(
     return PairResult(size, rate, produced, consumed, cpu)
 
 
+def on_a_new_broker(
+    processes: Processes,
+    name: str,
+    start: Callable[[Processes, Path], Broker],
+    brokerdir: Path,
+    run: Callable[[Processes, Broker, Path, argparse.Namespace], T],
+    args: argparse.Namespace,
+) -> T:
+    """``run`` against a broker started in ``brokerdir`` for it, stopped after (its log's tail
+    printed if ``run`` fails)."""
+    brokerdir.mkdir()
+    broker = start(processes, brokerdir)
+    try:
+        return run(processes, broker, brokerdir, args)
+    except Exception:
+        print(f"{name} log tail:\n{broker.log_tail()}", file=sys.stderr)
+        raise
+    finally:
+        processes.stop(broker.process)
+
+
 def measure(
     processes: Processes, broker: Broker, workdir: Path, args: argparse.Namespace
 ) -> dict[tuple[str, int], PairResult]:
@@ -909,16 +932,9 @@ def main_cost(args: argparse.Namespace) -> int:
             for name, start in starters if number % 2 == 0 else starters[::-1]:
                 if skipped[name]:
                     continue
-                brokerdir = workdir / f"{name}-{number}"
-                brokerdir.mkdir()
-                broker = start(processes, brokerdir)
-                try:
-                    by_broker[name] = measure_cost(processes, broker, brokerdir, args)
-                except Exception:
-                    print(f"{name} log tail:\n{broker.log_tail()}", file=sys.stderr)
-                    raise
-                finally:
-                    processes.stop(broker.process)
+                by_broker[name] = on_a_new_broker(
+                    processes, name, start, workdir / f"{name}-{number}", measure_cost, args
+                )
             # Magnetar's rows first in every round, whichever ran first.
             rounds[-1] = {n: by_broker[n] for n, _ in starters if n in by_broker}
     except KeyboardInterrupt:
@@ -1108,16 +1124,7 @@ def main() -> int:
         for name, start in starters:
             if skipped[name]:
                 continue
-            brokerdir = workdir / name
-            brokerdir.mkdir()
-            broker = start(processes, brokerdir)
-            try:
-                results[name] = measure(processes, broker, brokerdir, args)
-            except Exception:
-                print(f"{name} log tail:\n{broker.log_tail()}", file=sys.stderr)
-                raise
-            finally:
-                processes.stop(broker.process)
+            results[name] = on_a_new_broker(processes, name, start, workdir / name, measure, args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
