@@ -555,24 +555,44 @@ def tell(process: subprocess.Popen[bytes], line: str) -> None:
     process.stdin.flush()
 
 
-def run_pair(
-    processes: Processes, broker: Broker, workdir: Path, size: int, rate: float, seconds: float
-) -> PairResult:
-    topic = f"persistent://public/default/e2e-{size}-{uuid.uuid4().hex[:8]}"
+def start_clients(
+    processes: Processes, workdir: Path, commands: dict[str, list[str]]
+) -> dict[str, subprocess.Popen[bytes]]:
+    """One client process per role, talking over stdin/stdout, its stderr in ``ROLE.log``."""
     clients = {}
-    for role in ("consumer", "producer"):
-        command = [
-            sys.executable, __file__, "--role", role, "--url", broker.url, "--topic", topic,
-            "--size", str(size), "--rate", str(rate), "--seconds", str(seconds),
-        ]  # fmt: skip
+    for role, command in commands.items():
         with open(workdir / f"{role}.log", "ab") as log:
             clients[role] = processes.start(
                 command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, bufsize=0
             )
+    return clients
+
+
+def wait_ready(clients: dict[str, subprocess.Popen[bytes]], broker: Broker) -> None:
+    for role, process in clients.items():
+        if read_line(process, READY_TIMEOUT_S, f"{broker.name} {role}") != "ready":
+            raise RuntimeError(f"{broker.name} {role} did not start")
+
+
+def warn_exit_codes(clients: dict[str, subprocess.Popen[bytes]], broker: Broker) -> None:
+    for role, process in clients.items():
+        code = process.wait(30)
+        if code != 0:
+            print(f"  warning: {broker.name} {role} exited with code {code}", file=sys.stderr)
+
+
+def run_pair(
+    processes: Processes, broker: Broker, workdir: Path, size: int, rate: float, seconds: float
+) -> PairResult:
+    topic = f"persistent://public/default/e2e-{size}-{uuid.uuid4().hex[:8]}"
+    common = [
+        sys.executable, __file__, "--url", broker.url, "--topic", topic,
+        "--size", str(size), "--rate", str(rate), "--seconds", str(seconds),
+    ]  # fmt: skip
+    commands = {role: [*common, "--role", role] for role in ("consumer", "producer")}
+    clients = start_clients(processes, workdir, commands)
     try:
-        for role, process in clients.items():
-            if read_line(process, READY_TIMEOUT_S, f"{broker.name} {role}") != "ready":
-                raise RuntimeError(f"{broker.name} {role} did not start")
+        wait_ready(clients, broker)
         pids = {"broker": broker.process.pid} | {r: p.pid for r, p in clients.items()}
         cpu_before = {role: cpu_seconds(pid) for role, pid in pids.items()}
         started = time.monotonic()
@@ -592,10 +612,7 @@ def run_pair(
             role: (used - cpu_before[role]) / (at - started)
             for role, (used, at) in cpu_after.items()
         }
-        for role, process in clients.items():
-            code = process.wait(30)
-            if code != 0:
-                print(f"  warning: {broker.name} {role} exited with code {code}", file=sys.stderr)
+        warn_exit_codes(clients, broker)
     finally:
         for process in clients.values():
             processes.stop(process, timeout=5.0)
@@ -740,16 +757,9 @@ def run_cost(
             *common, "--role", "cost-producer", "--topic", ",".join(mine),
             "--count", str(count), "--index", str(index),
         ]  # fmt: skip
-    clients = {}
-    for role, command in commands.items():
-        with open(workdir / f"{role}.log", "ab") as log:
-            clients[role] = processes.start(
-                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, bufsize=0
-            )
+    clients = start_clients(processes, workdir, commands)
     try:
-        for role, process in clients.items():
-            if read_line(process, READY_TIMEOUT_S, f"{broker.name} {role}") != "ready":
-                raise RuntimeError(f"{broker.name} {role} did not start")
+        wait_ready(clients, broker)
         load = os.getloadavg()[0]
         client_before = sum(cpu_seconds(p.pid) for p in clients.values())
         spy = None
@@ -785,10 +795,7 @@ def run_cost(
             spy.wait(30)
             processes.stop(spy)
         client_cpu = sum(cpu_seconds(p.pid) for p in clients.values()) - client_before
-        for role, process in clients.items():
-            code = process.wait(30)
-            if code != 0:
-                print(f"  warning: {broker.name} {role} exited with code {code}", file=sys.stderr)
+        warn_exit_codes(clients, broker)
     finally:
         for process in clients.values():
             processes.stop(process, timeout=5.0)
