@@ -510,6 +510,12 @@ class LedgerHandle:
         """The highest entry a reader may read now: lastEntryId when closed, else the LAC."""
         return self.metadata.last_entry_id if self.metadata.is_closed else self.last_add_confirmed
 
+    def _check_readable(self, first: int, last: int) -> None:
+        if first < 0 or last > self.readable_last_entry:
+            raise NoSuchEntryError(
+                f"ledger {self.ledger_id}: range {first}..{last} is outside 0..{self.readable_last_entry}"
+            )
+
     async def read_entry(self, entry_id: int) -> LedgerEntry:
         if entry_id < 0 or entry_id > self.readable_last_entry:
             raise NoSuchEntryError(
@@ -521,10 +527,7 @@ class LedgerHandle:
         """Entries ``first`` .. ``last`` inclusive, in order."""
         if last < first:
             return []
-        if first < 0 or last > self.readable_last_entry:
-            raise NoSuchEntryError(
-                f"ledger {self.ledger_id}: range {first}..{last} is outside 0..{self.readable_last_entry}"
-            )
+        self._check_readable(first, last)
         gate = asyncio.Semaphore(concurrency)
 
         async def one(entry_id: int) -> LedgerEntry:
@@ -544,10 +547,7 @@ class LedgerHandle:
         :meth:`read` reads, which also says why an entry cannot be read."""
         if last < first:
             return []
-        if first < 0 or last > self.readable_last_entry:
-            raise NoSuchEntryError(
-                f"ledger {self.ledger_id}: range {first}..{last} is outside 0..{self.readable_last_entry}"
-            )
+        self._check_readable(first, last)
         if self._quorum.ensemble_size != self._quorum.write_quorum:
             return await self.read(first, last, concurrency=concurrency)
         entries: list[LedgerEntry] = []
