@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
-from yarl import URL
 
 from magnetar.broker.admin import requests
 from magnetar.broker.admin.errors import AdminError
@@ -77,10 +76,7 @@ async def _compact_partition(broker: AdminBroker, partition: TopicName) -> None:
 
 
 async def _remote(broker: AdminBroker, base: str, partition: TopicName) -> None:
-    url = URL(base).joinpath(
-        "admin", "v2", partition.domain, partition.tenant, partition.namespace,
-        partition.local_name, "compaction",
-    )  # fmt: skip
+    url = requests.topic_admin_url(base, partition) / "compaction"
     try:
         async with (
             ClientSession(

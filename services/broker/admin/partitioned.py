@@ -356,9 +356,7 @@ async def _refuse_if_busy(
 
 
 def _topic_url(owner: BrokerInfo, name: TopicName) -> URL:
-    return URL(owner.http_url).joinpath(
-        "admin", "v2", name.domain, name.tenant, name.namespace, name.local_name
-    )
+    return requests.topic_admin_url(owner.http_url, name)
 
 
 async def _remote_clients(http: ClientSession, owner: BrokerInfo, name: TopicName) -> int:

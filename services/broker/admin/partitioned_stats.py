@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
-from yarl import URL
 
 from magnetar.broker.admin import requests
 from magnetar.broker.admin.errors import AdminError
@@ -136,10 +135,7 @@ async def _each_partition(
 async def _remote(
     http: ClientSession, base: str, partition: TopicName, what: str
 ) -> dict[str, Any] | None:
-    url = URL(base).joinpath(
-        "admin", "v2", partition.domain, partition.tenant, partition.namespace,
-        partition.local_name, what,
-    )  # fmt: skip
+    url = requests.topic_admin_url(base, partition) / what
     try:
         async with http.get(url) as response:
             if response.status == 404:

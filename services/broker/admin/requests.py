@@ -7,6 +7,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from yarl import URL
 
 from magnetar.broker.admin.errors import AdminError
 from magnetar.broker.model.keys import managed_ledger_key
@@ -82,3 +83,11 @@ async def existing_topic(broker: AdminBroker, name: TopicName) -> Topic:
     if not name.persistent or not await broker.topic_exists(name):
         raise AdminError(404, f"Topic {name} not found")
     return await broker.get_topic(name)
+
+
+def topic_admin_url(base: str, name: TopicName) -> URL:
+    """``{base}/admin/v2/{domain}/{tenant}/{namespace}/{topic}``: the topic's admin path on the
+    broker at ``base`` (where a partition is served)."""
+    return URL(base).joinpath(
+        "admin", "v2", name.domain, name.tenant, name.namespace, name.local_name
+    )

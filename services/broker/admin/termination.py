@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
-from yarl import URL
 
 from magnetar.broker.admin import requests
 from magnetar.broker.admin.errors import AdminError
@@ -46,10 +45,7 @@ async def _terminate_local(topic: PersistentTopic) -> dict[str, int]:
 
 
 async def _terminate_remote(http: ClientSession, base: str, partition: TopicName) -> Any:
-    url = URL(base).joinpath(
-        "admin", "v2", partition.domain, partition.tenant, partition.namespace,
-        partition.local_name, "terminate",
-    )  # fmt: skip
+    url = requests.topic_admin_url(base, partition) / "terminate"
     try:
         async with http.post(url) as response:
             if response.status != 200:
