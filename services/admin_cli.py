@@ -541,6 +541,7 @@ def _topic_policy_verbs() -> dict[str, Verb]:
 
 def _rate_verbs(path: Callable[[argparse.Namespace, str], str], what: str) -> dict[str, Verb]:
     """``set-|get-|remove-(subscription-)dispatch-rate`` with pulsar-admin's flags."""
+    positional = ("namespace" if what == "a namespace" else "topic",)
     verbs: dict[str, Verb] = {}
     for name, segment in (
         ("dispatch-rate", "dispatchRate"),
@@ -569,19 +570,19 @@ def _rate_verbs(path: Callable[[argparse.Namespace, str], str], what: str) -> di
                     help="the limits are over the topic's publish rate",
                 ),
             ),
-            ("namespace" if what == "a namespace" else "topic",),
+            positional,
         )
         verbs[f"get-{name}"] = Verb(
             f"the {name.replace('-', ' ')}",
             lambda a, s=segment: ("GET", path(a, s), None),
             (),
-            ("namespace" if what == "a namespace" else "topic",),
+            positional,
         )
         verbs[f"remove-{name}"] = Verb(
             f"no {name.replace('-', ' ')}",
             lambda a, s=segment: ("DELETE", path(a, s), None),
             (),
-            ("namespace" if what == "a namespace" else "topic",),
+            positional,
         )
     return verbs
 
