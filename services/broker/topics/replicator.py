@@ -43,6 +43,7 @@ from magnetar.common.protocol.producer_client import ProducerClient
 if TYPE_CHECKING:
     from magnetar.broker.ledger.cursor import ManagedCursor
     from magnetar.broker.topics.persistent import PersistentTopic
+    from magnetar.common.proto import pulsar_api_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +59,15 @@ def is_replicator_cursor(name: str) -> bool:
     return name.startswith(REPLICATOR_PREFIX)
 
 
-def outgoing_entry(stored: bytes, local: str, remote: str) -> tuple[bytes, int] | None:
+def outgoing_entry(
+    stored: bytes, local: str, remote: str, metadata: pb.MessageMetadata | None = None
+) -> tuple[bytes, int] | None:
     """What a replicator sends to ``remote`` for a stored entry: its payload section with
     ``replicated_from = local`` and its message count; None for an entry not to send (it came
-    by replication, or its ``replicate_to`` leaves ``remote`` out)."""
-    metadata = entry_metadata(stored)
+    by replication, or its ``replicate_to`` leaves ``remote`` out). ``metadata``: the entry's,
+    when the caller decoded it already (it is changed)."""
+    if metadata is None:
+        metadata = entry_metadata(stored)
     if metadata.HasField("replicated_from"):
         return None
     if metadata.replicate_to and remote not in metadata.replicate_to:
@@ -261,7 +266,7 @@ class Replicator:
                     # The remote's markers reach its topic's owner here (Pulsar: each
                     # replicator handles those of its own remote, so each is handled once).
                     await self.topic.received_marker(position, metadata, entry_payload(stored))
-                outgoing = outgoing_entry(stored, local, remote)
+                outgoing = outgoing_entry(stored, local, remote, metadata)
                 if outgoing is None:
                     sent.append((position, None, 0, 0))
                     continue
