@@ -27,7 +27,6 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -35,7 +34,7 @@ import pulsar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.cluster import MagnetarCluster
+from tests.support.cluster import ConsumerThread, MagnetarCluster
 from tests.support.etcd import EtcdServer
 from tests.support.standalone import QUIET
 
@@ -48,39 +47,34 @@ def percentile(values: list[float], p: float) -> float:
 
 
 class Receiver:
-    """The consumer on ``b``: (sequence, receive time, send time) of every message."""
+    """The consumer on ``b`` (the test support's ``ConsumerThread``): (sequence, receive time,
+    send time) of every message."""
 
     def __init__(self, client: pulsar.Client, topic: str) -> None:
-        self.consumer = client.subscribe(
-            topic, "bench", initial_position=pulsar.InitialPosition.Earliest
-        )
-        self.got: list[tuple[int, float, float]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        self.thread = ConsumerThread(
+            client, topic, "bench", pulsar.ConsumerType.Exclusive, name="bench"
+        ).start()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                message = self.consumer.receive(timeout_millis=200)
-            except pulsar.Timeout:
-                continue
-            now = time.time()
-            sequence, sent, _ = message.data().split(b"|", 2)
-            self.got.append((int(sequence), now, float(sent)))
-            self.consumer.acknowledge(message)
+    @property
+    def got(self) -> list[tuple[int, float, float]]:
+        out = []
+        for delivery in self.thread.deliveries:
+            sequence, sent, _ = delivery.payload.split("|", 2)
+            out.append((int(sequence), delivery.received, float(sent)))
+        return out
 
     def wait_for(self, count: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        while len(self.got) < count:
+        while len(self.thread.deliveries) < count:
             if time.monotonic() > deadline:
-                raise SystemExit(f"only {len(self.got)} of {count} messages reached b")
+                raise SystemExit(
+                    f"only {len(self.thread.deliveries)} of {count} messages reached b"
+                    f" (consumer errors: {self.thread.errors[-3:]})"
+                )
             time.sleep(0.05)
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self.consumer.close()
+        self.thread.close()
 
 
 def payload(sequence: int, size: int) -> bytes:

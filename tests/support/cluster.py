@@ -574,6 +574,7 @@ class Delivery:
     payload: str
     key: str
     order: int  # global receive order across every consumer of the test
+    received: float  # time.time() at its receipt
 
 
 class ConsumerThread:
@@ -616,7 +617,9 @@ class ConsumerThread:
                 time.sleep(0.1)
                 continue
             self.deliveries.append(
-                Delivery(message.data().decode(), message.partition_key(), next(_ORDER))
+                Delivery(
+                    message.data().decode(), message.partition_key(), next(_ORDER), time.time()
+                )
             )
             try:
                 self.consumer.acknowledge(message)
