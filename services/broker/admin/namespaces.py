@@ -79,7 +79,7 @@ POLICY_FIELDS: dict[str, tuple[str, Callable[[Any, TopicSettings], Any]]] = {
     ),
     "schemaCompatibilityStrategy": (
         "schema_compatibility_strategy",
-        lambda v, _: _schema_strategy(v),
+        lambda v, _: check_schema_strategy(v),
     ),
     "schemaValidationEnforced": (
         "schema_validation_enforced",
@@ -399,7 +399,8 @@ def _bundle_count(body: Any) -> int | None:
     return count
 
 
-def _schema_strategy(value: Any) -> str:
+def check_schema_strategy(value: Any) -> str:
+    """A schemaCompatibilityStrategy name (a namespace's or a topic's), PolicyError if none."""
     try:
         return schema_compatibility.check_strategy(value)
     except ValueError as e:

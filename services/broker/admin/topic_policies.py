@@ -33,7 +33,7 @@ from aiohttp import web
 
 from magnetar.broker.admin import requests
 from magnetar.broker.admin.errors import AdminError
-from magnetar.broker.admin.namespaces import RATES
+from magnetar.broker.admin.namespaces import RATES, check_schema_strategy
 from magnetar.broker.admin.subscriptions import TOPIC_PATH
 from magnetar.broker.model.topic_name import TopicName
 from magnetar.broker.namespace import policies
@@ -81,17 +81,10 @@ TOPIC_POLICIES: dict[str, tuple[str, Check]] = {
     ),
     "inactiveTopicPolicies": ("inactive_topic_policies", policies.check_inactive_topics),
     "compactionThreshold": ("compaction_threshold", policies.check_compaction_threshold),
-    "schemaCompatibilityStrategy": ("schema_compatibility_strategy", lambda v: _strategy(v)),
+    "schemaCompatibilityStrategy": ("schema_compatibility_strategy", check_schema_strategy),
 }
 #: Set with PUT, as Pulsar's admin does (the others with POST).
 SET_WITH_PUT = frozenset({"schemaCompatibilityStrategy"})
-
-
-def _strategy(value: Any) -> str:
-    try:
-        return schema_compatibility.check_strategy(value)
-    except ValueError as e:
-        raise PolicyError(str(e)) from None
 
 
 async def _existing(broker: AdminBroker, request: web.Request) -> TopicName:
