@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import random
+from collections import Counter
 from collections.abc import Collection, Sequence
 
 from magnetar.common.ledger.bookies import BookieRegistration
@@ -70,19 +71,16 @@ class RackAwarePlacement(PlacementPolicy):
         candidates = [b for b in bookies if not b.read_only and b.address not in exclude]
         if len(candidates) < count:
             raise NotEnoughBookiesError(_shortage(count, bookies, exclude))
-        used: dict[str, int] = {}
-        for b in bookies:
-            if b.address in exclude:
-                rack = b.rack or DEFAULT_RACK
-                used[rack] = used.get(rack, 0) + 1
+        used = Counter(_rack(b) for b in bookies if b.address in exclude)
         chosen: list[str] = []
         for _ in range(count):
-            fewest = min(used.get(b.rack or DEFAULT_RACK, 0) for b in candidates)
-            pick = self._rng.choice(
-                [b for b in candidates if used.get(b.rack or DEFAULT_RACK, 0) == fewest]
-            )
+            fewest = min(used[_rack(b)] for b in candidates)
+            pick = self._rng.choice([b for b in candidates if used[_rack(b)] == fewest])
             candidates.remove(pick)
             chosen.append(pick.address)
-            rack = pick.rack or DEFAULT_RACK
-            used[rack] = used.get(rack, 0) + 1
+            used[_rack(pick)] += 1
         return chosen
+
+
+def _rack(bookie: BookieRegistration) -> str:
+    return bookie.rack or DEFAULT_RACK
