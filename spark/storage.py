@@ -208,9 +208,10 @@ def append_entry(
     metadata, its publish time and schema version from the entry's)."""
     metadata, messages = split_entry_columns(stored)
     publish = micros(metadata.publish_time)
+    version = schema_version(metadata)  # the entry's, once, not once per message
     if isinstance(messages, bytes):
         _append(
-            buffer, decoder, metadata, messages, topic, prefix, metadata.partition_key or None,
+            buffer, decoder, version, messages, topic, prefix, metadata.partition_key or None,
             publish, micros(metadata.event_time), metadata.properties,
         )  # fmt: skip
         return
@@ -220,7 +221,7 @@ def append_entry(
         for single, data, suffix in zip(singles, payloads, suffixes, strict=True):
             event = single.event_time if single.HasField("event_time") else metadata.event_time
             _append(
-                buffer, decoder, metadata, data, topic, prefix + suffix,
+                buffer, decoder, version, data, topic, prefix + suffix,
                 single.partition_key or None, publish, micros(event), single.properties,
             )  # fmt: skip
         return
@@ -247,7 +248,7 @@ def append_entry(
 def _append(
     buffer: RowBuffer,
     decoder: PayloadDecoder | None,
-    metadata: object,
+    version: int,
     data: bytes,
     topic: str,
     msg_id: bytes,
@@ -260,7 +261,7 @@ def _append(
         buffer.value.append(data)
     else:
         where = f"message {msg_id.hex()} of {topic}"
-        buffer.append_values(decoder.decode(data, schema_version(metadata), where))  # type: ignore[arg-type]
+        buffer.append_values(decoder.decode(data, version, where))  # type: ignore[arg-type]
     buffer.keys.append(key)
     buffer.topics.append(topic)
     buffer.message_ids.append(msg_id)
