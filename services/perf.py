@@ -26,6 +26,8 @@ from typing import Any
 from hdrh.histogram import HdrHistogram
 from hdrh.log import HistogramLogWriter
 
+from magnetar.admin_cli import UsageError, topic_path
+
 # Latencies are recorded in microseconds; a sample above an hour is clamped (a run that slow is
 # broken, not slow), as pulsar-perf does. Three significant digits keep each histogram ~200 KB.
 MAX_LATENCY_US = 3_600_000_000
@@ -441,8 +443,10 @@ def run(args: argparse.Namespace) -> int:
 def _create_partitioned(admin_url: str, topic: str, partitions: int) -> None:
     """PUT .../partitions, as pulsar-perf's ``-np`` does; an existing one must have as many."""
     name = topic if "://" in topic else f"persistent://public/default/{topic}"
-    domain, rest = name.split("://", 1)
-    url = f"{admin_url.rstrip('/')}/admin/v2/{domain}/{rest}/partitions"
+    try:
+        url = f"{admin_url.rstrip('/')}/admin/v2/{topic_path(topic)}/partitions"
+    except UsageError as e:
+        raise ValueError(str(e)) from None
     request = urllib.request.Request(
         url,
         data=str(partitions).encode(),
