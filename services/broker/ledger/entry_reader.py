@@ -99,9 +99,11 @@ class EntryReader:
             result.append((position, cached))
             entry_id += 1
         stats = self.stats
+        read_bytes = 0
         if result:
+            read_bytes = sum(len(data) for _, data in result)
             stats.cache_hits += len(result)
-            stats.cache_hit_bytes += sum(len(data) for _, data in result)
+            stats.cache_hit_bytes += read_bytes
         if entry_id <= last:
             handle = await self._handle(ledger_id, current)
             try:
@@ -133,13 +135,15 @@ class EntryReader:
                     f"entries {entry_id}..{last} failed: {e}"
                 ) from e
             result.extend((Position(ledger_id, e.entry_id), e.payload) for e in entries)
+            miss_bytes = sum(len(e.payload) for e in entries)
+            read_bytes += miss_bytes
             stats.cache_misses += len(entries)
-            stats.cache_miss_bytes += sum(len(e.payload) for e in entries)
+            stats.cache_miss_bytes += miss_bytes
             if self.unreadable:
                 for item in entries:
                     self.unreadable.pop(Position(ledger_id, item.entry_id), None)
         stats.reads_succeeded += len(result)
-        stats.read_bytes += sum(len(data) for _, data in result)
+        stats.read_bytes += read_bytes
         return result
 
     async def _handle(self, ledger_id: int, current: LedgerHandle | None) -> LedgerHandle:
