@@ -139,8 +139,8 @@ def add_namespace_topic_routes(routes: web.RouteTableDef, broker: AdminBroker) -
     async def delete_namespace(request: web.Request) -> web.Response:
         assert broker.store is not None
         namespace = requests.namespace(request)
-        await requests.require_namespace(broker, namespace)
-        await _check_replication_before_delete(broker, request, namespace)
+        record = await requests.require_namespace(broker, namespace)
+        await _check_replication_before_delete(broker, request, namespace, record)
         force = requests.flag(request, "force")
         tenant, local = namespace.split("/")
         partitioned = [
@@ -227,13 +227,12 @@ def add_namespace_topic_routes(routes: web.RouteTableDef, broker: AdminBroker) -
 
 
 async def _check_replication_before_delete(
-    broker: AdminBroker, request: web.Request, namespace: str
+    broker: AdminBroker, request: web.Request, namespace: str, record: bytes
 ) -> None:
     """Pulsar's rule for a namespace in the shared configuration store: it is deleted only
     where it is replicated to one cluster at most. Replicated to several, 412; to one other
     cluster only, the call goes there (307 to its ``serviceUrl``), whose topics it deletes."""
-    found = await broker.configuration_store.get(f"{NAMESPACES_PATH}/{namespace}")
-    clusters = list(parse_document(found.value).get("replication_clusters") or []) if found else []
+    clusters = list(parse_document(record).get("replication_clusters") or [])
     if len(clusters) > 1:
         raise AdminError(
             412,

@@ -415,12 +415,7 @@ def _policy_field(request: web.Request) -> tuple[str, Callable[[Any, TopicSettin
 
 
 async def _policy_document(broker: AdminBroker, request: web.Request) -> dict[str, Any]:
-    assert broker.store is not None
-    namespace = requests.namespace(request)
-    found = await broker.configuration_store.get(f"{NAMESPACES_PATH}/{namespace}")
-    if found is None:
-        raise AdminError(404, f"Namespace does not exist: {namespace}")
-    return parse_document(found.value)
+    return parse_document(await requests.require_namespace(broker, requests.namespace(request)))
 
 
 async def _update_policies(broker: AdminBroker, key: str, field: str, value: Any) -> None:

@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from magnetar.broker.admin import requests
-from magnetar.broker.admin.errors import AdminError
-from magnetar.broker.admin.namespaces import _update_policies, checked_replication_clusters
-from magnetar.broker.namespace.policies import parse_document
+from magnetar.broker.admin.namespaces import (
+    _policy_document,
+    _update_policies,
+    checked_replication_clusters,
+)
 from magnetar.broker.namespace.records import NAMESPACES_PATH
 
 if TYPE_CHECKING:
@@ -27,12 +29,7 @@ if TYPE_CHECKING:
 def add_replication_routes(routes: web.RouteTableDef, broker: AdminBroker) -> None:
     @routes.get("/admin/v2/namespaces/{tenant}/{namespace}/replication")
     async def get_replication(request: web.Request) -> web.Response:
-        assert broker.store is not None
-        namespace = requests.namespace(request)
-        found = await broker.configuration_store.get(f"{NAMESPACES_PATH}/{namespace}")
-        if found is None:
-            raise AdminError(404, f"Namespace does not exist: {namespace}")
-        document = parse_document(found.value)
+        document = await _policy_document(broker, request)
         return web.json_response(document.get("replication_clusters") or [])
 
     @routes.post("/admin/v2/namespaces/{tenant}/{namespace}/replication")

@@ -58,10 +58,13 @@ def topic(request: web.Request, domain: str | None = None) -> TopicName:
     return TopicName.parse(f"{domain or m['domain']}://{ns}/{m['topic']}")
 
 
-async def require_namespace(broker: AdminBroker, namespace: str) -> None:
+async def require_namespace(broker: AdminBroker, namespace: str) -> bytes:
+    """404 for a missing namespace; its stored policy record (for ``parse_document``)."""
     assert broker.store is not None
-    if await broker.configuration_store.get(f"{NAMESPACES_PATH}/{namespace}") is None:
+    found = await broker.configuration_store.get(f"{NAMESPACES_PATH}/{namespace}")
+    if found is None:
         raise AdminError(404, f"Namespace does not exist: {namespace}")
+    return found.value
 
 
 async def stored_or_loaded(broker: AdminBroker, name: TopicName) -> bool:
