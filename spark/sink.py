@@ -216,37 +216,38 @@ def write_batches(options: SinkOptions, batches: Iterator[pa.RecordBatch]) -> Wr
     outcomes: dict[object, object] = {}
     done = outcomes.__setitem__
 
+    settings = {
+        "batching_enabled": True,
+        "block_if_queue_full": True,
+        # A whole Arrow batch in flight before its flush: with the client's default of
+        # 1,000 pending messages, one producer batch at a time waits for its receipt.
+        "max_pending_messages": ARROW_BATCH_ROWS,
+        **options.producer,
+    }
+    # The producers of a topic's partitions: the same, with batching set by the sink.
+    partition_settings = {
+        **settings,
+        "batching_enabled": True,
+        "batching_max_messages": RECEIPT_EVERY,
+        "batching_max_allowed_size_in_bytes": BATCH_BYTES,
+        # Never cut by time: the flush at the end of each Arrow batch sends the rest.
+        "batching_max_publish_delay_ms": 3_600_000,
+        "block_if_queue_full": True,
+    }
+
     def producer_of(topic: str | None) -> object:
         if not topic:
             raise SinkError("no topic for a row: set the option topic or a __topic column")
         producer = producers.get(topic)
         if producer is None:
-            settings = {
-                "batching_enabled": True,
-                "block_if_queue_full": True,
-                # A whole Arrow batch in flight before its flush: with the client's default of
-                # 1,000 pending messages, one producer batch at a time waits for its receipt.
-                "max_pending_messages": ARROW_BATCH_ROWS,
-                **options.producer,
-            }
             producer = producers[topic] = client.create_producer(topic, **settings)._producer  # type: ignore[arg-type]
         return producer
 
     def partitions_of(topic: str) -> list[object]:
         found = partition_producers.get(topic)
         if found is None:
-            settings = {
-                "max_pending_messages": ARROW_BATCH_ROWS,
-                **options.producer,
-                "batching_enabled": True,
-                "batching_max_messages": RECEIPT_EVERY,
-                "batching_max_allowed_size_in_bytes": BATCH_BYTES,
-                # Never cut by time: the flush at the end of each Arrow batch sends the rest.
-                "batching_max_publish_delay_ms": 3_600_000,
-                "block_if_queue_full": True,
-            }
             found = partition_producers[topic] = [
-                client.create_producer(name, **settings)._producer  # type: ignore[arg-type]
+                client.create_producer(name, **partition_settings)._producer  # type: ignore[arg-type]
                 for name in client.get_topic_partitions(topic)
             ]
         return found
