@@ -394,14 +394,8 @@ class LedgerClient:
     async def _read_range_verified(
         self, address: str, ledger_id: int, first: int, count: int, max_bytes: int
     ) -> list[bytes]:
-        bookie = self.bookie(address)
         try:
-            read_range = bookie.read_range
-        except AttributeError:  # a bookie client object without range reads
-            self._no_range_read.add(address)
-            raise
-        try:
-            entries = await read_range(ledger_id, first, count, max_bytes)
+            entries = await self.bookie(address).read_range(ledger_id, first, count, max_bytes)
         except RangeReadUnsupportedError:
             self._no_range_read.add(address)
             log.info("bookie %s has no range read: its entries are read one by one", address)
