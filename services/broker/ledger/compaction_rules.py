@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from magnetar.broker.model.entry import entry_metadata, entry_payload
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
-from magnetar.common.protocol.stored_entry import split_entry
+from magnetar.common.protocol.stored_entry import decompress, split_entry, stored_batch_columns
 
 #: The batch index of a message that is not in a batch.
 WHOLE = -1
@@ -47,15 +47,16 @@ def keyed_messages(stored: bytes) -> list[KeyedMessage]:
         compressed = metadata.compression != pb.NONE
         size = metadata.uncompressed_size if compressed else len(entry_payload(stored))
         return [_whole(metadata, size)]
-    metadata, body = split_entry(stored)
-    assert not isinstance(body, bytes)
+    # The metadata decoded above serves for the batch too (split_entry would decode it again).
+    payload = decompress(metadata, entry_payload(stored))
+    singles, _ = stored_batch_columns(payload, metadata.num_messages_in_batch)
     return [
         KeyedMessage(
             index,
             single.partition_key if single.HasField("partition_key") else None,
             single.null_value or single.payload_size == 0,
         )
-        for index, (single, _) in enumerate(body)
+        for index, single in enumerate(singles)
         if not single.compacted_out
     ]
 
