@@ -40,8 +40,12 @@ def add_compaction_routes(routes: web.RouteTableDef, broker: AdminBroker) -> Non
         record = await read_partitioned(broker.configuration_store, name)
         if record is not None and not record.deleted and name.partition_index < 0:
             await requests.require_namespace(broker, name.namespace_name)
-            for index in range(record.partitions):
-                await _compact_partition(broker, name.partition(index))
+            async with ClientSession(
+                timeout=ClientTimeout(total=PARTITION_TIMEOUT_S),
+                headers=broker.client_credentials.http_headers(),
+            ) as http:
+                for index in range(record.partitions):
+                    await _compact_partition(broker, http, name.partition(index))
             return web.Response(status=204)
         _start(await persistent_topic(broker, request))
         return web.Response(status=204)
@@ -59,7 +63,9 @@ def _start(topic: PersistentTopic) -> None:
         raise AdminError(409, str(e)) from None
 
 
-async def _compact_partition(broker: AdminBroker, partition: TopicName) -> None:
+async def _compact_partition(
+    broker: AdminBroker, http: ClientSession, partition: TopicName
+) -> None:
     """Start compacting one partition where it is served (a partition never stored has
     nothing to compact)."""
     local = broker.topics.get(str(partition))
@@ -68,23 +74,17 @@ async def _compact_partition(broker: AdminBroker, partition: TopicName) -> None:
             return
         served_by = (await lookup(broker, partition, authoritative=True)).broker
         if served_by.broker_id != broker.info.broker_id:
-            await _remote(broker, served_by.http_url, partition)
+            await _remote(http, served_by.http_url, partition)
             return
         local = await requests.existing_topic(broker, partition)
     if isinstance(local, PersistentTopic):
         _start(local)
 
 
-async def _remote(broker: AdminBroker, base: str, partition: TopicName) -> None:
+async def _remote(http: ClientSession, base: str, partition: TopicName) -> None:
     url = requests.topic_admin_url(base, partition) / "compaction"
     try:
-        async with (
-            ClientSession(
-                timeout=ClientTimeout(total=PARTITION_TIMEOUT_S),
-                headers=broker.client_credentials.http_headers(),
-            ) as http,
-            http.put(url) as response,
-        ):
+        async with http.put(url) as response:
             if response.status == 409:
                 raise AdminError(409, f"Compaction already in progress for {partition}")
             if response.status != 204:
