@@ -27,7 +27,6 @@ from magnetar.common.ledger.entry import (
     DigestMismatchError,
     EntryFormatError,
     check_entry,
-    verify_entry,
 )
 from magnetar.common.ledger.errors import (
     EntryDigestError,
@@ -406,39 +405,36 @@ class LedgerClient:
             raise
         verified: list[bytes] = []
         for entry in entries[:count]:
-            entry_id = first + len(verified)
             try:
-                got = check_entry(entry)
-            except (DigestMismatchError, EntryFormatError) as e:
-                corrupt = self._report_corrupt(address, ledger_id, entry_id, str(e))
-                break
-            if got[0] != ledger_id or got[1] != entry_id:
-                message = f"asked for {ledger_id}/{entry_id}, got {got[0]}/{got[1]}"
-                corrupt = self._report_corrupt(address, ledger_id, entry_id, message)
-                break
+                self._check_copy(address, ledger_id, first + len(verified), entry)
+            except EntryDigestError:
+                if verified:
+                    return verified
+                raise
             verified.append(entry)
-        else:
-            if verified:
-                return verified
+        if not verified:
             raise ReadError(f"bookie {address}: range read from entry {first} returned nothing")
-        if verified:
-            return verified
-        raise corrupt
+        return verified
 
     async def _read_verified(self, address: str, ledger_id: int, entry_id: int) -> bytes:
         try:
             entry = await self.bookie(address).read(ledger_id, entry_id)
-            header = verify_entry(entry)
-        except (DigestMismatchError, EntryFormatError) as e:
-            raise self._report_corrupt(address, ledger_id, entry_id, str(e)) from None
         except BookieError as e:
             if e.status == pb.DIGEST_MISMATCH:
                 raise self._report_corrupt(address, ledger_id, entry_id, str(e)) from None
             raise
-        if header.ledger_id != ledger_id or header.entry_id != entry_id:
-            message = f"asked for {ledger_id}/{entry_id}, got {header.ledger_id}/{header.entry_id}"
-            raise self._report_corrupt(address, ledger_id, entry_id, message)
+        self._check_copy(address, ledger_id, entry_id, entry)
         return entry
+
+    def _check_copy(self, address: str, ledger_id: int, entry_id: int, entry: bytes) -> None:
+        """EntryDigestError (reported) unless ``entry`` is an intact copy of that entry."""
+        try:
+            got_ledger, got_entry, _lac = check_entry(entry)
+        except (DigestMismatchError, EntryFormatError) as e:
+            raise self._report_corrupt(address, ledger_id, entry_id, str(e)) from None
+        if got_ledger != ledger_id or got_entry != entry_id:
+            message = f"asked for {ledger_id}/{entry_id}, got {got_ledger}/{got_entry}"
+            raise self._report_corrupt(address, ledger_id, entry_id, message)
 
     def _report_corrupt(
         self, address: str, ledger_id: int, entry_id: int, detail: str
