@@ -16,7 +16,6 @@ import json
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import pulsar
@@ -24,14 +23,15 @@ import pulsar
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests.support.raw_client import admin  # noqa: E402
 from tests.support.standalone import StandaloneProcess, client  # noqa: E402
 
 
 def _admin(node: StandaloneProcess, method: str, path: str) -> object:
-    request = urllib.request.Request(node.admin_url + path, method=method)
-    with urllib.request.urlopen(request, timeout=60) as response:
-        raw = response.read()
-        return json.loads(raw) if raw else None
+    status, text = admin(node, method, path)
+    if not 200 <= status < 300:
+        raise RuntimeError(f"{method} {path}: HTTP {status} {text}")
+    return json.loads(text) if text else None
 
 
 def _compact(node: StandaloneProcess, topic: str) -> int:

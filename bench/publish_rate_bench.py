@@ -19,7 +19,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pulsar
@@ -27,16 +26,15 @@ import pulsar
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests.support.raw_client import admin as raw_admin  # noqa: E402
 from tests.support.standalone import StandaloneProcess, client  # noqa: E402
 
 
 def admin(node: StandaloneProcess, method: str, path: str, body: object = None) -> object:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(node.admin_url + path, data=data, method=method)
-    request.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(request, timeout=30) as response:
-        raw = response.read()
-        return json.loads(raw) if raw else None
+    status, text = raw_admin(node, method, path, None if body is None else json.dumps(body))
+    if not 200 <= status < 300:
+        raise RuntimeError(f"{method} {path}: HTTP {status} {text}")
+    return json.loads(text) if text else None
 
 
 def one_rate(node: StandaloneProcess, pc: pulsar.Client, rate: int, seconds: int) -> None:
