@@ -19,6 +19,7 @@ import aiohttp
 from aiohttp import web
 
 from magnetar.broker.admin.app import build_app
+from magnetar.broker.admin.requests import topic_admin_url
 from magnetar.broker.cluster.bundle_operations import BundleOperations
 from magnetar.broker.cluster.bundles import BundleRange
 from magnetar.broker.cluster.load_manager import LoadManager
@@ -310,10 +311,7 @@ class Broker:
             service = cluster.service_url
             if tls is not None and cluster.service_url_tls:
                 service = cluster.service_url_tls
-            url = (
-                f"{service}/admin/v2/{base.domain}/{base.tenant}/{base.namespace}/"
-                f"{base.local_name}/partitions"
-            )
+            url = topic_admin_url(service, base) / "partitions"
             timeout = aiohttp.ClientTimeout(total=10)
             headers = credentials.http_headers()
             async with aiohttp.ClientSession(timeout=timeout) as session:
