@@ -34,16 +34,12 @@ import pulsar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.cluster_bench import percentile
 from tests.support.cluster import ConsumerThread, MagnetarCluster
 from tests.support.etcd import EtcdServer
 from tests.support.standalone import QUIET
 
 NAMESPACE = "bench/geo"
-
-
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 class Receiver:
