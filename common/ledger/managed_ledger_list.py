@@ -124,11 +124,12 @@ COMPACTED_LEDGER_PROPERTIES = ("CompactedTopicLedger", "CompactionPendingLedger"
 
 def referenced_ledger_ids(data: bytes) -> set[int]:
     """Every ledger a stored record refers to: its list and its compacted ledgers."""
-    ids = {info.ledger_id for info in parse_ledger_list(data)}
     try:
-        properties = json.loads(data).get("properties") or {}
+        doc = json.loads(data)
+        ids = {info.ledger_id for info in _listed(doc)}
+        properties = doc.get("properties") or {}
         ids.update(int(properties[k]) for k in COMPACTED_LEDGER_PROPERTIES if k in properties)
-    except (ValueError, TypeError, AttributeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise LedgerListError(f"not a managed ledger record: {e}") from None
     return ids
 
@@ -136,9 +137,13 @@ def referenced_ledger_ids(data: bytes) -> set[int]:
 def parse_ledger_list(data: bytes) -> tuple[LedgerInfo, ...]:
     """The ledgers a stored record lists, oldest first (``LedgerListError`` if it is not one)."""
     try:
-        return tuple(LedgerInfo.from_json(d) for d in json.loads(data)["ledgers"])
+        return _listed(json.loads(data))
     except (ValueError, KeyError, TypeError) as e:
         raise LedgerListError(f"not a managed ledger record: {e}") from None
+
+
+def _listed(doc: Any) -> tuple[LedgerInfo, ...]:
+    return tuple(LedgerInfo.from_json(d) for d in doc["ledgers"])
 
 
 def managed_ledger_name(topic: str) -> str:
