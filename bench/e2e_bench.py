@@ -540,13 +540,20 @@ def read_line(process: subprocess.Popen[bytes], timeout: float, what: str) -> st
     raise RuntimeError(f"{what} did not answer within {timeout:.0f} s")
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (also readable while it is a zombie)."""
+def _cpu_times(pid: int) -> tuple[float, float]:
+    """User and system CPU time of a process so far (also readable while it is a zombie);
+    NaN when it is gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (FileNotFoundError, IndexError):
-        return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return float("nan"), float("nan")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (also readable while it is a zombie)."""
+    return sum(_cpu_times(pid))
 
 
 def tell(process: subprocess.Popen[bytes], line: str) -> None:
@@ -668,11 +675,7 @@ COST_PRODUCERS = 2
 
 def system_cpu_seconds(pid: int) -> float:
     """System CPU time of a process so far (syscalls: socket writes, journal writes, fsync)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, IndexError):
-        return float("nan")
-    return int(fields[12]) / os.sysconf("SC_CLK_TCK")
+    return _cpu_times(pid)[1]
 
 
 def process_tree_cpu_seconds(pid: int, of: Callable[[int], float] | None = None) -> float:
