@@ -205,10 +205,14 @@ class NonPersistentTopic:
         self.client_limits = limits
         self.producers.max_producers = limits.max_producers_per_topic
 
-    async def apply_policies(self, policies: Policies) -> None:
-        # Retention, TTL and deduplication concern stored messages only.
+    def apply_settings(self, policies: Policies) -> None:
+        """The policies that only set how the topic runs (when loaded, and in each round)."""
         self.apply_limits(policies.limits)
         self.publish_throttle.apply(policies.publish_rate)
+
+    async def apply_policies(self, policies: Policies) -> None:
+        # Retention, TTL and deduplication concern stored messages only.
+        self.apply_settings(policies)
 
     def stats(self) -> dict[str, object]:
         """Topic stats in the shape of Pulsar's ``NonPersistentTopicStats``."""

@@ -693,12 +693,17 @@ class PersistentTopic:
         for subscription in self.subscriptions.values():
             subscription.dispatcher.wake()
 
-    async def apply_policies(self, policies: Policies) -> None:
-        """Bring the topic in line with its namespace's policies (run periodically)."""
+    def apply_settings(self, policies: Policies) -> None:
+        """The policies that only set how the topic runs (when loaded, and in each round)."""
         self.apply_limits(policies.limits)
         self.apply_dispatch_rates(policies)
+        self.backlog_quota = policies.backlog_quota
         self.compaction.threshold = policies.compaction_threshold
         self.publish_throttle.apply(policies.publish_rate)
+
+    async def apply_policies(self, policies: Policies) -> None:
+        """Bring the topic in line with its namespace's policies (run periodically)."""
+        self.apply_settings(policies)
         if policies.deduplication and self.deduplication is None:
             self.deduplication = await Deduplication.load(self.ml)
         elif not policies.deduplication:
@@ -716,7 +721,6 @@ class PersistentTopic:
                             subscription.name,
                             policies.message_ttl_seconds,
                         )
-        self.backlog_quota = policies.backlog_quota
         if policies.backlog_quota is not None:
             if policies.backlog_quota.policy in PRODUCER_QUOTA_POLICIES:
                 await self.enforce_producer_quota(policies.backlog_quota)

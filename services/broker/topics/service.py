@@ -206,8 +206,7 @@ class TopicService:
             )
         if not name.persistent:
             topic: Topic = NonPersistentTopic(name)
-            topic.apply_limits(policies.limits)
-            topic.publish_throttle.apply(policies.publish_rate)
+            topic.apply_settings(policies)
             self.topics[str(name)] = topic
             log.info("topic %s loaded (non-persistent)", name)
             return topic
@@ -231,11 +230,7 @@ class TopicService:
             ),
             self._instruments,
         )
-        topic.apply_limits(policies.limits)
-        topic.apply_dispatch_rates(policies)
-        topic.backlog_quota = policies.backlog_quota
-        topic.compaction.threshold = policies.compaction_threshold
-        topic.publish_throttle.apply(policies.publish_rate)
+        topic.apply_settings(policies)
         if policies.deduplication:
             topic.deduplication = await Deduplication.load(ml)
         self.topics[str(name)] = topic
