@@ -126,8 +126,8 @@ class Policies:
     limits: TopicLimits = field(default_factory=lambda: TopicLimits())
     backlog_quota: BacklogQuota | None = None
     inactive_topics: InactiveTopics | None = None
-    #: (messages, bytes, period seconds) a topic, and each subscription, may dispatch.
-    #: (messages, bytes, period in seconds, relative to the publish rate)
+    #: (messages, bytes, period in seconds, relative to the publish rate) a topic, and each
+    #: subscription, may dispatch.
     dispatch_rate: tuple[int, int, int, bool] | None = None
     subscription_dispatch_rate: tuple[int, int, int, bool] | None = None
     #: Pulsar's ``replication_clusters``: the clusters the namespace's topics live in.
@@ -222,13 +222,19 @@ def check_dispatch_rate(value: Any) -> dict[str, Any]:
     return result
 
 
-def _dispatch_rate(document: dict[str, Any], field: str) -> tuple[int, int, int, bool] | None:
-    """The rate of the (single) cluster in a ``{cluster: DispatchRate}`` policy field."""
+def _cluster_rate(document: dict[str, Any], field: str) -> dict[str, Any] | None:
+    """The rate of the (single) cluster in a ``{cluster: rate}`` policy field, if it is one."""
     by_cluster = document.get(field)
     if not isinstance(by_cluster, dict) or not by_cluster:
         return None
     rate = next(iter(by_cluster.values()))
-    if not isinstance(rate, dict):
+    return rate if isinstance(rate, dict) else None
+
+
+def _dispatch_rate(document: dict[str, Any], field: str) -> tuple[int, int, int, bool] | None:
+    """The rate of the (single) cluster in a ``{cluster: DispatchRate}`` policy field."""
+    rate = _cluster_rate(document, field)
+    if rate is None:
         return None
     found = (
         int(rate.get("dispatchThrottlingRateInMsg", -1)),
@@ -271,15 +277,13 @@ def check_expiration_minutes(value: Any) -> int:
 
 def _publish_rate(document: dict[str, Any], defaults: TopicSettings) -> tuple[int, int] | None:
     """The rate of the (single) cluster in ``publishMaxMessageRate``, else the broker's."""
-    by_cluster = document.get("publishMaxMessageRate")
-    if isinstance(by_cluster, dict) and by_cluster:
-        rate = next(iter(by_cluster.values()))
-        if isinstance(rate, dict):
-            found = (
-                max(int(rate.get("publishThrottlingRateInMsg", -1)), 0),
-                max(int(rate.get("publishThrottlingRateInByte", -1)), 0),
-            )
-            return found if any(found) else None
+    rate = _cluster_rate(document, "publishMaxMessageRate")
+    if rate is not None:
+        found = (
+            max(int(rate.get("publishThrottlingRateInMsg", -1)), 0),
+            max(int(rate.get("publishThrottlingRateInByte", -1)), 0),
+        )
+        return found if any(found) else None
     found = (
         defaults.max_publish_rate_per_topic_in_messages,
         defaults.max_publish_rate_per_topic_in_bytes,
