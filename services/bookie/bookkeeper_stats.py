@@ -75,21 +75,26 @@ class OpStats:
         return self._count[success]
 
     def quantile(self, q: float, success: bool = True) -> float:
-        values = sorted(self._recent[success])
-        if not values:
-            return math.nan
-        return values[max(math.ceil(q * len(values)) - 1, 0)]
+        return _quantile(sorted(self._recent[success]), q)
 
     def lines(self, name: str, labels: tuple[tuple[str, str], ...] = ()) -> list[str]:
         out = [f"# TYPE {name} summary"]
         for success in (False, True):
             outcome = (*labels, ("success", "true" if success else "false"))
+            values = sorted(self._recent[success])
             for q in QUANTILES:
-                value = self.quantile(q, success)
+                value = _quantile(values, q)
                 out.append(f"{name}{_labels((*outcome, ('quantile', str(q))))} {_number(value)}")
             out.append(f"{name}_count{_labels(outcome)} {_number(float(self._count[success]))}")
             out.append(f"{name}_sum{_labels(outcome)} {_number(self._sum[success])}")
         return out
+
+
+def _quantile(values: list[float], q: float) -> float:
+    """The ``q`` quantile of sorted ``values`` (NaN for none)."""
+    if not values:
+        return math.nan
+    return values[max(math.ceil(q * len(values)) - 1, 0)]
 
 
 @dataclass(slots=True)
