@@ -19,6 +19,15 @@ from magnetar.common.metadata import open_store
 DEFAULT_METADATA_URL = "etcd://127.0.0.1:2379"
 
 
+#: Pulsar's options registering the cluster (argparse's dest), with the ClusterData key each sets.
+CLUSTER_URL_OPTIONS = (
+    ("web_service_url", "serviceUrl"),
+    ("web_service_url_tls", "serviceUrlTls"),
+    ("broker_service_url", "brokerServiceUrl"),
+    ("broker_service_url_tls", "brokerServiceUrlTls"),
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metadata-url",
@@ -37,14 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the cluster's name [default: $MAGNETAR_CLUSTER_NAME]",
     )
-    for option, what in (
-        ("--web-service-url", "serviceUrl"),
-        ("--web-service-url-tls", "serviceUrlTls"),
-        ("--broker-service-url", "brokerServiceUrl"),
-        ("--broker-service-url-tls", "brokerServiceUrlTls"),
-    ):
+    for dest, what in CLUSTER_URL_OPTIONS:
         parser.add_argument(
-            option,
+            "--" + dest.replace("_", "-"),
             default=None,
             help=f"register the cluster in the configuration store with this {what} (Pulsar's "
             "option; a cluster registered already is left as it is)",
@@ -72,12 +76,7 @@ async def run(args: argparse.Namespace) -> int:
     except Exception as e:
         print(f"cannot open metadata store {url}: {e}", file=sys.stderr)
         return 1
-    urls = {
-        "serviceUrl": args.web_service_url,
-        "serviceUrlTls": args.web_service_url_tls,
-        "brokerServiceUrl": args.broker_service_url,
-        "brokerServiceUrlTls": args.broker_service_url_tls,
-    }
+    urls = {what: getattr(args, dest) for dest, what in CLUSTER_URL_OPTIONS}
     registered = ""
     try:
         await ensure_default_namespace(store)
