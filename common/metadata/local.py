@@ -301,7 +301,6 @@ class _Database:
         self.path = path
         self._conn = conn
         self._lock_fd = lock_fd  # None: opened read-only, no lock held
-        self.read_only = lock_fd is None
         self.on_commit: Callable[[list[WatchEvent]], None] = lambda events: None
         #: Events of the group being committed (``run_group``), None outside one.
         self._group_events: list[WatchEvent] | None = None
@@ -351,6 +350,10 @@ class _Database:
         except sqlite3.DatabaseError as e:
             raise _damage_error(path, e) from e
         return cls(path, conn, None)
+
+    @property
+    def read_only(self) -> bool:
+        return self._lock_fd is None
 
     @property
     def revision(self) -> int:
