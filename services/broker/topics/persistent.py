@@ -20,8 +20,7 @@ from magnetar.broker.errors import (
 from magnetar.broker.ledger.compactor import COMPACTION_CURSOR
 from magnetar.broker.ledger.cursor import ManagedCursor, NonDurableCursor
 from magnetar.broker.ledger.managed_ledger import ManagedLedger
-from magnetar.broker.model.entry import entry_metadata, message_count
-from magnetar.broker.model.markers import is_marker
+from magnetar.broker.model.entry import entry_metadata, is_marker_entry, message_count
 from magnetar.broker.model.message_id import LATEST, from_wire, to_wire
 from magnetar.broker.model.position import Position
 from magnetar.broker.model.topic_name import TopicName
@@ -564,7 +563,7 @@ class PersistentTopic:
                 entries = await self.ml.read_entries(at, 1)
                 if not entries or entries[0][0] != at:
                     break
-                if not is_marker(entry_metadata(entries[0][1])):
+                if not is_marker_entry(entries[0][1]):
                     found = entries[0]
                     break
                 at = self.ml.previous_position(at)
@@ -576,8 +575,9 @@ class PersistentTopic:
         batch_index = -1
         if found is not None:
             last = found[0]
-            count = message_count(found[1])
-            if count > 1 or codec.is_batch(entry_metadata(found[1])):
+            metadata = entry_metadata(found[1])
+            count = message_count(metadata)
+            if count > 1 or codec.is_batch(metadata):
                 batch_index = count - 1
         return to_wire(last, self.name.partition_index, batch_index)
 
