@@ -112,9 +112,9 @@ class LedgerPositions:
         """The existing entry just before ``position``, or None."""
         found = None
         for ledger_id, count in self.ledger_extents():
-            if ledger_id > position.ledger_id or count <= 0:
-                if ledger_id > position.ledger_id:
-                    break
+            if ledger_id > position.ledger_id:
+                break
+            if count <= 0:
                 continue
             last = (
                 count - 1 if ledger_id < position.ledger_id else min(count, position.entry_id) - 1
