@@ -51,8 +51,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Called with an add's future once it is done, in the turn that ends it.
-AddListener = Callable[["asyncio.Future[int]"], None]
+#: Told how an add ended, in the turn that ends it: (entry id, None) once it is acknowledged,
+#: (-1, the error) if it failed.
+AddListener = Callable[[int, "BaseException | None"], None]
 
 
 @dataclass(slots=True, frozen=True)
@@ -79,6 +80,7 @@ class _PendingAdd:
         "listener",
         "sent",
         "sent_at",
+        "settled",
         "size",
     )
 
@@ -87,7 +89,7 @@ class _PendingAdd:
         entry_id: int,
         entry: bytes,
         acks: AckSet,
-        future: asyncio.Future[int],
+        future: asyncio.Future[int] | None,
         length: int,
         size: int,
         listener: AddListener | None = None,
@@ -102,6 +104,7 @@ class _PendingAdd:
         self.sent: dict[int, str] = {}  # ensemble position -> bookie it was last sent to
         self.sent_at = 0.0
         self.done = False
+        self.settled = False
 
 
 class LedgerHandle:
@@ -134,6 +137,8 @@ class LedgerHandle:
         self._pending: collections.deque[_PendingAdd] = collections.deque()
         self._pending_bytes = 0
         self._room = asyncio.Event()  # set while the in-flight window has room
+        self._drained: asyncio.Event | None = None  # made by close() to wait for the last add
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first try_add
         self._room.set()
         self._error: LedgerError | None = None
         self._failed_positions: set[int] = set()
@@ -163,25 +168,37 @@ class LedgerHandle:
         """Append one entry and wait until it is acknowledged; returns its entry id."""
         return await (await self.add_async(payload))
 
-    async def add_async(
-        self, payload: bytes, listener: AddListener | None = None
-    ) -> asyncio.Future[int]:
+    async def add_async(self, payload: bytes) -> asyncio.Future[int]:
         """Append one entry; waits only for room in the in-flight window. The future gives the
         entry id once the entry is acknowledged (futures complete in entry order).
-        ``listener`` is called with that future as soon as it is done, in the same turn of the
-        event loop (a done callback would run one turn later, one turn per entry).
         Raises EntryTooLargeError, before anything is sent, for an entry over the limit."""
-        future = self.try_add(payload, listener)
+        future = self.try_add(payload)
         while future is None:
-            self._room.clear()
-            await self._room.wait()
-            future = self.try_add(payload, listener)
+            await self.wait_for_room()
+            future = self.try_add(payload)
         return future
 
-    def try_add(
-        self, payload: bytes, listener: AddListener | None = None
-    ) -> asyncio.Future[int] | None:
+    def try_add(self, payload: bytes) -> asyncio.Future[int] | None:
         """add_async without the wait: None (nothing sent) while the in-flight window is full."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        future: asyncio.Future[int] = self._loop.create_future()
+        return future if self._push(payload, future, None) else None
+
+    def try_push(self, payload: bytes, listener: AddListener) -> bool:
+        """try_add for a caller that wants no future: ``listener`` is told how the add ended,
+        in the turn that ends it (a future's done callback would wait a turn, one per entry).
+        False (nothing sent) while the in-flight window is full."""
+        return self._push(payload, None, listener)
+
+    async def wait_for_room(self) -> None:
+        """Until the in-flight window has room for another add (or the handle failed)."""
+        self._room.clear()
+        await self._room.wait()
+
+    def _push(
+        self, payload: bytes, future: asyncio.Future[int] | None, listener: AddListener | None
+    ) -> bool:
         self._check_writable()
         if HEADER_SIZE + len(payload) > self.max_entry_size:
             raise EntryTooLargeError(
@@ -192,14 +209,13 @@ class LedgerHandle:
             len(self._pending) >= cfg.max_pending_adds
             or self._pending_bytes >= cfg.max_pending_bytes
         ):
-            return None
+            return False
         entry_id = self._last_add_pushed + 1
         self._last_add_pushed = entry_id
         self._pushed_length += len(payload)
         entry = encode_entry(
             self.ledger_id, entry_id, self.last_add_confirmed, self._pushed_length, payload
         )
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         op = _PendingAdd(
             entry_id, entry, AckSet(self._quorum), future, self._pushed_length, len(entry), listener
         )
@@ -209,7 +225,7 @@ class LedgerHandle:
             for position in self._quorum.write_set(entry_id):
                 self._send(op, position)
         # else: sent to the new ensemble once the change is in the metadata
-        return future
+        return True
 
     def _check_writable(self) -> None:
         if self._error is not None:
@@ -326,19 +342,23 @@ class LedgerHandle:
             self._wake_window()
 
     def _settle(self, op: _PendingAdd, error: BaseException | None = None) -> None:
-        """End an add: its future, then its listener at once."""
-        future = op.future
-        if future.done():
+        """End an add: its future, or its listener at once."""
+        if op.settled:
             return
-        if error is None:
-            future.set_result(op.entry_id)
-        else:
-            future.set_exception(error)
+        op.settled = True
+        future = op.future
+        if future is not None:
+            if error is None:
+                future.set_result(op.entry_id)
+            else:
+                future.set_exception(error)
         if op.listener is not None:
             try:
-                op.listener(future)
+                op.listener(op.entry_id if error is None else -1, error)
             except Exception:
                 log.exception("ledger %d: add listener failed", self.ledger_id)
+        if not self._pending and self._drained is not None:
+            self._drained.set()
 
     def _wake_window(self) -> None:
         if not self._room.is_set():
@@ -470,8 +490,9 @@ class LedgerHandle:
         if not self.writable:
             self._closed = True
             return
-        if self._pending:
-            await asyncio.gather(*(op.future for op in list(self._pending)), return_exceptions=True)
+        while self._pending:  # every add settles: acknowledged, or failed with the handle
+            self._drained = asyncio.Event()
+            await self._drained.wait()
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()

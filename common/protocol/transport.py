@@ -88,6 +88,7 @@ class FrameConnection(asyncio.Protocol, abc.ABC):
         self._reading_held = False
         self._ping_outstanding = False
         self._keepalive: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # see _running_loop
 
     # -- hooks --------------------------------------------------------------------------------
 
@@ -143,8 +144,15 @@ class FrameConnection(asyncio.Protocol, abc.ABC):
         if self.transport is None or self.transport.is_closing():
             return
         if not self._out:
-            asyncio.get_running_loop().call_soon(self._flush)
+            self._running_loop().call_soon(self._flush)
         self._out.append(data)
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """The connection's event loop, asked once (each ``asyncio.get_running_loop()`` costs a
+        ``getpid`` system call, and writes and slices ask per turn)."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop
 
     def _flush(self) -> None:
         out, self._out = self._out, []
@@ -200,7 +208,7 @@ class FrameConnection(asyncio.Protocol, abc.ABC):
         if self.transport is not None and not self.transport.is_closing():
             self._reading_paused = True
             self.transport.pause_reading()
-            asyncio.get_running_loop().call_soon(self._process_frames)
+            self._running_loop().call_soon(self._process_frames)
 
     def hold_reading(self, seconds: float) -> None:
         """Read nothing from the peer for ``seconds`` (Pulsar pauses a producer's connection

@@ -116,6 +116,7 @@ class ManagedLedger(LedgerPositions):
             tuple[bytes, asyncio.Future[Position], float, StoredListener | None]
         ] = collections.deque()
         self._wake = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first add
         #: Set and dropped after each completed add; made only when a tailer waits.
         self._added: asyncio.Event | None = None
         self._error: ManagedLedgerError | None = None
@@ -324,7 +325,9 @@ class ManagedLedger(LedgerPositions):
         the order of the calls, across rollovers. ``on_stored`` is called with the future once
         it is done: for a stored entry in the turn the ledger acknowledged it (a done callback
         would wait a turn of the event loop, one per entry), otherwise as a done callback."""
-        future: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        future: asyncio.Future[Position] = self._loop.create_future()
         if on_stored is not None:
             future.add_done_callback(on_stored)  # any failure reaches it this way
         if self._error is not None:
@@ -419,8 +422,8 @@ class ManagedLedger(LedgerPositions):
                         on_stored,
                         (queued_at, time.monotonic()),
                     )
-                    if self._current.try_add(data, listener) is None:  # the window is full
-                        await self._current.add_async(data, listener)
+                    while not self._current.try_push(data, listener):  # the window is full
+                        await self._current.wait_for_room()
                 except LedgerFencedError as e:
                     self._fence(str(e))
                     continue
@@ -463,9 +466,9 @@ class ManagedLedger(LedgerPositions):
         future: asyncio.Future[Position],
         on_stored: StoredListener | None,
         times: tuple[float, float],
-        entry_future: asyncio.Future[int],
+        entry_id: int,
+        error: BaseException | None,
     ) -> None:
-        error = entry_future.exception()
         stats = self.stats
         if error is not None:
             stats.adds_failed += 1
@@ -479,7 +482,7 @@ class ManagedLedger(LedgerPositions):
             if not future.done():
                 future.set_exception(error)
             return
-        position = Position(ledger_id, entry_future.result())
+        position = Position(ledger_id, entry_id)
         now = time.monotonic()
         stats.adds_succeeded += 1
         stats.add_bytes += len(data)
