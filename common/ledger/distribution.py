@@ -78,36 +78,44 @@ class Quorum:
 
 
 class AckSet:
-    """Acknowledgements of one add from its write set."""
+    """Acknowledgements of one add from its write set: ensemble positions as bits (one add
+    makes one of these, so it holds two ints rather than two sets)."""
 
     __slots__ = ("_acked", "_failed", "quorum")
 
     def __init__(self, quorum: Quorum) -> None:
         self.quorum = quorum
-        self._acked: set[int] = set()
-        self._failed: set[int] = set()
+        self._acked = 0
+        self._failed = 0
 
     def ack(self, position: int) -> None:
-        self._failed.discard(position)
-        self._acked.add(position)
+        bit = 1 << position
+        self._failed &= ~bit
+        self._acked |= bit
 
     def fail(self, position: int) -> None:
-        if position not in self._acked:
-            self._failed.add(position)
+        bit = 1 << position
+        if not self._acked & bit:
+            self._failed |= bit
 
     def forget(self, position: int) -> None:
         """The bookie at ``position`` was replaced: what it said no longer counts."""
-        self._acked.discard(position)
-        self._failed.discard(position)
+        bit = 1 << position
+        self._acked &= ~bit
+        self._failed &= ~bit
 
     @property
     def acked(self) -> frozenset[int]:
-        return frozenset(self._acked)
+        return _positions(self._acked)
 
     @property
     def complete(self) -> bool:
-        return len(self._acked) >= self.quorum.ack_quorum
+        return self._acked.bit_count() >= self.quorum.ack_quorum
 
     @property
     def failed(self) -> bool:
-        return len(self._failed) > self.quorum.fail_tolerance
+        return self._failed.bit_count() > self.quorum.fail_tolerance
+
+
+def _positions(bits: int) -> frozenset[int]:
+    return frozenset(i for i in range(bits.bit_length()) if bits >> i & 1)

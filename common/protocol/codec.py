@@ -181,22 +181,55 @@ class ChecksumState(enum.Enum):
     VALID = "valid"  # CRC32C present and verified
 
 
-@dataclass(slots=True)
 class Frame:
     """One decoded frame.
 
     For SEND/MESSAGE, `metadata` and `payload` are set and `checksum` tells whether a CRC32C was
     present (a wrong one raises `ChecksumError` instead). `headers_and_payload` are the exact
     bytes from the checksum magic (or the metadata size when there is none) to the end: what a
-    broker stores as the entry and later sends back after a MESSAGE command.
+    broker stores as the entry and later sends back after a MESSAGE command. A decoded frame
+    copies its payload out of `headers_and_payload` only when asked for it (a broker storing a
+    SEND never is).
     """
 
-    command: pb.BaseCommand
-    metadata: pb.MessageMetadata | None = None
-    payload: bytes = b""
-    checksum: ChecksumState | None = None
-    broker_entry_metadata: pb.BrokerEntryMetadata | None = None
-    headers_and_payload: bytes = b""
+    __slots__ = (
+        "_payload",
+        "_payload_at",
+        "broker_entry_metadata",
+        "checksum",
+        "command",
+        "headers_and_payload",
+        "metadata",
+    )
+
+    def __init__(
+        self,
+        command: pb.BaseCommand,
+        metadata: pb.MessageMetadata | None = None,
+        payload: bytes = b"",
+        checksum: ChecksumState | None = None,
+        broker_entry_metadata: pb.BrokerEntryMetadata | None = None,
+        headers_and_payload: bytes = b"",
+        payload_at: int = -1,
+    ) -> None:
+        self.command = command
+        self.metadata = metadata
+        self._payload = payload
+        #: Where the payload starts in ``headers_and_payload`` (-1: ``payload`` is given).
+        self._payload_at = payload_at
+        self.checksum = checksum
+        self.broker_entry_metadata = broker_entry_metadata
+        self.headers_and_payload = headers_and_payload
+
+    def __repr__(self) -> str:
+        return f"Frame({self.name}, {len(self.headers_and_payload)} bytes of payload section)"
+
+    @property
+    def payload(self) -> bytes:
+        if self._payload_at >= 0:
+            self._payload = self.headers_and_payload[self._payload_at :]
+            self._payload_at = -1
+        return self._payload
 
     @property
     def type(self) -> int:
@@ -500,6 +533,31 @@ def _parse(message: Message, data: bytes | memoryview) -> str | None:
     return None
 
 
+#: MessageMetadata's fields that can hold text, by descriptor: what ``_parse_metadata`` looks at.
+_METADATA_TEXT: dict[Any, _TextKind] = {
+    pb.MessageMetadata.DESCRIPTOR.fields_by_name[name]: kind
+    for name, kind in _text_kinds(pb.MessageMetadata.DESCRIPTOR).items()
+}
+
+
+def _parse_metadata(metadata: pb.MessageMetadata, data: memoryview) -> str | None:
+    """``_parse`` for the MessageMetadata of every SEND and MESSAGE, in fewer calls: the
+    common case (required fields set, text only in single string fields) is told apart
+    first; anything else gets the general checks and their messages."""
+    try:
+        metadata.ParseFromString(data)
+    except Exception as exc:  # DecodeError, RecursionError: all mean "not this message"
+        return f"unparseable MessageMetadata: {exc}"
+    if metadata.IsInitialized():
+        for field, value in metadata.ListFields():
+            kind = _METADATA_TEXT.get(field)
+            if kind is not None and (kind is not _TextKind.STRING or type(value) is bytes):
+                break  # a list, a nested message or bad text: look closer
+        else:
+            return None
+    return _parse(metadata, data)
+
+
 def _raw_type_number(command: pb.BaseCommand) -> int | None:
     """The wire value of field 1 when the runtime kept it aside as an unknown enum value."""
     try:
@@ -614,17 +672,18 @@ def _decode_payload_section(command: pb.BaseCommand, view: memoryview) -> Frame:
             command=command,
         )
     metadata = pb.MessageMetadata()
-    problem = _parse(metadata, view[pos : pos + metadata_size])
+    problem = _parse_metadata(metadata, view[pos : pos + metadata_size])
     if problem is not None:
         raise MetadataDecodeError(f"{command_name(command.type)}: {problem}", command=command)
     pos += metadata_size
     return Frame(
-        command=command,
-        metadata=metadata,
-        payload=bytes(view[pos:]),
-        checksum=checksum,
-        broker_entry_metadata=broker_entry_metadata,
-        headers_and_payload=bytes(view[headers_start:]),
+        command,
+        metadata,
+        b"",
+        checksum,
+        broker_entry_metadata,
+        bytes(view[headers_start:]),
+        pos - headers_start,
     )
 
 
@@ -704,7 +763,8 @@ class FrameDecoder:
         start = self._pos + 4
         body = self._buffer[start : start + total_size]  # one copy; the buffer moves on
         self._pos = start + total_size
-        self._compact()
+        if self._pos > 65536:  # else compacted when the buffer is used up (returns None)
+            self._compact()
         return decode_frame(body)
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:

@@ -40,8 +40,12 @@ class Buckets:
         self.sum += value if summed is None else summed
 
     def add_latency(self, seconds: float) -> None:
-        """A latency: bucketed in ms, summed in µs (Pulsar's units)."""
-        self.add(seconds * 1000.0, seconds * 1_000_000.0)
+        """A latency: bucketed in ms, summed in µs (Pulsar's units). ``add``, written out: it
+        runs twice per stored entry."""
+        ms = seconds * 1000.0
+        self.counts[bisect.bisect_left(self.bounds, ms)] += 1
+        self.count += 1
+        self.sum += ms * 1000.0
 
     def snapshot(self) -> tuple[int, ...]:
         """Every bucket's count, then the number of values (for deltas between scrapes)."""

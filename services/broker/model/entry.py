@@ -65,6 +65,25 @@ def dispatch_facts(stored: bytes) -> tuple[int, int]:
     return message_count(metadata), metadata.deliver_at_time
 
 
+#: ``entry_facts`` of an entry whose metadata holds none of the tags it looks for.
+_PLAIN_FACTS = (1, 0, False)
+
+
+def entry_facts(stored: bytes) -> tuple[int, int, bool]:
+    """``dispatch_facts`` and ``is_marker_entry`` at once (dispatch asks both of every entry):
+    (messages, delivery time in ms or 0, whether it is a marker)."""
+    start, end = _metadata_span(stored)
+    find = stored.find
+    if (
+        find(_BATCH_SIZE_TAG, start, end) < 0
+        and find(_DELIVER_AT_TAG, start, end) < 0
+        and find(_MARKER_TYPE_TAG, start, end) < 0
+    ):
+        return _PLAIN_FACTS
+    metadata = pb.MessageMetadata.FromString(stored[start:end])
+    return message_count(metadata), metadata.deliver_at_time, metadata.HasField("marker_type")
+
+
 def entry_payload(stored: bytes) -> bytes:
     """The payload after the metadata (a batch's messages, or the one message)."""
     return stored[_metadata_span(stored)[1] :]

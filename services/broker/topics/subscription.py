@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 MAX_BATCH_SIZE = 100_000
 
 
+_NO_LIMITERS: list[RateLimiter] = []  # never appended to
+
 class SubscriptionExistsError(Exception):
     """The admin API asked to create a subscription the topic already has (409)."""
 
@@ -137,6 +139,9 @@ class Subscription:
     def rate_limiters(self) -> list[RateLimiter]:
         """The dispatch rate limiters this subscription's dispatcher answers to: the topic's
         and its own (empty without dispatch rate policies)."""
+        if self.topic.dispatch_limiter is None and self.topic.subscription_dispatch_rate is None:
+            self._rate_limiter = None
+            return _NO_LIMITERS  # no dispatch rate anywhere (asked per dispatched entry)
         found = []
         if self.topic.dispatch_limiter is not None:
             found.append(self.topic.dispatch_limiter)

@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING
 
 from magnetar.broker.ledger.errors import ManagedLedgerError, UnreadableEntryError
-from magnetar.broker.model.entry import dispatch_facts, is_marker_entry
+from magnetar.broker.model.entry import dispatch_facts, entry_facts
 from magnetar.broker.model.position import Position
 from magnetar.broker.topics.consumer import Consumer
 from magnetar.broker.topics.dispatchers.delayed import DelayedDeliveryTracker
@@ -186,16 +186,18 @@ class Dispatcher(abc.ABC):
 
     def without_markers(
         self, entries: list[tuple[Position, bytes]]
-    ) -> list[tuple[Position, bytes]]:
+    ) -> list[tuple[Position, bytes, int, int]]:
         """Entries read from the cursor, less the markers: those are acknowledged, never sent
-        (Pulsar's dispatchers do the same for every subscription)."""
+        (Pulsar's dispatchers do the same for every subscription). Each kept entry comes with
+        its message count and delivery time (``entry_facts``), worked out here once."""
         kept = []
         found = []
         for position, stored in entries:
-            if is_marker_entry(stored):
+            count, deliver_at, marker = entry_facts(stored)
+            if marker:
                 found.append(position)
             else:
-                kept.append((position, stored))
+                kept.append((position, stored, count, deliver_at))
         if found:
             self.subscription.ack_markers(found)
         return kept

@@ -29,11 +29,11 @@ class ExclusiveDispatcher(Dispatcher):
             return False
         read = await self.cursor.read_entries(self.entries_to_read(consumer.permits))
         entries = self.without_markers(read)
-        for i, (position, stored) in enumerate(entries):
+        for i, (position, stored, count, _) in enumerate(entries):
             if not consumer.ready or not self.still_serves(consumer):
                 self.cursor.unread(position)
                 return i > 0
-            self.send(consumer, position, stored)
+            self.send(consumer, position, stored, count)
         return bool(read)
 
     def still_serves(self, consumer: Consumer) -> bool:

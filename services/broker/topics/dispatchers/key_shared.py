@@ -178,7 +178,7 @@ class KeySharedDispatcher(ReplayingDispatcher):
             return sent
         read = await self.cursor.read_entries(self.entries_to_read(budget))
         entries = self.without_markers(read)
-        for position, stored in entries:
+        for position, stored, _, _ in entries:
             metadata = entry_metadata(stored)
             if self.hold_if_delayed(position, metadata):
                 continue

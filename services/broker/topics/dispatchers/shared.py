@@ -27,7 +27,10 @@ class SharedDispatcher(ReplayingDispatcher):
         budget = sum(c.permits for c in self.consumers if c.ready)
         if budget <= 0:
             return False
-        entries = await self._replay_entries(self.entries_to_read(budget))
+        entries = [
+            (position, stored, *dispatch_facts(stored))
+            for position, stored in await self._replay_entries(self.entries_to_read(budget))
+        ]
         replayed = bool(entries)
         if not entries and self.cursor.has_more_entries and not self.subscription_full():
             read = await self.cursor.read_entries(self.entries_to_read(budget))
@@ -35,14 +38,13 @@ class SharedDispatcher(ReplayingDispatcher):
             if read and not entries:
                 return True  # only markers: read on
         sent = False
-        for i, (position, stored) in enumerate(entries):
-            count, deliver_at = dispatch_facts(stored)
+        for i, (position, stored, count, deliver_at) in enumerate(entries):
             if not replayed and deliver_at and self.hold_until(position, deliver_at):
                 continue
             consumer = self._next_consumer()
             if consumer is None:  # permits ran out (batches count more than one)
                 if replayed:
-                    self.replay.update(p for p, _ in entries[i:])
+                    self.replay.update(entry[0] for entry in entries[i:])
                 else:
                     self.cursor.unread(position)
                 break
@@ -66,6 +68,8 @@ class SharedDispatcher(ReplayingDispatcher):
 def next_by_priority(consumers: list[Consumer], turn: itertools.count[int]) -> Consumer | None:
     """Round robin among the ready consumers of the best priority level (0 is the best): a
     lower level gets messages only while every consumer above it has no permits."""
+    if len(consumers) == 1:  # the usual case: no list to build
+        return consumers[0] if consumers[0].ready else None
     ready = [c for c in consumers if c.ready]
     if len(ready) <= 1:
         return ready[0] if ready else None
