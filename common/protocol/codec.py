@@ -30,7 +30,6 @@ import enum
 import functools
 import struct
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import crc32c

@@ -30,6 +30,7 @@ MAX_BATCH_SIZE = 100_000
 
 _NO_LIMITERS: list[RateLimiter] = []  # never appended to
 
+
 class SubscriptionExistsError(Exception):
     """The admin API asked to create a subscription the topic already has (409)."""
 
