@@ -81,17 +81,20 @@ class AckSet:
     """Acknowledgements of one add from its write set: ensemble positions as bits (one add
     makes one of these, so it holds two ints rather than two sets)."""
 
-    __slots__ = ("_acked", "_failed", "quorum")
+    __slots__ = ("_acked", "_failed", "complete", "quorum")
 
     def __init__(self, quorum: Quorum) -> None:
         self.quorum = quorum
         self._acked = 0
         self._failed = 0
+        #: An ack quorum acknowledged it (kept up to date: read once or twice per add).
+        self.complete = False
 
     def ack(self, position: int) -> None:
         bit = 1 << position
         self._failed &= ~bit
         self._acked |= bit
+        self.complete = self._acked.bit_count() >= self.quorum.ack_quorum
 
     def fail(self, position: int) -> None:
         bit = 1 << position
@@ -103,14 +106,11 @@ class AckSet:
         bit = 1 << position
         self._acked &= ~bit
         self._failed &= ~bit
+        self.complete = self._acked.bit_count() >= self.quorum.ack_quorum
 
     @property
     def acked(self) -> frozenset[int]:
         return _positions(self._acked)
-
-    @property
-    def complete(self) -> bool:
-        return self._acked.bit_count() >= self.quorum.ack_quorum
 
     @property
     def failed(self) -> bool:

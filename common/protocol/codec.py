@@ -400,15 +400,6 @@ def _ledger_id_prefix(ledger_id: int) -> bytes:
     return b"\x08" + _varint(ledger_id) + b"\x10"
 
 
-def _message_id_bytes(ledger_id: int, entry_id: int, partition: int, batch_index: int) -> bytes:
-    body = _ledger_id_prefix(ledger_id) + _varint(entry_id)
-    if partition >= 0:
-        body += b"\x18" + _varint(partition)
-    if batch_index >= 0:
-        body += b"\x20" + _varint(batch_index)
-    return body
-
-
 def encode_send_receipt(
     producer_id: int,
     sequence_id: int,
@@ -416,21 +407,29 @@ def encode_send_receipt(
     entry_id: int,
     highest_sequence_id: int | None = None,
 ) -> bytes:
-    """The framed SEND_RECEIPT for a stored message (ids signed: -1 travels as 2**64 - 1)."""
-    message_id = _message_id_bytes(ledger_id, entry_id, -1, -1)
-    body = (
-        b"\x08"
-        + _varint(producer_id)
-        + b"\x10"
-        + _varint(sequence_id)
-        + b"\x1a"
-        + _varint(len(message_id))
-        + message_id
+    """The framed SEND_RECEIPT for a stored message (ids signed: -1 travels as 2**64 - 1).
+    Its message id (at most 22 bytes) and body (at most 57) have one-byte lengths."""
+    message_id = _ledger_id_prefix(ledger_id) + _varint(entry_id)
+    body = b"".join(
+        (
+            b"\x08",
+            _varint(producer_id),
+            b"\x10",
+            _varint(sequence_id),
+            b"\x1a",
+            _VARINT_1[len(message_id)],
+            message_id,
+        )
     )
     if highest_sequence_id is not None:
         body += b"\x20" + _varint(highest_sequence_id)
-    command = b"\x08\x07\x3a" + _varint(len(body)) + body  # type SEND_RECEIPT, field 7
-    return _U32_PAIR.pack(4 + len(command), len(command)) + command
+    size = len(body) + 4  # the command: type (2 bytes), field 7's tag, body length, body
+    return _RECEIPT_HEAD.pack(size + 4, size, 0x08, 0x07, 0x3A, len(body)) + body
+
+
+#: A SEND_RECEIPT's two frame sizes, then its command's type (SEND_RECEIPT), field 7's tag and
+#: the body's length.
+_RECEIPT_HEAD = struct.Struct(">IIBBBB")
 
 
 def encode_message_frame(
@@ -444,17 +443,21 @@ def encode_message_frame(
     ack_set: list[int] | None = None,
 ) -> bytes:
     """The framed MESSAGE carrying a stored entry to a consumer."""
-    message_id = _message_id_bytes(ledger_id, entry_id, partition, -1)
-    body = b"\x08" + _varint(consumer_id) + b"\x12" + _varint(len(message_id)) + message_id
+    message_id = _ledger_id_prefix(ledger_id) + _varint(entry_id)
+    if partition >= 0:
+        message_id += b"\x18" + _varint(partition)
+    body = b"\x08" + _varint(consumer_id) + b"\x12" + _VARINT_1[len(message_id)] + message_id
     if redelivery_count:
         body += b"\x18" + _varint(redelivery_count)
     if ack_set:
         body += b"".join(b"\x20" + _varint(word) for word in ack_set)
     command = b"\x08\x09\x4a" + _varint(len(body)) + body  # type MESSAGE, field 9
-    return (
-        _U32_PAIR.pack(4 + len(command) + len(headers_and_payload), len(command))
-        + command
-        + headers_and_payload
+    return b"".join(
+        (
+            _U32_PAIR.pack(4 + len(command) + len(headers_and_payload), len(command)),
+            command,
+            headers_and_payload,
+        )
     )
 
 

@@ -110,6 +110,7 @@ class ManagedLedger(LedgerPositions):
         #: Counters for metrics (adds, reads, cache, latencies), shared with the reader.
         self.stats = ManagedLedgerStats()
         self.reader = EntryReader(name, client, config.cache_bytes, self.stats)
+        self._cache = self.reader.cache
         #: Adds waiting for the writer: data, its future, when it was called (monotonic), who
         #: is told once it is stored.
         self._queue: collections.deque[
@@ -484,14 +485,16 @@ class ManagedLedger(LedgerPositions):
             return
         position = Position(ledger_id, entry_id)
         now = time.monotonic()
+        size = len(data)
         stats.adds_succeeded += 1
-        stats.add_bytes += len(data)
+        stats.add_bytes += size
         stats.add_latency.add_latency(now - times[0])
         stats.ledger_add_latency.add_latency(now - times[1])
-        stats.entry_size.add(len(data))
-        if self._current is not None and ledger_id == self._current.ledger_id:
+        stats.entry_size.add(size)
+        current = self._current
+        if current is not None and ledger_id == current.ledger_id:
             self._confirmed_in_current = True
-        self.reader.cache.put(position, data)
+        self._cache.put(position, data)
         if not future.done():
             if on_stored is None:
                 future.set_result(position)

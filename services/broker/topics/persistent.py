@@ -94,7 +94,8 @@ class PersistentTopic:
     ) -> None:
         self.name = name
         self.ml = ml
-        ml.on_added = self._wake_dispatchers
+        ml.on_added = self._entry_added
+        self._wake_due = False  # a _wake_dispatchers is scheduled
         self.limits = limits or DispatchLimits()
         self.metrics = metrics
         self.subscriptions: dict[str, Subscription] = {
@@ -359,8 +360,16 @@ class PersistentTopic:
                 self.deduplication.snapshot(), log, f"topic {self.name}: deduplication snapshot"
             )
 
+    def _entry_added(self) -> None:
+        """A new entry is stored. The adds a bookie acknowledged together complete in one
+        turn: the dispatchers are woken once, after them."""
+        if not self._wake_due:
+            self._wake_due = True
+            asyncio.get_running_loop().call_soon(self._wake_dispatchers)
+
     def _wake_dispatchers(self) -> None:
-        """A new entry is stored: every subscription may have something to send."""
+        """Every subscription (and replicator) may have something to send."""
+        self._wake_due = False
         for subscription in self.subscriptions.values():
             subscription.dispatcher.wake()
         for replicator in self.replicators.values():
