@@ -70,8 +70,12 @@ class LedgerEntry:
 
 
 class _PendingAdd:
+    """One add in flight, or a group of consecutive adds sent and acknowledged together
+    (``count`` entries from ``entry_id``; ``entry`` is then the list of encoded entries)."""
+
     __slots__ = (
         "acks",
+        "count",
         "done",
         "entry",
         "entry_id",
@@ -105,6 +109,26 @@ class _PendingAdd:
         self.sent_at = 0.0
         self.done = False
         self.settled = False
+        self.count = 1
+
+
+class _GroupAnswer:
+    """A bookie's answers to the entries of a group, told on as one: the first error, or
+    None once every entry was answered."""
+
+    __slots__ = ("error", "left", "tell")
+
+    def __init__(self, tell: Callable[[BookieError | None], None], count: int) -> None:
+        self.tell = tell
+        self.left = count
+        self.error: BookieError | None = None
+
+    def __call__(self, error: BookieError | None) -> None:
+        if error is not None and self.error is None:
+            self.error = error
+        self.left -= 1
+        if not self.left:
+            self.tell(self.error)
 
 
 class LedgerHandle:
@@ -136,6 +160,7 @@ class LedgerHandle:
         self._pushed_length = self.length
         self._pending: collections.deque[_PendingAdd] = collections.deque()
         self._pending_bytes = 0
+        self._pending_entries = 0  # adds in _pending (a group counts each of its entries)
         self._room = asyncio.Event()  # set while the in-flight window has room
         self._drained: asyncio.Event | None = None  # made by close() to wait for the last add
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first try_add
@@ -191,6 +216,60 @@ class LedgerHandle:
         False (nothing sent) while the in-flight window is full."""
         return self._push(payload, None, listener)
 
+    @property
+    def groups_adds(self) -> bool:
+        """Whether consecutive adds may go as one group (``try_push_group``): every entry
+        has the same write set, the whole ensemble (write quorum = ensemble size)."""
+        return self._quorum.write_quorum == self._quorum.ensemble_size
+
+    def room(self) -> tuple[int, int]:
+        """(adds, bytes) the in-flight window takes before it is full (an add that goes over
+        the bytes is still taken while the window is below them)."""
+        cfg = self.client.config
+        return (
+            cfg.max_pending_adds - self._pending_entries,
+            cfg.max_pending_bytes - self._pending_bytes,
+        )
+
+    def try_push_group(self, payloads: list[bytes], listener: AddListener) -> bool:
+        """``try_push`` for consecutive adds sent and acknowledged together (only while
+        ``groups_adds``): ``listener`` is told once, with the first entry's id, when all of
+        them are acknowledged (or with the error that ended them all). False (nothing sent)
+        while the window has no room for the group; the caller takes what ``room`` allows."""
+        self._check_writable()
+        limit = self.max_entry_size - HEADER_SIZE
+        for payload in payloads:
+            if len(payload) > limit:
+                raise EntryTooLargeError(
+                    self.ledger_id, HEADER_SIZE + len(payload), self.max_entry_size
+                )
+        cfg = self.client.config
+        if (
+            self._pending_entries + len(payloads) > cfg.max_pending_adds
+            or self._pending_bytes >= cfg.max_pending_bytes
+        ):
+            return False
+        first = self._last_add_pushed + 1
+        lac = self.last_add_confirmed
+        length = self._pushed_length
+        ledger_id = self.ledger_id
+        entries = []
+        for entry_id, payload in enumerate(payloads, first):
+            length += len(payload)
+            entries.append(encode_entry(ledger_id, entry_id, lac, length, payload))
+        self._last_add_pushed = first + len(payloads) - 1
+        self._pushed_length = length
+        size = sum(map(len, entries))
+        op = _PendingAdd(first, entries, AckSet(self._quorum), None, length, size, listener)  # type: ignore[arg-type]
+        op.count = len(entries)
+        self._pending.append(op)
+        self._pending_entries += op.count
+        self._pending_bytes += size
+        if self._changing is None:
+            for position in range(self._quorum.ensemble_size):
+                self._send(op, position)
+        return True
+
     async def wait_for_room(self) -> None:
         """Until the in-flight window has room for another add (or the handle failed)."""
         self._room.clear()
@@ -206,7 +285,7 @@ class LedgerHandle:
             )
         cfg = self.client.config
         if (
-            len(self._pending) >= cfg.max_pending_adds
+            self._pending_entries >= cfg.max_pending_adds
             or self._pending_bytes >= cfg.max_pending_bytes
         ):
             return False
@@ -220,6 +299,7 @@ class LedgerHandle:
             entry_id, entry, AckSet(self._quorum), future, self._pushed_length, len(entry), listener
         )
         self._pending.append(op)
+        self._pending_entries += 1
         self._pending_bytes += op.size
         if self._changing is None:
             for position in self._quorum.write_set(entry_id):
@@ -237,14 +317,23 @@ class LedgerHandle:
         address = self._ensemble[position]
         op.sent[position] = address
         op.sent_at = time.monotonic()
+        answer = functools.partial(self._add_done, op, position, address)
         try:
-            self.client.bookie(address).add_entry(
-                self.ledger_id,
-                op.entry_id,
-                op.entry,
-                functools.partial(self._add_done, op, position, address),
-                master_key=self.metadata.master_key,
-            )
+            bookie = self.client.bookie(address)
+            if op.count == 1:
+                bookie.add_entry(
+                    self.ledger_id,
+                    op.entry_id,
+                    op.entry,
+                    answer,
+                    master_key=self.metadata.master_key,
+                )
+            else:
+                group = _GroupAnswer(answer, op.count)
+                for entry_id, entry in enumerate(op.entry, op.entry_id):
+                    bookie.add_entry(
+                        self.ledger_id, entry_id, entry, group, master_key=self.metadata.master_key
+                    )
         except BookieError as e:
             asyncio.get_running_loop().call_soon(self._bookie_failed, position, address, e)
 
@@ -280,7 +369,8 @@ class LedgerHandle:
         """A bookie's limit is lower than this handle knew: the caller's error, not the
         bookie's. Fail that add, take back the later unacknowledged ones (the ledger cannot
         hold them past a hole), and go on with a lower limit."""
-        self.max_entry_size = min(self.max_entry_size, op.size - 1)
+        largest = op.size if op.count == 1 else max(map(len, op.entry))
+        self.max_entry_size = min(self.max_entry_size, largest - 1)
         if op.done and op.acks.complete:
             log.warning(
                 "ledger %d: entry %d was acknowledged by an ack quorum but refused by %s",
@@ -296,9 +386,10 @@ class LedgerHandle:
             retracted.append(self._pending.pop())
         for taken in retracted:
             taken.done = True
+            self._pending_entries -= taken.count
             self._pending_bytes -= taken.size
         self._last_add_pushed = op.entry_id - 1
-        self._pushed_length = op.length - (op.size - HEADER_SIZE)
+        self._pushed_length = op.length - (op.size - HEADER_SIZE * op.count)
         log.warning(
             "ledger %d: entry %d refused as too large (%s); %d later adds taken back",
             self.ledger_id,
@@ -307,10 +398,19 @@ class LedgerHandle:
             len(retracted) - 1,
         )
         for taken in reversed(retracted):
-            if taken is op:
+            if taken is op and op.count == 1:
                 self._settle(
                     taken,
                     EntryTooLargeError(self.ledger_id, op.size, self.max_entry_size, str(error)),
+                )
+            elif taken is op:  # a group: which of its entries was too large is not known
+                self._settle(
+                    taken,
+                    LedgerError(
+                        f"ledger {self.ledger_id}: adds not stored: a bookie refused one of the "
+                        f"{op.count} entries from {op.entry_id} as too large ({error}); send "
+                        "them again"
+                    ),
                 )
             else:
                 self._settle(
@@ -333,8 +433,9 @@ class LedgerHandle:
         while self._pending and self._pending[0].acks.complete:
             op = self._pending.popleft()
             op.done = True
+            self._pending_entries -= op.count
             self._pending_bytes -= op.size
-            self.last_add_confirmed = op.entry_id
+            self.last_add_confirmed = op.entry_id + op.count - 1
             self.length = op.length
             released = True
             self._settle(op)
@@ -364,7 +465,7 @@ class LedgerHandle:
         if not self._room.is_set():
             cfg = self.client.config
             if (
-                len(self._pending) < cfg.max_pending_adds
+                self._pending_entries < cfg.max_pending_adds
                 and self._pending_bytes < cfg.max_pending_bytes
             ):
                 self._room.set()
@@ -381,7 +482,7 @@ class LedgerHandle:
             op = self._pending.popleft()
             op.done = True
             self._settle(op, error)
-        self._pending_bytes = 0
+        self._pending_entries = self._pending_bytes = 0
         self._room.set()  # waiters wake up and see the error
 
     # -- ensemble change ----------------------------------------------------------------------

@@ -21,7 +21,7 @@ import pytest
 from magnetar.common.ledger.bookie_client import BookieClient, BookieError
 from magnetar.common.ledger.client import LedgerClient, LedgerClientConfig
 from magnetar.common.ledger.entry import verify_entry
-from magnetar.common.ledger.errors import LedgerFencedError
+from magnetar.common.ledger.errors import EntryTooLargeError, LedgerFencedError
 from magnetar.common.ledger.handle import LedgerHandle
 from magnetar.common.ledger.metadata import LedgerMetadata, LedgerState
 from magnetar.common.proto import bookie_pb2 as pb
@@ -595,3 +595,100 @@ async def test_corrupt_replica_is_detected_and_another_served(cluster3: LedgerCl
         with pytest.raises(BookieError) as bad:
             await direct.read(ledger_id, target)
         assert bad.value.status == pb.DIGEST_MISMATCH
+
+
+async def test_grouped_adds_survive_a_bookie_killed_mid_write(cluster4: LedgerCluster) -> None:
+    """4 bookies, E3/Qw3/Qa2 (every entry on the whole ensemble, so consecutive adds go as
+    groups, as a managed ledger sends them): SIGKILL an ensemble bookie while groups are in
+    flight. Every group is acknowledged, in order, with the ids it was given; the replacement
+    holds the entries from the change on; every entry reads back byte for byte."""
+    group_size, groups = 50, 80
+    async with cluster4.client() as client:
+        handle = await client.create_ledger(3, 3, 2)
+        assert handle.groups_adds
+        ensemble = handle.ensemble
+        spare = {b.address for b in cluster4.bookies} - set(ensemble)
+        told: list[tuple[int, BaseException | None]] = []
+        progress = asyncio.Event()
+        sent: dict[int, bytes] = {}
+
+        def answered(first: int, error: BaseException | None) -> None:
+            told.append((first, error))
+            progress.set()
+
+        async def wait_told(count: int) -> None:
+            while len(told) < count:
+                progress.clear()
+                await asyncio.wait_for(progress.wait(), WAIT_S)
+
+        killed_at = None
+        for number in range(groups):
+            first = number * group_size
+            payloads = [payload_for(handle.ledger_id, first + i, 300) for i in range(group_size)]
+            while not handle.try_push_group(payloads, answered):
+                await asyncio.wait_for(handle.wait_for_room(), WAIT_S)
+            sent.update({first + i: p for i, p in enumerate(payloads)})
+            if number == groups // 2:
+                await wait_told(10)
+                killed_at = len(told)
+                victim = ensemble[1]
+                cluster4.bookie(victim).kill()  # groups still in flight
+            if number % 4 == 0:
+                await asyncio.sleep(0)
+        await wait_told(groups)
+        assert killed_at is not None and killed_at < groups, "the kill was not mid-write"
+        assert [error for _, error in told] == [None] * groups, told[:3]
+        assert [first for first, _ in told] == [n * group_size for n in range(groups)]
+        assert handle.last_add_confirmed == groups * group_size - 1
+        await handle.close()
+        metadata, _ = await client.read_metadata(handle.ledger_id)
+        assert metadata.last_entry_id == groups * group_size - 1
+        assert len(metadata.fragments) == 2, metadata.fragments
+        second = metadata.fragments[1]
+        assert victim not in second.bookies and second.bookies[1] in spare
+        # Groups are acknowledged whole: the change starts at a group's first entry.
+        assert second.first_entry_id % group_size == 0
+
+    async with cluster4.client() as reader:
+        await read_back(reader, handle.ledger_id, sent)
+        async with BookieClient(second.bookies[1]) as bookie:
+            for e in range(second.first_entry_id, groups * group_size, 97):
+                assert (await bookie.read(handle.ledger_id, e)).endswith(sent[e])
+        assert reader.corrupt_reads == 0
+
+
+async def test_grouped_and_single_adds_interleave(cluster3: LedgerCluster) -> None:
+    """Groups and single adds on one handle take consecutive ids, complete in order, and read
+    back as sent; an entry over the limit in a group is refused before anything is sent."""
+    async with cluster3.client() as client:
+        handle = await client.create_ledger(2, 2, 2)
+        order: list[tuple[str, int]] = []
+        expected: dict[int, bytes] = {}
+
+        def told(first: int, error: BaseException | None) -> None:
+            assert error is None, error
+            order.append(("group", first))
+
+        single = []
+        for round_number in range(20):
+            base = len(expected)
+            payloads = [payload_for(handle.ledger_id, base + i, 100) for i in range(7)]
+            assert handle.try_push_group(payloads, told)
+            expected.update({base + i: p for i, p in enumerate(payloads)})
+            alone = payload_for(handle.ledger_id, base + 7, 100)
+            future = handle.try_add(alone)
+            assert future is not None
+            single.append(future)
+            expected[base + 7] = alone
+            if round_number % 5 == 0:
+                await asyncio.sleep(0)
+        ids = await asyncio.wait_for(asyncio.gather(*single), WAIT_S)
+        assert ids == [8 * n + 7 for n in range(20)]
+        assert order == [("group", 8 * n) for n in range(20)]
+        too_large = [b"x" * 10, b"y" * (handle.max_entry_size + 1)]
+        with pytest.raises(EntryTooLargeError):
+            handle.try_push_group(too_large, told)
+        assert handle.last_add_confirmed == 159
+        await handle.close()
+    async with cluster3.client() as reader:
+        await read_back(reader, handle.ledger_id, expected)

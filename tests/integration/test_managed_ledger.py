@@ -35,11 +35,20 @@ TOPIC = "persistent://public/default/orders"
 crashed: set[int] = set()  # managed ledgers abandoned by crash(): teardown leaves them be
 
 
+#: The quorums every test runs with: entries striped over the ensemble (each add alone), and
+#: written to the whole ensemble (consecutive adds go as groups: ``ManagedLedger._push_group``).
+QUORUMS = {
+    "striped": {"ensemble_size": 3, "write_quorum": 2, "ack_quorum": 2},
+    "grouped": {"ensemble_size": 3, "write_quorum": 3, "ack_quorum": 2},
+}
+
+
 @dataclass
 class Env:
     store: MetadataStore
     bookies: list[Bookie]
     base_dir: Path
+    quorum: dict[str, int] = field(default_factory=lambda: QUORUMS["striped"])
     clients: list[LedgerClient] = field(default_factory=list)
     mls: list[ManagedLedger] = field(default_factory=list)
 
@@ -49,12 +58,11 @@ class Env:
         return client
 
     async def open(self, name: str = TOPIC, **config: object) -> ManagedLedger:
-        base = {"ensemble_size": 3, "write_quorum": 2, "ack_quorum": 2}
         ml = await ManagedLedger.open(
             name,
             self.client(),
             self.store,
-            ManagedLedgerConfig(**{**base, **config}),  # type: ignore[arg-type]
+            ManagedLedgerConfig(**{**self.quorum, **config}),  # type: ignore[arg-type]
         )
         self.mls.append(ml)
         return ml
@@ -84,13 +92,13 @@ async def start_bookie(store: MetadataStore, directory: Path) -> Bookie:
     return bookie
 
 
-@pytest.fixture
-async def env(tmp_path: Path) -> AsyncIterator[Env]:
+@pytest.fixture(params=sorted(QUORUMS))
+async def env(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Env]:
     store = await open_store(f"local://{tmp_path}/meta.db")
     bookies = []
     for i in range(3):
         bookies.append(await start_bookie(store, tmp_path / f"b{i}"))
-    environment = Env(store, bookies, tmp_path)
+    environment = Env(store, bookies, tmp_path, QUORUMS[request.param])
     try:
         yield environment
     finally:

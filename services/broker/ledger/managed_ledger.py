@@ -52,6 +52,7 @@ from magnetar.broker.ledger.positions import LedgerPositions
 from magnetar.broker.model.keys import decode_name, managed_ledger_key
 from magnetar.broker.model.position import Position
 from magnetar.common.ledger.client import LedgerClient
+from magnetar.common.ledger.entry import HEADER_SIZE
 from magnetar.common.ledger.errors import (
     EntryTooLargeError,
     LedgerError,
@@ -66,9 +67,15 @@ log = logging.getLogger(__name__)
 
 #: Told that an add is done (its future, done), see ``add_entry_async``.
 StoredListener = Callable[["asyncio.Future[Position]"], None]
+#: An add waiting for the writer: its data, its future, when it was called (monotonic), who is
+#: told once it is stored.
+_QueuedAdd = tuple[bytes, "asyncio.Future[Position]", float, "StoredListener | None"]
 
 #: The writer yields to the event loop after this many adds in a row.
 YIELD_EVERY = 64
+#: At most this many queued adds go to the ledger as one group (when its write quorum is its
+#: ensemble): sent, journaled and acknowledged together. The writer yields after each group.
+GROUP_ADDS = YIELD_EVERY
 #: Passes of read-recover-claim when opening, against a previous owner still rolling over.
 OPEN_ATTEMPTS = 5
 
@@ -113,9 +120,7 @@ class ManagedLedger(LedgerPositions):
         self._cache = self.reader.cache
         #: Adds waiting for the writer: data, its future, when it was called (monotonic), who
         #: is told once it is stored.
-        self._queue: collections.deque[
-            tuple[bytes, asyncio.Future[Position], float, StoredListener | None]
-        ] = collections.deque()
+        self._queue: collections.deque[_QueuedAdd] = collections.deque()
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first add
         #: Set and dropped after each completed add; made only when a tailer waits.
@@ -413,6 +418,16 @@ class ManagedLedger(LedgerPositions):
                         await self._wait_before_roll()
                         await self._roll()
                     assert self._current is not None
+                    if len(self._queue) > 1 and self._current.groups_adds:
+                        pushed = self._push_group(self._current)
+                        if pushed is not None:
+                            if not pushed:  # the window is full
+                                await self._current.wait_for_room()
+                            else:
+                                # Let the bookies start on what was pushed: a burst is journaled
+                                # in pieces, so its first receipts do not wait for its last entry.
+                                await asyncio.sleep(0)
+                            continue
                     # Called as each add completes, in that turn: the entry is in the cache
                     # before a dispatcher sees the new LAC, and the receipt waits no extra turn.
                     listener = functools.partial(
@@ -460,6 +475,93 @@ class ManagedLedger(LedgerPositions):
             if self._state is not _State.OPEN and not self._queue:
                 return
 
+    def _push_group(self, handle: LedgerHandle) -> bool | None:
+        """Push the adds at the head of the queue that may go as one group (at most
+        GROUP_ADDS, as many as the window takes, none past where the ledger rolls over, none
+        over the entry size limit): True once pushed, False when the window has no room,
+        None when fewer than two would go (the head goes alone)."""
+        room_adds, room_bytes = handle.room()
+        limit = min(room_adds, GROUP_ADDS)
+        largest = handle.max_entry_size - HEADER_SIZE
+        entries, size = self._pushed_entries, self._pushed_bytes
+        age_s = time.time() - handle.metadata.ctime_ms / 1000
+        full = self.config.full
+        group: list[_QueuedAdd] = []
+        for item in self._queue:
+            data = item[0]
+            if len(group) >= limit or len(data) > largest or room_bytes <= 0:
+                break
+            if group and full(entries, size, age_s):
+                break  # the ledger rolls over before this one
+            group.append(item)
+            entries += 1
+            size += len(data)
+            room_bytes -= len(data)
+        if len(group) < 2:
+            return None if room_adds > 0 else False
+        listener = functools.partial(self._group_done, handle.ledger_id, group, time.monotonic())
+        if not handle.try_push_group([item[0] for item in group], listener):
+            return False
+        popleft = self._queue.popleft
+        for _ in group:
+            popleft()
+        self._pushed_entries = entries
+        self._pushed_bytes = size
+        return True
+
+    def _group_done(
+        self,
+        ledger_id: int,
+        group: list[_QueuedAdd],
+        pushed_at: float,
+        first_entry_id: int,
+        error: BaseException | None,
+    ) -> None:
+        """``_add_done`` for a group of adds acknowledged together, in their order."""
+        stats = self.stats
+        if error is not None:
+            failure = self._add_failure(error)
+            for _, future, _, _ in group:
+                stats.adds_failed += 1
+                if not future.done():
+                    future.set_exception(failure)
+            return
+        now = time.monotonic()
+        ledger_latency = now - pushed_at
+        current = self._current
+        if current is not None and ledger_id == current.ledger_id:
+            self._confirmed_in_current = True
+        put = self._cache.put
+        for entry_id, (data, future, queued_at, on_stored) in enumerate(group, first_entry_id):
+            position = Position(ledger_id, entry_id)
+            size = len(data)
+            stats.adds_succeeded += 1
+            stats.add_bytes += size
+            stats.add_latency.add_latency(now - queued_at)
+            stats.ledger_add_latency.add_latency(ledger_latency)
+            stats.entry_size.add(size)
+            put(position, data)
+            if not future.done():
+                if on_stored is None:
+                    future.set_result(position)
+                else:
+                    future.remove_done_callback(on_stored)
+                    future.set_result(position)
+                    on_stored(future)
+        self._notify_added()
+        if self.on_added is not None:
+            self.on_added()
+
+    def _add_failure(self, error: BaseException) -> ManagedLedgerError:
+        """What the callers of a failed add are told (and what it does to the managed ledger:
+        fenced, or its current ledger to be replaced)."""
+        if isinstance(error, LedgerFencedError):
+            return self._fence(str(error))
+        if isinstance(error, EntryTooLargeError):
+            return EntryTooLargeForLedgerError(f"managed ledger {self.name}: {error}")
+        self._current_failed = True
+        return ManagedLedgerError(f"managed ledger {self.name}: add failed: {error}")
+
     def _add_done(
         self,
         ledger_id: int,
@@ -473,15 +575,9 @@ class ManagedLedger(LedgerPositions):
         stats = self.stats
         if error is not None:
             stats.adds_failed += 1
-            if isinstance(error, LedgerFencedError):
-                error = self._fence(str(error))
-            elif isinstance(error, EntryTooLargeError):
-                error = EntryTooLargeForLedgerError(f"managed ledger {self.name}: {error}")
-            else:
-                self._current_failed = True
-                error = ManagedLedgerError(f"managed ledger {self.name}: add failed: {error}")
+            failure = self._add_failure(error)
             if not future.done():
-                future.set_exception(error)
+                future.set_exception(failure)
             return
         position = Position(ledger_id, entry_id)
         now = time.monotonic()
