@@ -194,11 +194,13 @@ class Frame:
     __slots__ = (
         "_payload",
         "_payload_at",
+        "body",
         "broker_entry_metadata",
         "checksum",
         "command",
         "headers_and_payload",
         "metadata",
+        "type",
     )
 
     def __init__(
@@ -210,8 +212,13 @@ class Frame:
         broker_entry_metadata: pb.BrokerEntryMetadata | None = None,
         headers_and_payload: bytes = b"",
         payload_at: int = -1,
+        body: Message | None = None,
     ) -> None:
         self.command = command
+        #: The command's type and its body (e.g. ``command.send`` for SEND), read once here:
+        #: every frame is asked for them more than once.
+        self.type: int = command.type
+        self.body: Message = command_body(command) if body is None else body
         self.metadata = metadata
         self._payload = payload
         #: Where the payload starts in ``headers_and_payload`` (-1: ``payload`` is given).
@@ -231,16 +238,8 @@ class Frame:
         return self._payload
 
     @property
-    def type(self) -> int:
-        return self.command.type
-
-    @property
     def name(self) -> str:
         return command_name(self.command.type)
-
-    @property
-    def body(self) -> Message:
-        return command_body(self.command)
 
     @property
     def checksum_present(self) -> bool:
@@ -581,7 +580,9 @@ _BODIES_WITH_TEXT: frozenset[str] = frozenset(
 )
 
 
-def _parse_command(data: memoryview) -> pb.BaseCommand:
+def _parse_command(data: memoryview) -> tuple[pb.BaseCommand, Message]:
+    """The command and its body, checked: a type we know, its body present with its required
+    fields, valid UTF-8 wherever it holds text."""
     command = pb.BaseCommand()
     try:
         command.ParseFromString(data)
@@ -614,10 +615,10 @@ def _parse_command(data: memoryview) -> pb.BaseCommand:
                 f"{command_name(type_number)} command has invalid UTF-8 in {bad_text}",
                 command=command,
             )
-    return command
+    return command, body
 
 
-def _decode_payload_section(command: pb.BaseCommand, view: memoryview) -> Frame:
+def _decode_payload_section(command: pb.BaseCommand, body: Message, view: memoryview) -> Frame:
     size = len(view)
     pos = 0
 
@@ -686,6 +687,7 @@ def _decode_payload_section(command: pb.BaseCommand, view: memoryview) -> Frame:
         broker_entry_metadata,
         bytes(view[headers_start:]),
         pos - headers_start,
+        body,
     )
 
 
@@ -700,16 +702,16 @@ def decode_frame(frame: bytes | bytearray | memoryview) -> Frame:
         raise FrameSizeError(
             f"command size {command_size} exceeds the {total_size - 4} bytes left in the frame"
         )
-    command = _parse_command(view[4 : 4 + command_size])
+    command, body = _parse_command(view[4 : 4 + command_size])
     rest = view[4 + command_size :]
     if command.type in PAYLOAD_COMMANDS:
-        return _decode_payload_section(command, rest)
+        return _decode_payload_section(command, body, rest)
     if len(rest):
         raise CommandDecodeError(
             f"{len(rest)} unexpected bytes after a {command_name(command.type)} command",
             command=command,
         )
-    return Frame(command=command)
+    return Frame(command, body=body)
 
 
 class FrameDecoder:
