@@ -237,12 +237,9 @@ class LedgerHandle:
         them are acknowledged (or with the error that ended them all). False (nothing sent)
         while the window has no room for the group; the caller takes what ``room`` allows."""
         self._check_writable()
-        limit = self.max_entry_size - HEADER_SIZE
-        for payload in payloads:
-            if len(payload) > limit:
-                raise EntryTooLargeError(
-                    self.ledger_id, HEADER_SIZE + len(payload), self.max_entry_size
-                )
+        largest = max(map(len, payloads))
+        if HEADER_SIZE + largest > self.max_entry_size:
+            raise EntryTooLargeError(self.ledger_id, HEADER_SIZE + largest, self.max_entry_size)
         cfg = self.client.config
         if (
             self._pending_entries + len(payloads) > cfg.max_pending_adds

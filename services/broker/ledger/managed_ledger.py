@@ -73,6 +73,9 @@ _QueuedAdd = tuple[bytes, "asyncio.Future[Position]", float, "StoredListener | N
 
 #: The writer yields to the event loop after this many adds in a row.
 YIELD_EVERY = 64
+#: ``Position(ledger_id, entry_id)`` from a pair, made in C (a named tuple's own constructor
+#: is Python code, and the completion of every add makes one).
+_position = functools.partial(tuple.__new__, Position)
 #: At most this many queued adds go to the ledger as one group (when its write quorum is its
 #: ensemble): sent, journaled and acknowledged together. The writer yields after each group.
 GROUP_ADDS = YIELD_EVERY
@@ -484,19 +487,21 @@ class ManagedLedger(LedgerPositions):
         limit = min(room_adds, GROUP_ADDS)
         largest = handle.max_entry_size - HEADER_SIZE
         entries, size = self._pushed_entries, self._pushed_bytes
-        age_s = time.time() - handle.metadata.ctime_ms / 1000
-        full = self.config.full
+        cfg = self.config
+        # ``cfg.full`` before each add but the first (checked by the writer already), unrolled.
+        max_entries, max_bytes = cfg.max_entries_per_ledger, cfg.max_ledger_size_bytes
+        aged = time.time() - handle.metadata.ctime_ms / 1000 >= cfg.max_ledger_age_s
         group: list[_QueuedAdd] = []
         for item in self._queue:
-            data = item[0]
-            if len(group) >= limit or len(data) > largest or room_bytes <= 0:
+            length = len(item[0])
+            if len(group) >= limit or length > largest or room_bytes <= 0:
                 break
-            if group and full(entries, size, age_s):
+            if group and (entries >= max_entries or size >= max_bytes or aged):
                 break  # the ledger rolls over before this one
             group.append(item)
             entries += 1
-            size += len(data)
-            room_bytes -= len(data)
+            size += length
+            room_bytes -= length
         if len(group) < 2:
             return None if room_adds > 0 else False
         listener = functools.partial(self._group_done, handle.ledger_id, group, time.monotonic())
@@ -527,19 +532,20 @@ class ManagedLedger(LedgerPositions):
                     future.set_exception(failure)
             return
         now = time.monotonic()
-        ledger_latency = now - pushed_at
+        stats.ledger_add_latency.add_latency(now - pushed_at, len(group))
         current = self._current
         if current is not None and ledger_id == current.ledger_id:
             self._confirmed_in_current = True
         put = self._cache.put
+        add_latency = stats.add_latency.add_latency
+        add_size = stats.entry_size.add
+        stored = 0
         for entry_id, (data, future, queued_at, on_stored) in enumerate(group, first_entry_id):
-            position = Position(ledger_id, entry_id)
+            position = _position((ledger_id, entry_id))
             size = len(data)
-            stats.adds_succeeded += 1
-            stats.add_bytes += size
-            stats.add_latency.add_latency(now - queued_at)
-            stats.ledger_add_latency.add_latency(ledger_latency)
-            stats.entry_size.add(size)
+            stored += size
+            add_latency(now - queued_at)
+            add_size(size)
             put(position, data)
             if not future.done():
                 if on_stored is None:
@@ -548,6 +554,8 @@ class ManagedLedger(LedgerPositions):
                     future.remove_done_callback(on_stored)
                     future.set_result(position)
                     on_stored(future)
+        stats.adds_succeeded += len(group)
+        stats.add_bytes += stored
         self._notify_added()
         if self.on_added is not None:
             self.on_added()

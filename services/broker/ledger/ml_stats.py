@@ -39,13 +39,13 @@ class Buckets:
         self.count += 1
         self.sum += value if summed is None else summed
 
-    def add_latency(self, seconds: float) -> None:
-        """A latency: bucketed in ms, summed in µs (Pulsar's units). ``add``, written out: it
-        runs twice per stored entry."""
+    def add_latency(self, seconds: float, times: int = 1) -> None:
+        """A latency (``times`` times): bucketed in ms, summed in µs (Pulsar's units). ``add``,
+        written out: it runs for every stored entry."""
         ms = seconds * 1000.0
-        self.counts[bisect.bisect_left(self.bounds, ms)] += 1
-        self.count += 1
-        self.sum += ms * 1000.0
+        self.counts[bisect.bisect_left(self.bounds, ms)] += times
+        self.count += times
+        self.sum += ms * 1000.0 * times
 
     def snapshot(self) -> tuple[int, ...]:
         """Every bucket's count, then the number of values (for deltas between scrapes)."""
