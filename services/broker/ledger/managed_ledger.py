@@ -50,7 +50,7 @@ from magnetar.broker.ledger.ledger_info import ManagedLedgerConfig, roll_backoff
 from magnetar.broker.ledger.ml_stats import ManagedLedgerStats
 from magnetar.broker.ledger.positions import LedgerPositions
 from magnetar.broker.model.keys import decode_name, managed_ledger_key
-from magnetar.broker.model.position import Position
+from magnetar.broker.model.position import Position, position_of
 from magnetar.common.ledger.client import LedgerClient
 from magnetar.common.ledger.entry import HEADER_SIZE
 from magnetar.common.ledger.errors import (
@@ -73,9 +73,6 @@ _QueuedAdd = tuple[bytes, "asyncio.Future[Position]", float, "StoredListener | N
 
 #: The writer yields to the event loop after this many adds in a row.
 YIELD_EVERY = 64
-#: ``Position(ledger_id, entry_id)`` from a pair, made in C (a named tuple's own constructor
-#: is Python code, and the completion of every add makes one).
-_position = functools.partial(tuple.__new__, Position)
 #: At most this many queued adds go to the ledger as one group (when its write quorum is its
 #: ensemble): sent, journaled and acknowledged together. The writer yields after each group.
 GROUP_ADDS = YIELD_EVERY
@@ -541,7 +538,7 @@ class ManagedLedger(LedgerPositions):
         add_size = stats.entry_size.add
         stored = 0
         for entry_id, (data, future, queued_at, on_stored) in enumerate(group, first_entry_id):
-            position = _position((ledger_id, entry_id))
+            position = position_of((ledger_id, entry_id))
             size = len(data)
             stored += size
             add_latency(now - queued_at)

@@ -9,10 +9,11 @@ rule."""
 
 from __future__ import annotations
 
-from magnetar.broker.model.position import Position
+from magnetar.broker.model.position import Position, position_of
 from magnetar.common.proto import pulsar_api_pb2 as pb
 
 _U64 = 2**64
+_SIGN = 2**63
 
 #: Pulsar's MessageId.earliest and MessageId.latest as signed positions.
 EARLIEST = Position(-1, -1)
@@ -43,5 +44,13 @@ def to_wire(position: Position, partition: int = -1, batch_index: int = -1) -> p
 
 
 def from_wire(message_id: pb.MessageIdData) -> Position:
-    """The signed position a ``MessageIdData`` names (its batch index is read separately)."""
-    return Position(to_signed(message_id.ledgerId), to_signed(message_id.entryId))
+    """The signed position a ``MessageIdData`` names (its batch index is read separately).
+    ``to_signed`` written out, and the tuple made in C: every acknowledged message comes
+    through here."""
+    ledger_id, entry_id = message_id.ledgerId, message_id.entryId
+    return position_of(
+        (
+            ledger_id - _U64 if ledger_id >= _SIGN else ledger_id,
+            entry_id - _U64 if entry_id >= _SIGN else entry_id,
+        )
+    )

@@ -3,6 +3,7 @@ the broker, so everything may import it."""
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 
@@ -17,3 +18,8 @@ class Position(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.ledger_id}:{self.entry_id}"
+
+
+#: ``Position`` of a ``(ledger id, entry id)`` pair, made in C: a named tuple's own constructor
+#: is Python code, and the hot paths (each stored entry, each acknowledged message) make one.
+position_of = functools.partial(tuple.__new__, Position)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import uuid
 from typing import TYPE_CHECKING
@@ -154,16 +155,17 @@ def close_producer(
 
 
 def send_message(conn: ServerConnection, body: pb.CommandSend, frame: codec.Frame) -> None:
-    found = conn.producers.get(body.producer_id)
+    producer_id = body.producer_id
+    found = conn.producers.get(producer_id)
     if found is None:
-        if body.producer_id in conn.closed_by_broker:
+        if producer_id in conn.closed_by_broker:
             # Sent before the client read our CLOSE_PRODUCER: it sends them again where it
             # reconnects (Pulsar ignores these too, rather than close the connection).
             return
         conn.send_error(
             body,
             pb.NotAllowedError,
-            f"unknown producer id {body.producer_id} on this connection",
+            f"unknown producer id {producer_id} on this connection",
         )
         return
     topic, producer_name = found
@@ -171,14 +173,16 @@ def send_message(conn: ServerConnection, body: pb.CommandSend, frame: codec.Fram
         # Our bundles may belong to another broker already: store nothing more here.
         conn.send_error(body, pb.ServiceNotReady, "the broker's metadata session expired")
         return
+    stored = frame.headers_and_payload
+    sequence_id = body.sequence_id
     highest = body.highest_sequence_id if body.HasField("highest_sequence_id") else None
-    dedup_name, dedup_sequence, dedup_highest = producer_name, body.sequence_id, highest
+    dedup_name, dedup_sequence, dedup_highest = producer_name, sequence_id, highest
     marker = False
     chunk: tuple[int, int] | None = None  # (chunk id, chunks of its message)
     if is_replicator_cursor(producer_name):
         # A geo-replicator: deduplicate by the original producer and sequence id (Pulsar's
         # rule for replicated messages), so a resend after a replicator restart is dropped.
-        metadata = entry_metadata(frame.headers_and_payload)
+        metadata = entry_metadata(stored)
         # A remote's marker: stored as a marker (never deduplicated, never counted).
         marker = is_marker(metadata)
         dedup_name, dedup_sequence = metadata.producer_name, metadata.sequence_id
@@ -188,56 +192,64 @@ def send_message(conn: ServerConnection, body: pb.CommandSend, frame: codec.Fram
         if metadata.HasField("chunk_id"):
             chunk = (metadata.chunk_id, metadata.num_chunks_from_msg)
     elif body.is_chunk:
-        metadata = entry_metadata(frame.headers_and_payload)
+        metadata = entry_metadata(stored)
         chunk = (metadata.chunk_id, metadata.num_chunks_from_msg)
     # Every chunk of a message carries its sequence id: deduplication looks at the last chunk
     # only, and records nothing for the others (Pulsar's rule).
     deduplicate = chunk is None or chunk[0] == chunk[1] - 1
-    producer_id, sequence_id = body.producer_id, body.sequence_id
+    messages = body.num_messages
+    if messages < 1:
+        messages = 1
+    topic.publish(
+        stored,
+        dedup_name,
+        dedup_sequence,
+        -1 if dedup_highest is None else dedup_highest,
+        messages,
+        marker=marker,
+        deduplicate=deduplicate,
+        on_stored=functools.partial(_receipt, conn, topic, body, sequence_id, highest),
+    )
+    pause = topic.publish_throttle.published(messages, len(stored))
+    if pause > 0:
+        conn.hold_reading(pause)  # the rest of the second: nothing more read from this client
 
-    def receipt(done: asyncio.Future[Position | None]) -> None:
-        if done.cancelled():
-            return
-        error = done.exception()
-        if isinstance(error, TopicUnloadingError):
-            return  # nothing stored: CLOSE_PRODUCER follows, and the client sends it again
-        if isinstance(error, ManagedLedgerTerminatedError):
-            # Pulsar's answer: the client fails this producer's messages (TopicTerminated).
-            conn.send_error(body, pb.TopicTerminatedError, f"topic {topic.name} was terminated")
-            return
-        if error is not None:
-            if isinstance(error, ManagedLedgerFencedError):
-                conn.broker.topic_fenced(topic)
-            log.warning("topic %s: send failed: %s", topic.name, error)
-            conn.broker.metrics.send_errors.labels(type(error).__name__).inc()
-            conn.send_error(
-                body,
-                pb.NotAllowedError
-                if isinstance(error, EntryTooLargeForLedgerError)
-                else pb.PersistenceError,
-                str(error),
-            )
-            return
+
+def _receipt(
+    conn: ServerConnection,
+    topic: AnyTopic,
+    body: pb.CommandSend,
+    sequence_id: int,
+    highest: int | None,
+    done: asyncio.Future[Position | None],
+) -> None:
+    """A SEND's answer, once its entry is stored (or could not be)."""
+    if done.cancelled():
+        return
+    error = done.exception()
+    if error is None:
         # A duplicate is acknowledged with Pulsar's (-1, -1): it was not stored again.
         position = done.result() or EARLIEST
         conn.write(
             codec.encode_send_receipt(
-                producer_id, sequence_id, position.ledger_id, position.entry_id, highest
+                body.producer_id, sequence_id, position.ledger_id, position.entry_id, highest
             )
         )
-
-    topic.publish(
-        frame.headers_and_payload,
-        dedup_name,
-        dedup_sequence,
-        -1 if dedup_highest is None else dedup_highest,
-        max(body.num_messages, 1),
-        marker=marker,
-        deduplicate=deduplicate,
-        on_stored=receipt,
+        return
+    if isinstance(error, TopicUnloadingError):
+        return  # nothing stored: CLOSE_PRODUCER follows, and the client sends it again
+    if isinstance(error, ManagedLedgerTerminatedError):
+        # Pulsar's answer: the client fails this producer's messages (TopicTerminated).
+        conn.send_error(body, pb.TopicTerminatedError, f"topic {topic.name} was terminated")
+        return
+    if isinstance(error, ManagedLedgerFencedError):
+        conn.broker.topic_fenced(topic)
+    log.warning("topic %s: send failed: %s", topic.name, error)
+    conn.broker.metrics.send_errors.labels(type(error).__name__).inc()
+    conn.send_error(
+        body,
+        pb.NotAllowedError
+        if isinstance(error, EntryTooLargeForLedgerError)
+        else pb.PersistenceError,
+        str(error),
     )
-    pause = topic.publish_throttle.published(
-        max(body.num_messages, 1), len(frame.headers_and_payload)
-    )
-    if pause > 0:
-        conn.hold_reading(pause)  # the rest of the second: nothing more read from this client
