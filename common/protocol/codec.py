@@ -541,6 +541,12 @@ _METADATA_TEXT: dict[Any, _TextKind] = {
 }
 
 
+_SEQUENCE_ID = pb.MessageMetadata.DESCRIPTOR.fields_by_name["sequence_id"]
+_PUBLISH_TIME = pb.MessageMetadata.DESCRIPTOR.fields_by_name["publish_time"]
+if [f.number for f in pb.MessageMetadata.DESCRIPTOR.fields if f.is_required] != [1, 2, 3]:
+    raise RuntimeError("_parse_metadata relies on MessageMetadata's required fields being 1-3")
+
+
 def _parse_metadata(metadata: pb.MessageMetadata, data: memoryview) -> str | None:
     """``_parse`` for the MessageMetadata of every SEND and MESSAGE, in fewer calls: the
     common case (required fields set, text only in single string fields) is told apart
@@ -549,8 +555,9 @@ def _parse_metadata(metadata: pb.MessageMetadata, data: memoryview) -> str | Non
         metadata.ParseFromString(data)
     except Exception as exc:  # DecodeError, RecursionError: all mean "not this message"
         return f"unparseable MessageMetadata: {exc}"
-    if metadata.IsInitialized():
-        for field, value in metadata.ListFields():
+    fields = metadata.ListFields()  # in field number order: the three required ones first
+    if len(fields) >= 3 and fields[2][0] is _PUBLISH_TIME and fields[1][0] is _SEQUENCE_ID:
+        for field, value in fields:
             kind = _METADATA_TEXT.get(field)
             if kind is not None and (kind is not _TextKind.STRING or type(value) is bytes):
                 break  # a list, a nested message or bad text: look closer

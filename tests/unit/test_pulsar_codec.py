@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 import struct
 
 import crc32c
@@ -390,6 +391,63 @@ def test_truncated_or_bad_metadata(tail: bytes) -> None:
         codec.FrameDecoder().feed(data)
     assert caught.value.command is not None and caught.value.command.type == Type.SEND
     assert not caught.value.fatal
+
+
+def _field(number: int, value: bytes | int) -> bytes:
+    """One protobuf field, written by hand (so a string may hold bytes that are not UTF-8)."""
+    if isinstance(value, int):
+        return bytes([number << 3]) + codec._varint(value)
+    tag = codec._varint(number << 3 | 2)
+    return tag + codec._varint(len(value)) + value
+
+
+_NAME, _SEQUENCE, _TIME = _field(1, b"p-1"), _field(2, 7), _field(3, 1_795_000_000_000)
+_BAD = b"\xc3\x28"  # not UTF-8
+
+
+@pytest.mark.parametrize(
+    ("metadata", "problem"),
+    [
+        (_SEQUENCE + _TIME, "lacks required fields: producer_name"),
+        (_NAME + _TIME, "lacks required fields: sequence_id"),
+        (_NAME + _SEQUENCE, "lacks required fields: publish_time"),
+        (
+            _field(1, _BAD) + _SEQUENCE + _TIME,
+            "invalid UTF-8 in magnetar.pulsar.MessageMetadata.producer_name",
+        ),
+        (_NAME + _SEQUENCE + _TIME + _field(6, _BAD), "MessageMetadata.partition_key"),
+        (_NAME + _SEQUENCE + _TIME + _field(7, b"ok") + _field(7, _BAD), "replicate_to"),
+        (
+            _NAME + _SEQUENCE + _TIME + _field(4, _field(1, b"k") + _field(2, _BAD)),
+            "KeyValue.value",
+        ),
+        (_NAME + _SEQUENCE + _TIME + _field(26, _BAD), "MessageMetadata.uuid"),
+    ],
+)
+def test_send_metadata_is_checked(metadata: bytes, problem: str) -> None:
+    """Every SEND's metadata: required fields present, text UTF-8 wherever it may be (in
+    lists and nested messages too), whatever the order the checks take for speed."""
+    tail = struct.pack(">I", len(metadata)) + metadata + b"payload"
+    with pytest.raises(codec.MetadataDecodeError, match=re.escape(problem)):
+        codec.FrameDecoder().feed(frame_of(command_bytes(send_command()), tail))
+
+
+def test_send_metadata_with_text_in_lists_and_nested_fields_is_taken() -> None:
+    metadata = (
+        _NAME
+        + _SEQUENCE
+        + _TIME
+        + _field(4, _field(1, b"k") + _field(2, "vé".encode()))
+        + _field(6, b"key")
+        + _field(7, b"east")
+        + _field(26, b"u-1")
+    )
+    tail = struct.pack(">I", len(metadata)) + metadata + b"payload"
+    frame = decode_one(frame_of(command_bytes(send_command()), tail))
+    assert frame.metadata is not None
+    assert frame.metadata.properties[0].value == "vé"
+    assert list(frame.metadata.replicate_to) == ["east"]
+    assert frame.payload == b"payload"
 
 
 def test_error_keeps_frames_decoded_before_it() -> None:
