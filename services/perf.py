@@ -522,16 +522,19 @@ class _Reporter:
 
 
 def _summary(args: argparse.Namespace, recorder: Recorder, elapsed: float, verb: str) -> None:
-    figures = latency_figures(recorder.cumulative)
-    rate = recorder.count / elapsed if elapsed > 0 else 0.0
-    mbit = recorder.size / elapsed / 1024 / 1024 * 8 if elapsed > 0 else 0.0
+    # Under the recorder's lock: the client may still be running callbacks of the last
+    # messages on its own threads, and a histogram must not change while it is read.
+    with recorder.lock:
+        figures = latency_figures(recorder.cumulative)
+        samples = recorder.cumulative.get_total_count()
+        count, size, failed = recorder.count, recorder.size, recorder.failed
+    rate = count / elapsed if elapsed > 0 else 0.0
+    mbit = size / elapsed / 1024 / 1024 * 8 if elapsed > 0 else 0.0
     tail = (
-        f" --- AckRate: {rate:.1f} msg/s --- ack failed {recorder.failed} msg"
-        if verb == "received"
-        else ""
+        f" --- AckRate: {rate:.1f} msg/s --- ack failed {failed} msg" if verb == "received" else ""
     )
     print(
-        f"Aggregated throughput stats --- {recorder.count} records {verb} --- {rate:.3f} msg/s"
+        f"Aggregated throughput stats --- {count} records {verb} --- {rate:.3f} msg/s"
         f" --- {mbit:.3f} Mbit/s{tail}",
         flush=True,
     )
@@ -542,12 +545,12 @@ def _summary(args: argparse.Namespace, recorder: Recorder, elapsed: float, verb:
     if args.json:
         result = {
             "mode": args.perf_command,
-            "messages": recorder.count,
-            "failed": recorder.failed,
-            "latency_samples": recorder.cumulative.get_total_count(),
+            "messages": count,
+            "failed": failed,
+            "latency_samples": samples,
             "seconds": round(elapsed, 3),
             "msg_per_s": round(rate, 1),
-            "mb_per_s": round(recorder.size / elapsed / 1e6, 3) if elapsed > 0 else 0.0,
+            "mb_per_s": round(size / elapsed / 1e6, 3) if elapsed > 0 else 0.0,
             "mbit_per_s": round(mbit, 3),
             "latency_ms": figures,
         }

@@ -87,6 +87,25 @@ class LedgerPosition:
     last_entry_id: int
 
 
+class GroupAnswer:
+    """A bookie's answers to the entries of a group, told on as one: the first error, or
+    None once every entry was answered."""
+
+    __slots__ = ("error", "left", "tell")
+
+    def __init__(self, tell: AddCallback, count: int) -> None:
+        self.tell = tell
+        self.left = count
+        self.error: BookieError | None = None
+
+    def __call__(self, error: BookieError | None) -> None:
+        if error is not None and self.error is None:
+            self.error = error
+        self.left -= 1
+        if not self.left:
+            self.tell(self.error)
+
+
 def add_future() -> tuple[asyncio.Future[None], AddCallback]:
     """A future and the add callback that settles it (for ``add`` on top of ``add_entry``)."""
     fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -179,6 +198,21 @@ class BookieClient:
         )
         if not self._outbox_ready.is_set():
             self._outbox_ready.set()
+
+    def add_entries(
+        self,
+        ledger_id: int,
+        first_entry_id: int,
+        entries: list[bytes],
+        callback: AddCallback,
+        *,
+        master_key: bytes = b"",
+    ) -> None:
+        """``add_entry`` for consecutive entries, answered once: ``callback`` gets the first
+        error, or None once every one of them is durable."""
+        answer = GroupAnswer(callback, len(entries))
+        for entry_id, entry in enumerate(entries, first_entry_id):
+            self.add_entry(ledger_id, entry_id, entry, answer, master_key=master_key)
 
     def add(
         self,

@@ -112,25 +112,6 @@ class _PendingAdd:
         self.count = 1
 
 
-class _GroupAnswer:
-    """A bookie's answers to the entries of a group, told on as one: the first error, or
-    None once every entry was answered."""
-
-    __slots__ = ("error", "left", "tell")
-
-    def __init__(self, tell: Callable[[BookieError | None], None], count: int) -> None:
-        self.tell = tell
-        self.left = count
-        self.error: BookieError | None = None
-
-    def __call__(self, error: BookieError | None) -> None:
-        if error is not None and self.error is None:
-            self.error = error
-        self.left -= 1
-        if not self.left:
-            self.tell(self.error)
-
-
 class LedgerHandle:
     """A ledger opened for writing (``create_ledger``) or for reading (``open_ledger``)."""
 
@@ -326,11 +307,13 @@ class LedgerHandle:
                     master_key=self.metadata.master_key,
                 )
             else:
-                group = _GroupAnswer(answer, op.count)
-                for entry_id, entry in enumerate(op.entry, op.entry_id):
-                    bookie.add_entry(
-                        self.ledger_id, entry_id, entry, group, master_key=self.metadata.master_key
-                    )
+                bookie.add_entries(
+                    self.ledger_id,
+                    op.entry_id,
+                    op.entry,
+                    answer,
+                    master_key=self.metadata.master_key,
+                )
         except BookieError as e:
             asyncio.get_running_loop().call_soon(self._bookie_failed, position, address, e)
 

@@ -93,3 +93,52 @@ async def test_same_answers_on_both_paths(bookie: Bookie, kind: str) -> None:
             await client.read(7, 5)
     finally:
         await client.close()
+
+
+@pytest.mark.parametrize("kind", ["grpc", "local"])
+async def test_groups_are_answered_once_on_both_paths(bookie: Bookie, kind: str) -> None:
+    """``add_entries``: one answer per group, in order with a ledger's single adds; a group holding an
+    entry the bookie refuses is answered with that refusal (its other entries may be stored);
+    groups larger than one storage batch are answered once too."""
+    client = (
+        BookieClient(bookie.address)
+        if kind == "grpc"
+        else LocalBookieClient(bookie.address, bookie.storage, bookie.info)
+    )
+    try:
+        answers: list[tuple[str, int | None]] = []
+
+        def told(name: str):  # type: ignore[no-untyped-def]
+            return lambda error: answers.append((name, None if error is None else error.status))
+
+        client.add_entries(9, 0, [entry(9, i) for i in range(10)], told("first ten"))
+        client.add_entry(9, 10, entry(9, 10), told("single"))
+        client.add_entries(9, 11, [entry(9, i) for i in range(11, 14)], told("three"))
+        refused = [entry(9, 14), entry(9, 15, size=8192), entry(9, 16)]
+        client.add_entries(9, 14, refused, told("one too large"))
+        # 400 entries of 3,000 bytes: more than one batch of the in-process path (1 MiB).
+        client.add_entries(10, 0, [entry(10, i, size=3000) for i in range(400)], told("big"))
+        await asyncio.wait_for(client.add(10, 400, entry(10, 400)), 10)
+        # Once each; ledger 9's in the order sent (another ledger's may come between).
+        assert sorted(answers, key=str) == sorted(
+            [
+                ("first ten", None),
+                ("single", None),
+                ("three", None),
+                ("one too large", pb.TOO_LARGE),
+                ("big", None),
+            ],
+            key=str,
+        )
+        assert [name for name, _ in answers if name != "big"] == [
+            "first ten",
+            "single",
+            "three",
+            "one too large",
+        ]
+        assert client.pending_adds == 0
+        for i in (0, 9, 10, 13):
+            assert await client.read(9, i) == entry(9, i)
+        assert await client.read(10, 399) == entry(10, 399, size=3000)
+    finally:
+        await client.close()

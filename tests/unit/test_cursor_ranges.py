@@ -97,3 +97,15 @@ def test_add_all_is_adding_each(first: list[Position], groups: list[list[Positio
         check_invariants(grouped)
         assert grouped.ranges() == one_by_one.ranges()
         assert len(grouped) == len(one_by_one)
+
+
+@given(st.lists(positions, max_size=60), st.lists(positions, max_size=60))
+def test_without_drops_exactly_the_positions_held(
+    added: list[Position], read: list[Position]
+) -> None:
+    """``without`` (the cursor's filter of what it read) keeps an entry exactly when its
+    position is not in a range, for any sorted run of entries (gaps, several ledgers)."""
+    ranges = AckRanges()
+    ranges.add_all(added)
+    entries = [(p, f"data {p}") for p in sorted(set(read))]
+    assert ranges.without(entries) == [(p, d) for p, d in entries if p not in set(added)]

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Iterator
+from typing import TypeVar
 
 from magnetar.broker.model.position import Position
+
+T = TypeVar("T")
 
 
 class AckRanges:
@@ -80,6 +83,32 @@ class AckRanges:
         if ledger_id == position.ledger_id and first <= position.entry_id <= last:
             return ledger_id, first, last
         return None
+
+    def without(self, entries: list[tuple[Position, T]]) -> list[tuple[Position, T]]:
+        """``entries`` (in position order) less those whose position is in a range: one walk
+        along the ranges, not a search per entry."""
+        ranges = self._ranges
+        if not ranges or not entries:
+            return entries
+        count = len(ranges)
+        first = entries[0][0]
+        index = max(bisect.bisect_right(ranges, (first[0], first[1], 2**63)) - 1, 0)
+        kept = []
+        for item in entries:
+            ledger_id, entry_id = item[0]
+            acked = False
+            while index < count:
+                range_ledger, range_first, range_last = ranges[index]
+                if range_ledger < ledger_id or (
+                    range_ledger == ledger_id and range_last < entry_id
+                ):
+                    index += 1  # this range ends before the entry (and every later one)
+                    continue
+                acked = range_ledger == ledger_id and range_first <= entry_id
+                break
+            if not acked:
+                kept.append(item)
+        return kept
 
     def add(self, position: Position) -> bool:
         """Add one position; False if it was already there."""

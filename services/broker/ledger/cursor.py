@@ -528,15 +528,20 @@ class ManagedCursor:
             # Acknowledged as of now, not as of when the read started: an ack that came while
             # the read waited may have moved mark-delete over these entries (dropping their
             # ranges from ``_acked``), and those must not go out again.
-            result.extend((p, data) for p, data in batch if not self.is_acked(p))
+            result.extend(self._unacked(batch))
             self.read_position = self.ml.next_position(batch[-1][0])
             if len(batch) < wanted:
                 # The managed ledger gave all it has now: another read would come back empty
                 # (and make the entries read so far be checked against the acks again).
                 break
         if reads > 1:  # entries of an earlier read may have been acked while later ones waited
-            result = [(p, data) for p, data in result if not self.is_acked(p)]
+            result = self._unacked(result)
         return result
+
+    def _unacked(self, entries: list[tuple[Position, bytes]]) -> list[tuple[Position, bytes]]:
+        """``is_acked`` of every entry read (in position order), in one pass."""
+        mark_delete = self._mark_delete
+        return self._acked.without([entry for entry in entries if entry[0] > mark_delete])
 
     def skip_past(self, position: Position) -> None:
         """Reading goes on after ``position`` (an entry that cannot be read)."""

@@ -10,7 +10,7 @@ import logging
 from magnetar.broker.ledger.entry_cache import EntryCache
 from magnetar.broker.ledger.errors import ManagedLedgerError, UnreadableEntryError
 from magnetar.broker.ledger.ml_stats import ManagedLedgerStats
-from magnetar.broker.model.position import Position
+from magnetar.broker.model.position import Position, position_of
 from magnetar.common.ledger.client import LedgerClient
 from magnetar.common.ledger.errors import EntryDigestError, LedgerError, NoSuchLedgerError
 from magnetar.common.ledger.handle import LedgerHandle
@@ -92,7 +92,7 @@ class EntryReader:
         entry_id = first
         get = self.cache.get
         while entry_id <= last:
-            position = Position(ledger_id, entry_id)
+            position = position_of((ledger_id, entry_id))
             cached = get(position)
             if cached is None:
                 break

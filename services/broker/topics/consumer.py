@@ -119,6 +119,15 @@ class Consumer:
         self.unacked -= count
         return count
 
+    def acked_all(self, positions: list[Position]) -> int:
+        """``acked`` for many positions (an ACK command's): the messages they held out here."""
+        pop = self.pending.pop
+        count = 0
+        for position in positions:
+            count += pop(position, 0)
+        self.unacked -= count
+        return count
+
     def clear_pending(self) -> None:
         self.pending.clear()
         self.unacked = 0

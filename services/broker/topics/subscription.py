@@ -268,15 +268,11 @@ class Subscription:
 
     def _individual(self, consumer: Consumer, positions: list[Position]) -> None:
         self.cursor.delete(positions)
-        acked = consumer.acked
-        redelivery_counts, batch_sizes = self.redelivery_counts, self.batch_sizes
-        count = 0
-        for position in positions:
-            count += acked(position)
-            if redelivery_counts:
-                redelivery_counts.pop(position, None)
-            if batch_sizes:
-                batch_sizes.pop(position, None)
+        count = consumer.acked_all(positions)
+        for forget in (self.redelivery_counts, self.batch_sizes):
+            if forget:
+                for position in positions:
+                    forget.pop(position, None)
         self.msg_acked += count
 
     def _ack_one(

@@ -37,6 +37,9 @@ class ConsumerBusyError(Exception):
     """The subscription does not take another consumer (exclusive mode)."""
 
 
+_NO_INDEXES: frozenset[int] = frozenset()
+
+
 class Dispatcher(abc.ABC):
     def __init__(self, subscription: Subscription) -> None:
         self.subscription = subscription
@@ -209,22 +212,27 @@ class Dispatcher(abc.ABC):
         (``count``: its messages, when the caller knows them already)."""
         if count is None:
             count = dispatch_facts(stored)[0]
-        if count > 1:
-            self.subscription.batch_sizes[position] = count
         sub = self.subscription
+        acked_indexes = _NO_INDEXES
+        if count > 1:  # a batch: it may have some messages acknowledged already
+            sub.batch_sizes[position] = count
+            acked_indexes = self.cursor.acked_batch_indexes(position)
+        size = len(stored)
         sub.messages_per_entry += (count - sub.messages_per_entry) * 0.1
         sub.msg_out += count
-        sub.bytes_out += len(stored)
-        sub.topic.msg_out += count
-        sub.topic.bytes_out += len(stored)
+        sub.bytes_out += size
+        topic = sub.topic
+        topic.msg_out += count
+        topic.bytes_out += size
         for limiter in sub.rate_limiters():
-            limiter.consume(count, len(stored))
+            limiter.consume(count, size)
+        redeliveries = sub.redelivery_counts
         consumer.send(
             position,
             stored,
             count,
-            self.subscription.redelivery_counts.get(position, 0),
-            self.cursor.acked_batch_indexes(position),
+            redeliveries.get(position, 0) if redeliveries else 0,
+            acked_indexes,
         )
 
     def redelivered(self, position: Position) -> None:
