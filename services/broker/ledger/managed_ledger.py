@@ -27,6 +27,7 @@ import enum
 import functools
 import logging
 import time
+from bisect import bisect_left
 from collections.abc import Callable
 from typing import Literal
 
@@ -334,8 +335,15 @@ class ManagedLedger(LedgerPositions):
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
         future: asyncio.Future[Position] = self._loop.create_future()
+        if self._takes_adds():
+            # Told by the writer itself once the add ended (``_group_done``, ``_add_done``,
+            # ``_failed``): no done callback to add and take off again.
+            self._queue.append((data, future, time.monotonic(), on_stored))
+            self._last_add = future
+            self._wake.set()
+            return future
         if on_stored is not None:
-            future.add_done_callback(on_stored)  # any failure reaches it this way
+            future.add_done_callback(on_stored)  # refused: told as a done callback
         if self._error is not None:
             future.set_exception(self._error)
         elif self._terminating or self.terminated_at is not None:
@@ -349,13 +357,30 @@ class ManagedLedger(LedgerPositions):
                 )
             else:
                 future.set_exception(refusal)
-        elif self._state is not _State.OPEN:
-            future.set_exception(ManagedLedgerClosedError(f"managed ledger {self.name} is closed"))
         else:
-            self._queue.append((data, future, time.monotonic(), on_stored))
-            self._last_add = future
-            self._wake.set()
+            future.set_exception(ManagedLedgerClosedError(f"managed ledger {self.name} is closed"))
         return future
+
+    def _takes_adds(self) -> bool:
+        return (
+            self._error is None
+            and not self._terminating
+            and self.terminated_at is None
+            and self._state is _State.OPEN
+        )
+
+    def _failed(
+        self,
+        future: asyncio.Future[Position],
+        on_stored: StoredListener | None,
+        error: BaseException,
+    ) -> None:
+        """A queued add failed: its future, then its listener as a done callback would be
+        (after this turn: the failure may be found deep in the writer or a completion)."""
+        if not future.done():
+            future.set_exception(error)
+            if on_stored is not None:
+                asyncio.get_running_loop().call_soon(on_stored, future)
 
     async def terminate(self) -> Position:
         """Take no more adds, ever (Pulsar's terminate): the adds queued before are stored,
@@ -398,10 +423,9 @@ class ManagedLedger(LedgerPositions):
 
     def _fail_queued(self, error: BaseException) -> None:
         while self._queue:
-            _, future, _, _ = self._queue.popleft()
+            _, future, _, on_stored = self._queue.popleft()
             self.stats.adds_failed += 1
-            if not future.done():
-                future.set_exception(error)
+            self._failed(future, on_stored, error)
 
     async def _write_loop(self) -> None:
         """The single writer: adds go out in call order; a rollover holds the queue meanwhile."""
@@ -447,10 +471,11 @@ class ManagedLedger(LedgerPositions):
                     if self._queue and self._queue[0][1] is future:
                         self._queue.popleft()
                     self.stats.adds_failed += 1
-                    if not future.done():
-                        future.set_exception(
-                            EntryTooLargeForLedgerError(f"managed ledger {self.name}: {e}")
-                        )
+                    self._failed(
+                        future,
+                        on_stored,
+                        EntryTooLargeForLedgerError(f"managed ledger {self.name}: {e}"),
+                    )
                     continue
                 except Exception as e:  # a failed rollover or handle: this add fails, next retries
                     if self._queue and self._queue[0][1] is future:
@@ -458,12 +483,13 @@ class ManagedLedger(LedgerPositions):
                     self.stats.adds_failed += 1
                     if isinstance(e, LedgerError):
                         self._current_failed = True
-                    if not future.done():
-                        future.set_exception(
-                            e
-                            if isinstance(e, ManagedLedgerError)
-                            else ManagedLedgerError(f"managed ledger {self.name}: add failed: {e}")
-                        )
+                    self._failed(
+                        future,
+                        on_stored,
+                        e
+                        if isinstance(e, ManagedLedgerError)
+                        else ManagedLedgerError(f"managed ledger {self.name}: add failed: {e}"),
+                    )
                     continue
                 self._queue.popleft()
                 self._pushed_entries += 1
@@ -523,10 +549,9 @@ class ManagedLedger(LedgerPositions):
         stats = self.stats
         if error is not None:
             failure = self._add_failure(error)
-            for _, future, _, _ in group:
+            for _, future, _, on_stored in group:
                 stats.adds_failed += 1
-                if not future.done():
-                    future.set_exception(failure)
+                self._failed(future, on_stored, failure)
             return
         now = time.monotonic()
         stats.ledger_add_latency.add_latency(now - pushed_at, len(group))
@@ -534,24 +559,31 @@ class ManagedLedger(LedgerPositions):
         if current is not None and ledger_id == current.ledger_id:
             self._confirmed_in_current = True
         put = self._cache.put
-        add_latency = stats.add_latency.add_latency
-        add_size = stats.entry_size.add
+        # ``Buckets.add_latency`` and ``Buckets.add`` of each entry, written out.
+        latency, sizes = stats.add_latency, stats.entry_size
+        latency_counts, latency_bounds = latency.counts, latency.bounds
+        size_counts, size_bounds = sizes.counts, sizes.bounds
         stored = 0
+        waited_ms = 0.0
         for entry_id, (data, future, queued_at, on_stored) in enumerate(group, first_entry_id):
             position = position_of((ledger_id, entry_id))
             size = len(data)
             stored += size
-            add_latency(now - queued_at)
-            add_size(size)
+            ms = (now - queued_at) * 1000.0
+            waited_ms += ms
+            latency_counts[bisect_left(latency_bounds, ms)] += 1
+            size_counts[bisect_left(size_bounds, size)] += 1
             put(position, data)
             if not future.done():
-                if on_stored is None:
-                    future.set_result(position)
-                else:
-                    future.remove_done_callback(on_stored)
-                    future.set_result(position)
+                future.set_result(position)
+                if on_stored is not None:
                     on_stored(future)
-        stats.adds_succeeded += len(group)
+        added = len(group)
+        latency.count += added
+        latency.sum += waited_ms * 1000.0
+        sizes.count += added
+        sizes.sum += stored
+        stats.adds_succeeded += added
         stats.add_bytes += stored
         self._notify_added()
         if self.on_added is not None:
@@ -580,9 +612,7 @@ class ManagedLedger(LedgerPositions):
         stats = self.stats
         if error is not None:
             stats.adds_failed += 1
-            failure = self._add_failure(error)
-            if not future.done():
-                future.set_exception(failure)
+            self._failed(future, on_stored, self._add_failure(error))
             return
         position = Position(ledger_id, entry_id)
         now = time.monotonic()
@@ -597,11 +627,8 @@ class ManagedLedger(LedgerPositions):
             self._confirmed_in_current = True
         self._cache.put(position, data)
         if not future.done():
-            if on_stored is None:
-                future.set_result(position)
-            else:
-                future.remove_done_callback(on_stored)
-                future.set_result(position)
+            future.set_result(position)
+            if on_stored is not None:
                 on_stored(future)
         self._notify_added()
         if self.on_added is not None:
