@@ -625,8 +625,30 @@ def _parse_command(data: memoryview) -> tuple[pb.BaseCommand, Message]:
     return command, body
 
 
+#: The start of the usual payload section: checksum magic, CRC32C, metadata size.
+_CHECKED_HEAD = struct.Struct(">HII")
+
+
 def _decode_payload_section(command: pb.BaseCommand, body: Message, view: memoryview) -> Frame:
     size = len(view)
+    if size >= 10:  # the usual section (checksum, then metadata), read with fewer calls
+        magic, expected, metadata_size = _CHECKED_HEAD.unpack_from(view, 0)
+        if magic == MAGIC_CRC32C and metadata_size <= size - 10:
+            checked = view[6:]
+            if crc32c.crc32c(checked) == expected:
+                metadata = pb.MessageMetadata()
+                if _parse_metadata(metadata, view[10 : 10 + metadata_size]) is None:
+                    return Frame(
+                        command,
+                        metadata,
+                        b"",
+                        ChecksumState.VALID,
+                        None,
+                        bytes(view),
+                        10 + metadata_size,
+                        body,
+                    )
+        # anything else (or any problem) is read, and answered, below
     pos = 0
 
     broker_entry_metadata = None
