@@ -122,7 +122,7 @@ class AckRanges:
         run): one merge per run instead of one per position. True if any was new."""
         before = self._count
         run: list[int] | None = None  # [ledger_id, first, last] of the run being collected
-        for ledger_id, entry_id in sorted((p.ledger_id, p.entry_id) for p in positions):
+        for ledger_id, entry_id in sorted(positions):  # a Position is a (ledger, entry) tuple
             if run is not None and ledger_id == run[0] and run[2] <= entry_id <= run[2] + 1:
                 run[2] = entry_id
                 continue
