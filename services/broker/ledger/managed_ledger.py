@@ -336,8 +336,8 @@ class ManagedLedger(LedgerPositions):
             self._loop = asyncio.get_running_loop()
         future: asyncio.Future[Position] = self._loop.create_future()
         if self._takes_adds():
-            # Told by the writer itself once the add ended (``_group_done``, ``_add_done``,
-            # ``_failed``): no done callback to add and take off again.
+            # Told by the writer itself once the add ended (``_group_done``, ``_failed``): no
+            # done callback to add and take off again.
             self._queue.append((data, future, time.monotonic(), on_stored))
             self._last_add = future
             self._wake.set()
@@ -436,7 +436,8 @@ class ManagedLedger(LedgerPositions):
                 if self._error is not None:
                     self._fail_queued(self._error)
                     break
-                data, future, queued_at, on_stored = self._queue[0]
+                head = self._queue[0]
+                data, future, _, on_stored = head
                 try:
                     if self._should_roll():
                         await self._wait_before_roll()
@@ -455,12 +456,10 @@ class ManagedLedger(LedgerPositions):
                     # Called as each add completes, in that turn: the entry is in the cache
                     # before a dispatcher sees the new LAC, and the receipt waits no extra turn.
                     listener = functools.partial(
-                        self._add_done,
+                        self._group_done,
                         self._current.ledger_id,
-                        data,
-                        future,
-                        on_stored,
-                        (queued_at, time.monotonic()),
+                        [head],  # a group of one
+                        time.monotonic(),
                     )
                     while not self._current.try_push(data, listener):  # the window is full
                         await self._current.wait_for_room()
@@ -545,7 +544,8 @@ class ManagedLedger(LedgerPositions):
         first_entry_id: int,
         error: BaseException | None,
     ) -> None:
-        """``_add_done`` for a group of adds acknowledged together, in their order."""
+        """The adds of a group (pushed together, or one alone) acknowledged, in their order:
+        each in the cache, its future and listener told; or all failed with ``error``."""
         stats = self.stats
         if error is not None:
             failure = self._add_failure(error)
@@ -598,41 +598,6 @@ class ManagedLedger(LedgerPositions):
             return EntryTooLargeForLedgerError(f"managed ledger {self.name}: {error}")
         self._current_failed = True
         return ManagedLedgerError(f"managed ledger {self.name}: add failed: {error}")
-
-    def _add_done(
-        self,
-        ledger_id: int,
-        data: bytes,
-        future: asyncio.Future[Position],
-        on_stored: StoredListener | None,
-        times: tuple[float, float],
-        entry_id: int,
-        error: BaseException | None,
-    ) -> None:
-        stats = self.stats
-        if error is not None:
-            stats.adds_failed += 1
-            self._failed(future, on_stored, self._add_failure(error))
-            return
-        position = Position(ledger_id, entry_id)
-        now = time.monotonic()
-        size = len(data)
-        stats.adds_succeeded += 1
-        stats.add_bytes += size
-        stats.add_latency.add_latency(now - times[0])
-        stats.ledger_add_latency.add_latency(now - times[1])
-        stats.entry_size.add(size)
-        current = self._current
-        if current is not None and ledger_id == current.ledger_id:
-            self._confirmed_in_current = True
-        self._cache.put(position, data)
-        if not future.done():
-            future.set_result(position)
-            if on_stored is not None:
-                on_stored(future)
-        self._notify_added()
-        if self.on_added is not None:
-            self.on_added()
 
     def _notify_added(self) -> None:
         added, self._added = self._added, None

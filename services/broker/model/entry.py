@@ -30,48 +30,32 @@ def entry_metadata(stored: bytes) -> pb.MessageMetadata:
     return pb.MessageMetadata.FromString(stored[start:end])
 
 
-#: The tag of MessageMetadata.marker_type (field 20, varint) as it is encoded.
-_MARKER_TYPE_TAG = b"\xa0\x01"
-
-
 def is_marker_entry(stored: bytes) -> bool:
-    """Whether the entry is a marker (its metadata has ``marker_type``). Dispatch asks for
-    every entry: the encoded tag is looked for first, and only an entry whose metadata holds
-    those bytes is decoded."""
-    start, end = _metadata_span(stored)
-    if stored.find(_MARKER_TYPE_TAG, start, end) < 0:
-        return False
-    return pb.MessageMetadata.FromString(stored[start:end]).HasField("marker_type")
-
-
-#: The tags of MessageMetadata.num_messages_in_batch (field 11) and deliver_at_time (field 19),
-#: both varints, as they are encoded.
-_BATCH_SIZE_TAG = b"\x58"
-_DELIVER_AT_TAG = b"\x98\x01"
+    """Whether the entry is a marker (its metadata has ``marker_type``): ``entry_facts``."""
+    return entry_facts(stored)[2]
 
 
 def dispatch_facts(stored: bytes) -> tuple[int, int]:
     """What a dispatcher needs of an entry's metadata: its message count (a batch's size, else
-    1) and its delivery time (ms, 0 when it has none). The encoded tags are looked for first:
-    metadata holding neither (a plain message) is not decoded; bytes that only look like them
-    (inside another field's value) cost a decode, never a wrong answer."""
-    start, end = _metadata_span(stored)
-    if (
-        stored.find(_BATCH_SIZE_TAG, start, end) < 0
-        and stored.find(_DELIVER_AT_TAG, start, end) < 0
-    ):
-        return 1, 0
-    metadata = pb.MessageMetadata.FromString(stored[start:end])
-    return message_count(metadata), metadata.deliver_at_time
+    1) and its delivery time (ms, 0 when it has none): ``entry_facts``."""
+    count, deliver_at, _ = entry_facts(stored)
+    return count, deliver_at
 
 
-#: ``entry_facts`` of an entry whose metadata holds none of the tags it looks for.
+#: The tags of MessageMetadata.num_messages_in_batch (field 11), deliver_at_time (field 19)
+#: and marker_type (field 20), all varints, as they are encoded.
+_BATCH_SIZE_TAG = b"\x58"
+_DELIVER_AT_TAG = b"\x98\x01"
+_MARKER_TYPE_TAG = b"\xa0\x01"
+#: ``entry_facts`` of an entry whose metadata holds none of those tags.
 _PLAIN_FACTS = (1, 0, False)
 
 
 def entry_facts(stored: bytes) -> tuple[int, int, bool]:
-    """``dispatch_facts`` and ``is_marker_entry`` at once (dispatch asks both of every entry):
-    (messages, delivery time in ms or 0, whether it is a marker)."""
+    """(messages, delivery time in ms or 0, whether it is a marker) of a stored entry: what
+    dispatch asks of every entry. The encoded tags are looked for first: metadata holding none
+    (a plain message) is not decoded; bytes that only look like one (inside another field's
+    value) cost a decode, never a wrong answer."""
     start, end = _metadata_span(stored)
     find = stored.find
     if (

@@ -37,9 +37,6 @@ class ConsumerBusyError(Exception):
     """The subscription does not take another consumer (exclusive mode)."""
 
 
-_NO_INDEXES: frozenset[int] = frozenset()
-
-
 class Dispatcher(abc.ABC):
     def __init__(self, subscription: Subscription) -> None:
         self.subscription = subscription
@@ -213,7 +210,7 @@ class Dispatcher(abc.ABC):
         if count is None:
             count = dispatch_facts(stored)[0]
         sub = self.subscription
-        acked_indexes = _NO_INDEXES
+        acked_indexes: frozenset[int] = frozenset()
         if count > 1:  # a batch: it may have some messages acknowledged already
             sub.batch_sizes[position] = count
             acked_indexes = self.cursor.acked_batch_indexes(position)
