@@ -525,6 +525,12 @@ def _parse(message: Message, data: bytes | memoryview) -> str | None:
         message.ParseFromString(data)
     except Exception as exc:  # DecodeError, RecursionError: all mean "not this message"
         return f"unparseable {message.DESCRIPTOR.name}: {exc}"
+    return _check(message)
+
+
+def _check(message: Message) -> str | None:
+    """What is wrong with a parsed message (a required field missing, text that is not
+    UTF-8), or None."""
     missing = message.FindInitializationErrors()
     if missing:
         return f"{message.DESCRIPTOR.name} lacks required fields: {', '.join(missing)}"
@@ -563,7 +569,7 @@ def _parse_metadata(metadata: pb.MessageMetadata, data: memoryview) -> str | Non
                 break  # a list, a nested message or bad text: look closer
         else:
             return None
-    return _parse(metadata, data)
+    return _check(metadata)
 
 
 def _raw_type_number(command: pb.BaseCommand) -> int | None:
@@ -649,25 +655,24 @@ def _decode_payload_section(command: pb.BaseCommand, body: Message, view: memory
                         body,
                     )
         # anything else (or any problem) is read, and answered, below
+    name = command_name(command.type)
     pos = 0
 
     broker_entry_metadata = None
     if size >= 2 and _U16.unpack_from(view, 0)[0] == MAGIC_BROKER_ENTRY_METADATA:
         if size < 6:
-            raise MetadataDecodeError(
-                f"{command_name(command.type)}: truncated broker entry metadata", command=command
-            )
+            raise MetadataDecodeError(f"{name}: truncated broker entry metadata", command=command)
         entry_size = _U32.unpack_from(view, 2)[0]
         pos = 6
         if entry_size > size - pos:
             raise MetadataDecodeError(
-                f"{command_name(command.type)}: broker entry metadata of {entry_size} bytes overruns the frame",
+                f"{name}: broker entry metadata of {entry_size} bytes overruns the frame",
                 command=command,
             )
         broker_entry_metadata = pb.BrokerEntryMetadata()
         problem = _parse(broker_entry_metadata, view[pos : pos + entry_size])
         if problem is not None:
-            raise MetadataDecodeError(f"{command_name(command.type)}: {problem}", command=command)
+            raise MetadataDecodeError(f"{name}: {problem}", command=command)
         pos += entry_size
 
     headers_start = pos
@@ -676,15 +681,13 @@ def _decode_payload_section(command: pb.BaseCommand, body: Message, view: memory
     # unambiguous.
     if size - pos >= 2 and _U16.unpack_from(view, pos)[0] == MAGIC_CRC32C:
         if size - pos < 6:
-            raise MetadataDecodeError(
-                f"{command_name(command.type)}: truncated checksum", command=command
-            )
+            raise MetadataDecodeError(f"{name}: truncated checksum", command=command)
         expected = _U32.unpack_from(view, pos + 2)[0]
         pos += 6
         actual = crc32c.crc32c(view[pos:])
         if actual != expected:
             raise ChecksumError(
-                f"{command_name(command.type)}: CRC32C mismatch (frame says {expected:#010x}, computed {actual:#010x})",
+                f"{name}: CRC32C mismatch (frame says {expected:#010x}, computed {actual:#010x})",
                 command=command,
                 expected=expected,
                 actual=actual,
@@ -692,21 +695,19 @@ def _decode_payload_section(command: pb.BaseCommand, body: Message, view: memory
         checksum = ChecksumState.VALID
 
     if size - pos < 4:
-        raise MetadataDecodeError(
-            f"{command_name(command.type)}: frame ends before the metadata size", command=command
-        )
+        raise MetadataDecodeError(f"{name}: frame ends before the metadata size", command=command)
     metadata_size = _U32.unpack_from(view, pos)[0]
     pos += 4
     if metadata_size > size - pos:
         raise MetadataDecodeError(
-            f"{command_name(command.type)}: metadata of {metadata_size} bytes overruns the frame "
+            f"{name}: metadata of {metadata_size} bytes overruns the frame "
             f"({size - pos} bytes left)",
             command=command,
         )
     metadata = pb.MessageMetadata()
     problem = _parse_metadata(metadata, view[pos : pos + metadata_size])
     if problem is not None:
-        raise MetadataDecodeError(f"{command_name(command.type)}: {problem}", command=command)
+        raise MetadataDecodeError(f"{name}: {problem}", command=command)
     pos += metadata_size
     return Frame(
         command,

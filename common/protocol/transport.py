@@ -222,7 +222,7 @@ class FrameConnection(asyncio.Protocol, abc.ABC):
         if not self._reading_paused:
             self._reading_paused = True
             self.transport.pause_reading()
-        asyncio.get_running_loop().call_later(seconds, self._release_reading)
+        self._running_loop().call_later(seconds, self._release_reading)
 
     def _release_reading(self) -> None:
         self._reading_held = False

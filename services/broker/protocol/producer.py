@@ -179,10 +179,11 @@ def send_message(conn: ServerConnection, body: pb.CommandSend, frame: codec.Fram
     dedup_name, dedup_sequence, dedup_highest = producer_name, sequence_id, highest
     marker = False
     chunk: tuple[int, int] | None = None  # (chunk id, chunks of its message)
+    # Decoded and checked with the frame (a SEND's always is).
+    metadata = frame.metadata if frame.metadata is not None else entry_metadata(stored)
     if is_replicator_cursor(producer_name):
         # A geo-replicator: deduplicate by the original producer and sequence id (Pulsar's
         # rule for replicated messages), so a resend after a replicator restart is dropped.
-        metadata = entry_metadata(stored)
         # A remote's marker: stored as a marker (never deduplicated, never counted).
         marker = is_marker(metadata)
         dedup_name, dedup_sequence = metadata.producer_name, metadata.sequence_id
@@ -192,7 +193,6 @@ def send_message(conn: ServerConnection, body: pb.CommandSend, frame: codec.Fram
         if metadata.HasField("chunk_id"):
             chunk = (metadata.chunk_id, metadata.num_chunks_from_msg)
     elif body.is_chunk:
-        metadata = entry_metadata(stored)
         chunk = (metadata.chunk_id, metadata.num_chunks_from_msg)
     # Every chunk of a message carries its sequence id: deduplication looks at the last chunk
     # only, and records nothing for the others (Pulsar's rule).

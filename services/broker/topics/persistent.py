@@ -430,9 +430,6 @@ class PersistentTopic:
         if self.replicated_subscriptions is not None:
             await self.replicated_subscriptions.received_marker(position, metadata, payload)
 
-    async def _set_replicated(self, subscription: Subscription) -> None:
-        await self.set_replicated(subscription, True)
-
     async def set_replicated(self, subscription: Subscription, enabled: bool) -> None:
         """Make a durable subscription replicated or not (admin ``replicatedSubscriptionStatus``
         and consumers' ``replicate_subscription_state``)."""
@@ -478,7 +475,7 @@ class PersistentTopic:
             else:
                 subscription.follow(position)
             if not subscription.replicated:
-                await self._set_replicated(subscription)
+                await self.set_replicated(subscription, True)
 
     async def subscribe(
         self,
@@ -528,7 +525,7 @@ class PersistentTopic:
                     subscription.cursor.rewind()
             subscription.add_consumer(consumer, sub_type)
             if replicated and subscription.durable and not subscription.replicated:
-                await self._set_replicated(subscription)
+                await self.set_replicated(subscription, True)
             return subscription
 
     def adopt_cursor(self, name: str) -> None:

@@ -265,10 +265,6 @@ class ReplayingDispatcher(Dispatcher):
         self.delayed = DelayedDeliveryTracker()
         self._delay_timer: asyncio.TimerHandle | None = None
 
-    def hold_if_delayed(self, position: Position, metadata: pb.MessageMetadata) -> bool:
-        """Delayed delivery: keep a message whose time has not come; True if it was kept."""
-        return self.hold_until(position, metadata.deliver_at_time)
-
     def hold_until(self, position: Position, deliver_at: int) -> bool:
         """Keep the message at ``position`` until ``deliver_at`` (ms; 0: none) if that is
         still ahead; True if it was kept."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import base64
 
-from magnetar.broker.model.entry import entry_metadata, entry_payload, message_count
+from magnetar.broker.model.entry import entry_metadata, entry_payload
 from magnetar.broker.model.position import Position
 from magnetar.broker.topics.consumer import Consumer
 from magnetar.broker.topics.dispatchers.base import ConsumerBusyError, ReplayingDispatcher
@@ -178,17 +178,17 @@ class KeySharedDispatcher(ReplayingDispatcher):
             return sent
         read = await self.cursor.read_entries(self.entries_to_read(budget))
         entries = self.without_markers(read)
-        for position, stored, _, _ in entries:
-            metadata = entry_metadata(stored)
-            if self.hold_if_delayed(position, metadata):
+        for position, stored, count, deliver_at in entries:
+            if self.hold_until(position, deliver_at):
                 continue
+            metadata = entry_metadata(stored)
             h = self._hash_of[position] = key_hash(sticky_key(stored, metadata))
             consumer = self._target(h, owners, blocked)
             if consumer is None:
                 blocked.add(h)
                 self.replay.add(position)
                 continue
-            self.send(consumer, position, stored, message_count(metadata))
+            self.send(consumer, position, stored, count)
             owners[h] = consumer
         return sent or bool(read)
 
