@@ -106,6 +106,22 @@ class GroupAnswer:
             self.tell(self.error)
 
 
+def add_entries(
+    bookie: BookieClient,
+    ledger_id: int,
+    first_entry_id: int,
+    entries: list[bytes],
+    callback: AddCallback,
+    *,
+    master_key: bytes = b"",
+) -> None:
+    """``add_entry`` of consecutive entries to one bookie (either client), answered once:
+    ``callback`` gets the first error, or None once every one of them is durable."""
+    answer = GroupAnswer(callback, len(entries))
+    for entry_id, entry in enumerate(entries, first_entry_id):
+        bookie.add_entry(ledger_id, entry_id, entry, answer, master_key=master_key)
+
+
 def add_future() -> tuple[asyncio.Future[None], AddCallback]:
     """A future and the add callback that settles it (for ``add`` on top of ``add_entry``)."""
     fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -198,21 +214,6 @@ class BookieClient:
         )
         if not self._outbox_ready.is_set():
             self._outbox_ready.set()
-
-    def add_entries(
-        self,
-        ledger_id: int,
-        first_entry_id: int,
-        entries: list[bytes],
-        callback: AddCallback,
-        *,
-        master_key: bytes = b"",
-    ) -> None:
-        """``add_entry`` for consecutive entries, answered once: ``callback`` gets the first
-        error, or None once every one of them is durable."""
-        answer = GroupAnswer(callback, len(entries))
-        for entry_id, entry in enumerate(entries, first_entry_id):
-            self.add_entry(ledger_id, entry_id, entry, answer, master_key=master_key)
 
     def add(
         self,

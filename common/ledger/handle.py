@@ -28,7 +28,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from magnetar.common.ledger.bookie_client import BookieError, BookieUnavailableError
+from magnetar.common.ledger.bookie_client import (
+    BookieError,
+    BookieUnavailableError,
+    add_entries,
+)
 from magnetar.common.ledger.distribution import AckSet
 from magnetar.common.ledger.ensemble import commit_change, plan_change
 from magnetar.common.ledger.entry import HEADER_SIZE, decode_header, encode_entry
@@ -296,24 +300,13 @@ class LedgerHandle:
         op.sent[position] = address
         op.sent_at = time.monotonic()
         answer = functools.partial(self._add_done, op, position, address)
+        key = self.metadata.master_key
         try:
             bookie = self.client.bookie(address)
             if op.count == 1:
-                bookie.add_entry(
-                    self.ledger_id,
-                    op.entry_id,
-                    op.entry,
-                    answer,
-                    master_key=self.metadata.master_key,
-                )
+                bookie.add_entry(self.ledger_id, op.entry_id, op.entry, answer, master_key=key)
             else:
-                bookie.add_entries(
-                    self.ledger_id,
-                    op.entry_id,
-                    op.entry,
-                    answer,
-                    master_key=self.metadata.master_key,
-                )
+                add_entries(bookie, self.ledger_id, op.entry_id, op.entry, answer, master_key=key)
         except BookieError as e:
             asyncio.get_running_loop().call_soon(self._bookie_failed, position, address, e)
 
@@ -650,7 +643,7 @@ class LedgerHandle:
         if last < first:
             return []
         self._check_readable(first, last)
-        if self._quorum.ensemble_size != self._quorum.write_quorum:
+        if not self.groups_adds:
             return await self.read(first, last, concurrency=concurrency)
         entries: list[LedgerEntry] = []
         entry_id = first

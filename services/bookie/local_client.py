@@ -39,9 +39,7 @@ class _AddOp:
     master_key: bytes
 
 
-#: The callbacks of a batch's adds, in order (None for an entry of a group but its last, whose
-#: callback answers the whole group), and the storage's answer.
-_Batch = tuple[list[AddCallback | None], Awaitable[list[tuple[int, int, str]]] | BaseException]
+_Batch = tuple[list[AddCallback], Awaitable[list[tuple[int, int, str]]] | BaseException]
 
 
 class LocalBookieClient:
@@ -52,7 +50,7 @@ class LocalBookieClient:
         self.storage = storage
         self._info = info
         self._ops: list[_AddOp] = []
-        self._callbacks: list[AddCallback | None] = []
+        self._callbacks: list[AddCallback] = []
         self._ready = asyncio.Event()
         self._batches: asyncio.Queue[_Batch] = asyncio.Queue()
         self._outstanding = 0
@@ -83,28 +81,6 @@ class LocalBookieClient:
         self._outstanding += 1
         if not self._ready.is_set():
             self._ready.set()
-
-    def add_entries(
-        self,
-        ledger_id: int,
-        first_entry_id: int,
-        entries: list[bytes],
-        callback: AddCallback,
-        *,
-        master_key: bytes = b"",
-    ) -> None:
-        """Consecutive adds answered once (the gRPC client's ``add_entries``): ``callback``
-        gets the first error among them, or None once all are durable. They go to the storage
-        in one batch."""
-        for entry_id, entry in enumerate(entries[:-1], first_entry_id):
-            self.add_entry(ledger_id, entry_id, entry, None, master_key=master_key)  # type: ignore[arg-type]
-        self.add_entry(
-            ledger_id,
-            first_entry_id + len(entries) - 1,
-            entries[-1],
-            callback,
-            master_key=master_key,
-        )
 
     def add(
         self,
@@ -137,8 +113,6 @@ class LocalBookieClient:
                 size += len(op.entry)
                 if size >= MAX_BATCH_BYTES:
                     break
-            while take < len(self._callbacks) and self._callbacks[take - 1] is None:
-                take += 1  # a batch never ends inside a group: its answer needs all of it
             ops, self._ops = self._ops[:take], self._ops[take:]
             callbacks, self._callbacks = self._callbacks[:take], self._callbacks[take:]
             try:
@@ -163,28 +137,20 @@ class LocalBookieClient:
             self._outstanding -= len(callbacks)
             if not failures:  # the usual batch: every add stored, one call each and no lookup
                 for callback in callbacks:
-                    if callback is None:
-                        continue  # answered with its group
                     try:
                         callback(None)
                     except Exception:
                         log.exception("add callback failed")
                 continue
             failed = {i: (status, message) for i, status, message in failures}
-            error: BookieError | None = None  # the first of the group being answered
             for i, callback in enumerate(callbacks):
                 problem = failed.get(i)
-                if problem is not None and error is None:
-                    error = BookieError(self.address, *problem)
-                if callback is not None:
-                    _call(callback, error)
-                    error = None
+                _call(callback, None if problem is None else BookieError(self.address, *problem))
 
-    def _settle(self, callbacks: list[AddCallback | None], error: BookieError) -> None:
+    def _settle(self, callbacks: list[AddCallback], error: BookieError) -> None:
         self._outstanding -= len(callbacks)
         for callback in callbacks:
-            if callback is not None:
-                _call(callback, error)
+            _call(callback, error)
 
     # -- other calls ---------------------------------------------------------------------
 
@@ -246,8 +212,7 @@ class LocalBookieClient:
             callbacks += self._batches.get_nowait()[0]
         self._ops, self._callbacks, self._outstanding = [], [], 0
         for callback in callbacks:
-            if callback is not None:
-                _call(callback, error)
+            _call(callback, error)
 
 
 def _call(callback: AddCallback, error: BookieError | None) -> None:

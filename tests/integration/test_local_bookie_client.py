@@ -11,7 +11,7 @@ import pytest
 from magnetar.bookie.config import BookieConfig
 from magnetar.bookie.local_client import LocalBookieClient
 from magnetar.bookie.service import Bookie
-from magnetar.common.ledger.bookie_client import BookieClient, BookieError
+from magnetar.common.ledger.bookie_client import BookieClient, BookieError, add_entries
 from magnetar.common.ledger.entry import encode_entry
 from magnetar.common.metadata import open_store
 from magnetar.common.proto import bookie_pb2 as pb
@@ -97,7 +97,8 @@ async def test_same_answers_on_both_paths(bookie: Bookie, kind: str) -> None:
 
 @pytest.mark.parametrize("kind", ["grpc", "local"])
 async def test_groups_are_answered_once_on_both_paths(bookie: Bookie, kind: str) -> None:
-    """``add_entries``: one answer per group, in order with a ledger's single adds; a group holding an
+    """``add_entries`` (what the ledger handle sends a group with): one answer per group, in
+    order with a ledger's single adds; a group holding an
     entry the bookie refuses is answered with that refusal (its other entries may be stored);
     groups larger than one storage batch are answered once too."""
     client = (
@@ -111,13 +112,13 @@ async def test_groups_are_answered_once_on_both_paths(bookie: Bookie, kind: str)
         def told(name: str):  # type: ignore[no-untyped-def]
             return lambda error: answers.append((name, None if error is None else error.status))
 
-        client.add_entries(9, 0, [entry(9, i) for i in range(10)], told("first ten"))
+        add_entries(client, 9, 0, [entry(9, i) for i in range(10)], told("first ten"))
         client.add_entry(9, 10, entry(9, 10), told("single"))
-        client.add_entries(9, 11, [entry(9, i) for i in range(11, 14)], told("three"))
+        add_entries(client, 9, 11, [entry(9, i) for i in range(11, 14)], told("three"))
         refused = [entry(9, 14), entry(9, 15, size=8192), entry(9, 16)]
-        client.add_entries(9, 14, refused, told("one too large"))
+        add_entries(client, 9, 14, refused, told("one too large"))
         # 400 entries of 3,000 bytes: more than one batch of the in-process path (1 MiB).
-        client.add_entries(10, 0, [entry(10, i, size=3000) for i in range(400)], told("big"))
+        add_entries(client, 10, 0, [entry(10, i, size=3000) for i in range(400)], told("big"))
         await asyncio.wait_for(client.add(10, 400, entry(10, 400)), 10)
         # Once each; ledger 9's in the order sent (another ledger's may come between).
         assert sorted(answers, key=str) == sorted(

@@ -121,10 +121,9 @@ class CompactedLedger:
         if first > last:
             return []
         found = {i: self._cache[i] for i in range(first, last + 1) if i in self._cache}
-        if len(found) <= last - first:
-            start = min(i for i in range(first, last + 1) if i not in found)
-            end = max(i for i in range(first, last + 1) if i not in found)
-            for entry in await self.handle.read(start, end):
+        missing = [i for i in range(first, last + 1) if i not in found]
+        if missing:
+            for entry in await self.handle.read(missing[0], missing[-1]):
                 found[entry.entry_id] = decoded = decode_entry(entry.payload)
                 if len(self._cache) >= CACHE_ENTRIES:
                     self._cache.pop(next(iter(self._cache)))

@@ -27,12 +27,12 @@ class EntryReader:
         name: str,
         client: LedgerClient,
         cache_bytes: int,
-        stats: ManagedLedgerStats | None = None,
+        stats: ManagedLedgerStats,
     ) -> None:
         self.name = name
         self.client = client
         self.cache = EntryCache(cache_bytes)
-        self.stats = ManagedLedgerStats() if stats is None else stats
+        self.stats = stats
         #: Open read handles of closed ledgers, by ledger id.
         self.handles: dict[int, LedgerHandle] = {}
         #: Entries found with no intact copy on any bookie -> why (cleared once read again).

@@ -27,7 +27,6 @@ import enum
 import functools
 import logging
 import time
-from bisect import bisect_left
 from collections.abc import Callable
 from typing import Literal
 
@@ -509,17 +508,15 @@ class ManagedLedger(LedgerPositions):
         limit = min(room_adds, GROUP_ADDS)
         largest = handle.max_entry_size - HEADER_SIZE
         entries, size = self._pushed_entries, self._pushed_bytes
-        cfg = self.config
-        # ``cfg.full`` before each add but the first (checked by the writer already), unrolled.
-        max_entries, max_bytes = cfg.max_entries_per_ledger, cfg.max_ledger_size_bytes
-        aged = time.time() - handle.metadata.ctime_ms / 1000 >= cfg.max_ledger_age_s
+        full = self.config.full
+        age_s = time.time() - handle.metadata.ctime_ms / 1000
         group: list[_QueuedAdd] = []
         for item in self._queue:
             length = len(item[0])
             if len(group) >= limit or length > largest or room_bytes <= 0:
                 break
-            if group and (entries >= max_entries or size >= max_bytes or aged):
-                break  # the ledger rolls over before this one
+            if group and full(entries, size, age_s):
+                break  # the ledger rolls over before this one (the writer checked the first)
             group.append(item)
             entries += 1
             size += length
@@ -559,32 +556,21 @@ class ManagedLedger(LedgerPositions):
         if current is not None and ledger_id == current.ledger_id:
             self._confirmed_in_current = True
         put = self._cache.put
-        # ``Buckets.add_latency`` and ``Buckets.add`` of each entry, written out.
-        latency, sizes = stats.add_latency, stats.entry_size
-        latency_counts, latency_bounds = latency.counts, latency.bounds
-        size_counts, size_bounds = sizes.counts, sizes.bounds
-        stored = 0
-        waited_ms = 0.0
+        waited_ms = []
+        sizes = []
         for entry_id, (data, future, queued_at, on_stored) in enumerate(group, first_entry_id):
             position = position_of((ledger_id, entry_id))
-            size = len(data)
-            stored += size
-            ms = (now - queued_at) * 1000.0
-            waited_ms += ms
-            latency_counts[bisect_left(latency_bounds, ms)] += 1
-            size_counts[bisect_left(size_bounds, size)] += 1
+            waited_ms.append((now - queued_at) * 1000.0)
+            sizes.append(len(data))
             put(position, data)
             if not future.done():
                 future.set_result(position)
                 if on_stored is not None:
                     on_stored(future)
-        added = len(group)
-        latency.count += added
-        latency.sum += waited_ms * 1000.0
-        sizes.count += added
-        sizes.sum += stored
-        stats.adds_succeeded += added
-        stats.add_bytes += stored
+        stats.add_latency.add_all(waited_ms, 1000.0)  # bucketed in ms, summed in µs
+        stats.entry_size.add_all(sizes)
+        stats.adds_succeeded += len(group)
+        stats.add_bytes += sum(sizes)
         self._notify_added()
         if self.on_added is not None:
             self.on_added()

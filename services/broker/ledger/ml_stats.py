@@ -12,6 +12,7 @@ Buckets are Pulsar's: latencies in milliseconds up to 0.5, 1, 5, 10, 20, 50, 100
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 #: Upper bounds of the latency buckets (ms); one more bucket holds what is above the last.
@@ -33,15 +34,24 @@ class Buckets:
         if not self.counts:
             self.counts = [0] * (len(self.bounds) + 1)
 
-    def add(self, value: float, summed: float | None = None) -> None:
-        """Count ``value`` in its bucket; ``summed`` (default ``value``) goes into the sum."""
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.count += 1
-        self.sum += value if summed is None else summed
+    def add(self, value: float) -> None:
+        """Count ``value`` in its bucket and the sum."""
+        self.add_all((value,))
+
+    def add_all(self, values: Iterable[float], sum_scale: float = 1.0) -> None:
+        """Count each value in its bucket; their sum (times ``sum_scale``) goes into the sum.
+        One call for the entries of a stored group."""
+        counts, bounds = self.counts, self.bounds
+        added, total = 0, 0.0
+        for value in values:
+            counts[bisect.bisect_left(bounds, value)] += 1
+            added += 1
+            total += value
+        self.count += added
+        self.sum += total * sum_scale
 
     def add_latency(self, seconds: float, times: int = 1) -> None:
-        """A latency (``times`` times): bucketed in ms, summed in µs (Pulsar's units). ``add``,
-        written out: it runs for every stored entry."""
+        """A latency (``times`` times): bucketed in ms, summed in µs (Pulsar's units)."""
         ms = seconds * 1000.0
         self.counts[bisect.bisect_left(self.bounds, ms)] += times
         self.count += times
