@@ -39,11 +39,11 @@ from magnetar.broker.model.topic_name import TopicName
 from magnetar.broker.namespace import policies
 from magnetar.broker.namespace.policies import PolicyError, parse_document
 from magnetar.broker.namespace.records import (
-    namespace_document,
     read_partitioned,
     topic_policies_key,
 )
 from magnetar.broker.schema import compatibility as schema_compatibility
+from magnetar.broker.schema.registry import SchemaRegistry
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError
 
 if TYPE_CHECKING:
@@ -99,17 +99,6 @@ async def _existing(broker: AdminBroker, request: web.Request) -> TopicName:
     return name
 
 
-async def _applied_strategy(broker: AdminBroker, name: TopicName, own: Any) -> str:
-    """The strategy in force, as the schema registry resolves it."""
-    if own and own != "UNDEFINED":
-        return str(own)
-    document = await namespace_document(broker.configuration_store, name.namespace_name)
-    chosen = document.get("schema_compatibility_strategy")
-    if chosen and chosen != "UNDEFINED":
-        return str(chosen)
-    return schema_compatibility.DEFAULT_STRATEGY
-
-
 async def _document(broker: AdminBroker, name: TopicName) -> dict[str, Any]:
     assert broker.store is not None
     found = await broker.store.get(topic_policies_key(name))
@@ -144,7 +133,12 @@ def add_topic_policy_routes(routes: web.RouteTableDef, broker: AdminBroker) -> N
             name = await _existing(broker, request)
             own = (await _document(broker, name)).get(field)
             if field == "schema_compatibility_strategy" and requests.flag(request, "applied"):
-                return web.json_response(await _applied_strategy(broker, name, own))
+                assert broker.store is not None
+                registry = SchemaRegistry(broker.store, broker.configuration_store)
+                applied = await registry.strategy(name)  # UNDEFINED: neither set one
+                return web.json_response(
+                    schema_compatibility.DEFAULT_STRATEGY if applied == "UNDEFINED" else applied
+                )
             return web.json_response(own)
 
         async def set_policy(

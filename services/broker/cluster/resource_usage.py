@@ -34,11 +34,6 @@ class ResourceUsage:
     bandwidth_in: float = 0.0
     bandwidth_out: float = 0.0
 
-    @property
-    def max_usage(self) -> float:
-        """The highest of the four: what Pulsar compares with the overload threshold."""
-        return max(self.cpu, self.memory, self.bandwidth_in, self.bandwidth_out)
-
 
 def cpu_limit() -> float:
     """How many CPUs this process may use: the cgroup v2 quota, else its affinity mask."""
