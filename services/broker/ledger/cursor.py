@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from magnetar.broker.ledger import compacted_reads
@@ -74,6 +74,9 @@ class ManagedCursor:
         self.name = name
         self.key = cursor_key(ml, name)
         self._mark_delete = mark_delete
+        #: Told the new mark-delete position each time an ack (``mark_delete``, ``delete``)
+        #: moves it forward (the subscription's replicated-snapshot bookkeeping).
+        self.on_mark_delete_moved: Callable[[Position], None] | None = None
         self._acked = AckRanges()
         self._batch_acks: dict[Position, set[int]] = {}
         self.read_position = ml.next_position(mark_delete)
@@ -408,11 +411,12 @@ class ManagedCursor:
         """Cumulative ack: ``position`` and everything before it."""
         if position <= self._mark_delete:
             return
+        before = self._mark_delete
         self._mark_delete = position
         self.ml.stats.mark_deletes += 1
         self._forget_through(position)
         self._advance()
-        self._after_ack()
+        self._after_ack(before)
 
     def delete(self, positions: Iterable[Position]) -> None:
         """Individual acks; the mark-delete position moves over any contiguous acked run."""
@@ -424,7 +428,7 @@ class ManagedCursor:
         if self._acked.add_all(above):
             self.ml.stats.mark_deletes += 1
             self._advance()
-            self._after_ack()
+            self._after_ack(mark_delete)
 
     def delete_batch_indexes(
         self, position: Position, indexes: Iterable[int], batch_size: int
@@ -463,10 +467,12 @@ class ManagedCursor:
         if moved:
             self._forget_through(self._mark_delete)
 
-    def _after_ack(self) -> None:
+    def _after_ack(self, mark_delete_before: Position) -> None:
         if self.read_position <= self._mark_delete:
             self.read_position = self._following(self._mark_delete)
         self._mark_dirty()
+        if self._mark_delete > mark_delete_before and self.on_mark_delete_moved is not None:
+            self.on_mark_delete_moved(self._mark_delete)
 
     # -- reading -------------------------------------------------------------------------------
 

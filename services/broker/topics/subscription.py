@@ -98,6 +98,7 @@ class Subscription:
         self.topic = topic
         self.name = name
         self.cursor = cursor
+        cursor.on_mark_delete_moved = self._mark_delete_moved
         self.sub_type = sub_type
         self.limits = limits
         self.dispatch_batch = limits.dispatch_batch
@@ -201,13 +202,13 @@ class Subscription:
             self.snapshots = SnapshotCache(max_cached, self.topic.ml.entries_between)
         self.snapshots.add(snapshot)
         if snapshot.local <= self.cursor.mark_delete_position:
-            self._mark_delete_moved(Position(-1, -1))
+            self._mark_delete_moved(self.cursor.mark_delete_position)
 
-    def _mark_delete_moved(self, before: Position) -> None:
-        """After anything that may move the mark-delete position: a replicated subscription
-        that reached a snapshot tells the other clusters (Pulsar does it on every mark-delete)."""
-        mark_delete = self.cursor.mark_delete_position
-        if self.snapshots is None or mark_delete <= before:
+    def _mark_delete_moved(self, mark_delete: Position) -> None:
+        """The mark-delete position moved forward (the cursor tells): a replicated
+        subscription that reached a snapshot tells the other clusters (Pulsar does it on
+        every mark-delete)."""
+        if self.snapshots is None:
             return
         snapshot = self.snapshots.advanced(mark_delete)
         controller = self.topic.replicated_subscriptions
@@ -216,27 +217,19 @@ class Subscription:
 
     def ack_markers(self, positions: list[Position]) -> None:
         """Markers are acknowledged for every subscription instead of being delivered."""
-        before = self.cursor.mark_delete_position
         self.cursor.delete(positions)
-        self._mark_delete_moved(before)
 
     def follow(self, position: Position) -> None:
         """Another cluster's replicated subscription of this name moved: cumulative ack up to
         ``position`` (nothing happens if this one is past it already)."""
-        before = self.cursor.mark_delete_position
         self._cumulative(min(position, self.topic.ml.last_confirmed_position))
-        self._mark_delete_moved(before)
         self.dispatcher.wake()
 
     def ack(self, consumer: Consumer, ack_type: int, message_ids: list[pb.MessageIdData]) -> None:
         """Apply an ACK. Raises ValueError (nothing applied from that id on) for an id past the
         last stored entry (Pulsar: invalid mark-delete position) or a batch size the ack set
         cannot describe."""
-        before = self.cursor.mark_delete_position
-        try:
-            self._ack(consumer, ack_type, message_ids)
-        finally:
-            self._mark_delete_moved(before)
+        self._ack(consumer, ack_type, message_ids)
 
     def _ack(self, consumer: Consumer, ack_type: int, message_ids: list[pb.MessageIdData]) -> None:
         last = self.topic.ml.last_confirmed_position
@@ -369,9 +362,7 @@ class Subscription:
         expired = ml.entries_after(self.cursor.mark_delete_position) - ml.entries_after(last)
         # Consumers keep what they hold as pending: their acks of it are harmless, and
         # key_shared must not hand its keys to another consumer while they hold them.
-        before = self.cursor.mark_delete_position
         self.cursor.mark_delete(last)
-        self._mark_delete_moved(before)
         self._forget_through(last)
         self.dispatcher.wake()
         self.expired += expired
@@ -424,9 +415,7 @@ class Subscription:
         Returns how many were skipped."""
         positions = self.unacked_positions(entries)
         if positions:
-            before = self.cursor.mark_delete_position
             self.cursor.delete(positions)
-            self._mark_delete_moved(before)
             for position in positions:
                 self.batch_sizes.pop(position, None)
                 self.redelivery_counts.pop(position, None)
@@ -439,9 +428,7 @@ class Subscription:
         backlog = self.cursor.backlog
         last = self.cursor.ml.last_confirmed_position
         if last > self.cursor.mark_delete_position:
-            before = self.cursor.mark_delete_position
             self.cursor.mark_delete(last)
-            self._mark_delete_moved(before)
             self._forget_through(last)
             self.dispatcher.wake()
         return backlog
