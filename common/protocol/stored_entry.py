@@ -179,12 +179,11 @@ def split_entry(
 ) -> tuple[pb.MessageMetadata, list[tuple[pb.SingleMessageMetadata, bytes]] | bytes]:
     """A stored entry's metadata and either its batch's (single-message metadata, payload)
     pairs or, for an entry that is not a batch, its one payload; decompressed."""
-    metadata, payload = _metadata(stored)
-    if not is_batch(metadata):
-        return metadata, bytes(decompress(metadata, payload))
-    return metadata, split_stored_batch(
-        decompress(metadata, payload), metadata.num_messages_in_batch
-    )
+    metadata, content = split_entry_columns(stored)
+    if isinstance(content, bytes):
+        return metadata, content
+    singles, payloads = content
+    return metadata, list(zip(singles, payloads, strict=True))
 
 
 def entry_messages(stored: bytes) -> list[StoredMessage]:

@@ -74,16 +74,18 @@ class RateLimiter:
 
     def delay(self) -> float:
         """Seconds until dispatching may go on (0: now)."""
+        return self.hold()[0]
+
+    def hold(self) -> tuple[float, bool, bool]:
+        """The seconds until dispatching may go on (0: now), and whether the window's message
+        and byte limits are reached."""
         now = self._roll()
         messages, size = self.limits()
-        over = (messages > 0 and self._messages >= messages) or (size > 0 and self._bytes >= size)
-        return max(self._window_start + self.rate.period_s - now, 0.0) if over else 0.0
-
-    def over(self) -> tuple[bool, bool]:
-        """Whether this window's (messages, bytes) limit is reached."""
-        self._roll()
-        messages, size = self.limits()
-        return (messages > 0 and self._messages >= messages), (size > 0 and self._bytes >= size)
+        over_messages = messages > 0 and self._messages >= messages
+        over_bytes = size > 0 and self._bytes >= size
+        if not (over_messages or over_bytes):
+            return 0.0, False, False
+        return max(self._window_start + self.rate.period_s - now, 0.0), over_messages, over_bytes
 
     def consume(self, messages: int, size: int) -> None:
         self._roll()

@@ -165,10 +165,9 @@ class Dispatcher(abc.ABC):
         sub = self.subscription
         wait = 0.0
         for limiter in sub.rate_limiters():
-            delay = limiter.delay()
+            delay, messages, size = limiter.hold()
             if delay > 0:
                 wait = max(wait, delay)
-                messages, size = limiter.over()
                 by = "topic" if limiter is sub.topic.dispatch_limiter else "subscription"
                 sub.throttled[(by, "messages")] += messages
                 sub.throttled[(by, "bytes")] += size
