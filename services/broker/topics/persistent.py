@@ -144,6 +144,8 @@ class PersistentTopic:
         #: The backlog quota in force (None: none), and whether the oldest unacknowledged
         #: message was over its age limit at the last policy round.
         self.backlog_quota: BacklogQuota | None = None
+        #: Idle subscriptions older than this are deleted (0: never), from the policies.
+        self.subscription_expiration_s = 0.0
         self._age_quota_exceeded = False
         self.compaction = TopicCompaction(self)
         #: Unloading: new sends are refused while those in flight get their receipts.
@@ -706,6 +708,7 @@ class PersistentTopic:
         self.backlog_quota = policies.backlog_quota
         self.compaction.threshold = policies.compaction_threshold
         self.publish_throttle.apply(policies.publish_rate)
+        self.subscription_expiration_s = policies.subscription_expiration_minutes * 60
 
     async def apply_policies(self, policies: Policies) -> None:
         """Bring the topic in line with its namespace's policies (run periodically)."""

@@ -480,12 +480,9 @@ class TopicService:
             ):
                 continue
             try:
-                policies = await topic_policies(
-                    self._configuration, self._store, topic.name, self._host.config
-                )
-                if policies.subscription_expiration_minutes > 0:
-                    await topic.expire_subscriptions(policies.subscription_expiration_minutes * 60)
-            except Exception as e:  # a deleted namespace, a store hiccup: next round
+                if topic.subscription_expiration_s > 0:  # as the last policy round set it
+                    await topic.expire_subscriptions(topic.subscription_expiration_s)
+            except Exception as e:  # a store hiccup: next round
                 log.warning("topic %s: subscriptions not checked for expiry: %s", topic.name, e)
 
     async def _delete_if_inactive(self, topic: Topic, inactive: InactiveTopics) -> None:
