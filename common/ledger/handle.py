@@ -74,14 +74,14 @@ class LedgerEntry:
 
 
 class _PendingAdd:
-    """One add in flight, or a group of consecutive adds sent and acknowledged together
-    (``count`` entries from ``entry_id``; ``entry`` is then the list of encoded entries)."""
+    """One add in flight, or a group of consecutive adds sent and acknowledged together: the
+    encoded ``entries`` from ``entry_id``."""
 
     __slots__ = (
         "acks",
         "count",
         "done",
-        "entry",
+        "entries",
         "entry_id",
         "future",
         "length",
@@ -95,25 +95,24 @@ class _PendingAdd:
     def __init__(
         self,
         entry_id: int,
-        entry: bytes,
+        entries: list[bytes],
         acks: AckSet,
         future: asyncio.Future[int] | None,
         length: int,
-        size: int,
         listener: AddListener | None = None,
     ) -> None:
         self.entry_id = entry_id
         self.listener = listener
-        self.entry = entry
+        self.entries = entries
+        self.count = len(entries)
+        self.size = sum(map(len, entries))
         self.acks = acks
         self.future = future
-        self.length = length
-        self.size = size
+        self.length = length  # the ledger's length with the last of them
         self.sent: dict[int, str] = {}  # ensemble position -> bookie it was last sent to
         self.sent_at = 0.0
         self.done = False
         self.settled = False
-        self.count = 1
 
 
 class LedgerHandle:
@@ -193,13 +192,13 @@ class LedgerHandle:
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
         future: asyncio.Future[int] = self._loop.create_future()
-        return future if self._push(payload, future, None) else None
+        return future if self._push([payload], future, None) else None
 
     def try_push(self, payload: bytes, listener: AddListener) -> bool:
         """try_add for a caller that wants no future: ``listener`` is told how the add ended,
         in the turn that ends it (a future's done callback would wait a turn, one per entry).
         False (nothing sent) while the in-flight window is full."""
-        return self._push(payload, None, listener)
+        return self._push([payload], None, listener)
 
     @property
     def groups_adds(self) -> bool:
@@ -221,6 +220,22 @@ class LedgerHandle:
         ``groups_adds``): ``listener`` is told once, with the first entry's id, when all of
         them are acknowledged (or with the error that ended them all). False (nothing sent)
         while the window has no room for the group; the caller takes what ``room`` allows."""
+        if len(payloads) > 1 and not self.groups_adds:
+            raise ValueError(f"ledger {self.ledger_id} stripes its entries: no groups")
+        return self._push(payloads, None, listener)
+
+    async def wait_for_room(self) -> None:
+        """Until the in-flight window has room for another add (or the handle failed)."""
+        self._room.clear()
+        await self._room.wait()
+
+    def _push(
+        self,
+        payloads: list[bytes],
+        future: asyncio.Future[int] | None,
+        listener: AddListener | None,
+    ) -> bool:
+        """Encode ``payloads`` as the next entries and send them as one pending add."""
         self._check_writable()
         largest = max(map(len, payloads))
         if HEADER_SIZE + largest > self.max_entry_size:
@@ -232,59 +247,19 @@ class LedgerHandle:
         ):
             return False
         first = self._last_add_pushed + 1
-        lac = self.last_add_confirmed
-        length = self._pushed_length
-        ledger_id = self.ledger_id
+        lac, length = self.last_add_confirmed, self._pushed_length
         entries = []
         for entry_id, payload in enumerate(payloads, first):
             length += len(payload)
-            entries.append(encode_entry(ledger_id, entry_id, lac, length, payload))
-        self._last_add_pushed = first + len(payloads) - 1
+            entries.append(encode_entry(self.ledger_id, entry_id, lac, length, payload))
+        self._last_add_pushed = first + len(entries) - 1
         self._pushed_length = length
-        size = sum(map(len, entries))
-        op = _PendingAdd(first, entries, AckSet(self._quorum), None, length, size, listener)  # type: ignore[arg-type]
-        op.count = len(entries)
+        op = _PendingAdd(first, entries, AckSet(self._quorum), future, length, listener)
         self._pending.append(op)
         self._pending_entries += op.count
-        self._pending_bytes += size
-        if self._changing is None:
-            for position in range(self._quorum.ensemble_size):
-                self._send(op, position)
-        return True
-
-    async def wait_for_room(self) -> None:
-        """Until the in-flight window has room for another add (or the handle failed)."""
-        self._room.clear()
-        await self._room.wait()
-
-    def _push(
-        self, payload: bytes, future: asyncio.Future[int] | None, listener: AddListener | None
-    ) -> bool:
-        self._check_writable()
-        if HEADER_SIZE + len(payload) > self.max_entry_size:
-            raise EntryTooLargeError(
-                self.ledger_id, HEADER_SIZE + len(payload), self.max_entry_size
-            )
-        cfg = self.client.config
-        if (
-            self._pending_entries >= cfg.max_pending_adds
-            or self._pending_bytes >= cfg.max_pending_bytes
-        ):
-            return False
-        entry_id = self._last_add_pushed + 1
-        self._last_add_pushed = entry_id
-        self._pushed_length += len(payload)
-        entry = encode_entry(
-            self.ledger_id, entry_id, self.last_add_confirmed, self._pushed_length, payload
-        )
-        op = _PendingAdd(
-            entry_id, entry, AckSet(self._quorum), future, self._pushed_length, len(entry), listener
-        )
-        self._pending.append(op)
-        self._pending_entries += 1
         self._pending_bytes += op.size
         if self._changing is None:
-            for position in self._quorum.write_set(entry_id):
+            for position in self._quorum.write_set(first):  # a group's: the whole ensemble
                 self._send(op, position)
         # else: sent to the new ensemble once the change is in the metadata
         return True
@@ -304,9 +279,9 @@ class LedgerHandle:
         try:
             bookie = self.client.bookie(address)
             if op.count == 1:
-                bookie.add_entry(self.ledger_id, op.entry_id, op.entry, answer, master_key=key)
+                bookie.add_entry(self.ledger_id, op.entry_id, op.entries[0], answer, master_key=key)
             else:
-                add_entries(bookie, self.ledger_id, op.entry_id, op.entry, answer, master_key=key)
+                add_entries(bookie, self.ledger_id, op.entry_id, op.entries, answer, master_key=key)
         except BookieError as e:
             asyncio.get_running_loop().call_soon(self._bookie_failed, position, address, e)
 
@@ -342,7 +317,7 @@ class LedgerHandle:
         """A bookie's limit is lower than this handle knew: the caller's error, not the
         bookie's. Fail that add, take back the later unacknowledged ones (the ledger cannot
         hold them past a hole), and go on with a lower limit."""
-        largest = op.size if op.count == 1 else max(map(len, op.entry))
+        largest = max(map(len, op.entries))
         self.max_entry_size = min(self.max_entry_size, largest - 1)
         if op.done and op.acks.complete:
             log.warning(
