@@ -187,7 +187,9 @@ class Membership:
         cpu, memory = cpu_and_memory()
         throughput_in = sum(delta(key, 1) for key in counters)
         throughput_out = sum(delta(key, 3) for key in counters)
-        usage = self.resource_usage = self._resources.sample(throughput_in, throughput_out)
+        usage = self.resource_usage = self._resources.sample(
+            cpu, memory, throughput_in, throughput_out
+        )
         return LoadReport(
             msg_rate_in=sum(delta(key, 0) for key in counters),
             msg_rate_out=sum(delta(key, 2) for key in counters),

@@ -18,7 +18,6 @@ What each is measured against (Linux, from /proc and /sys; no psutil):
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,41 +84,25 @@ def nic_speed_bytes_per_second(override_gbps: float | None) -> float:
 
 
 class ResourceSampler:
-    """Samples :class:`ResourceUsage`; CPU is measured between consecutive samples."""
+    """Turns the process's CPU and memory (``registry.cpu_and_memory``, read once per load
+    report) and the broker's throughput into :class:`ResourceUsage` percentages of its
+    limits."""
 
     def __init__(self, nic_speed_gbps: float | None = None) -> None:
-        self._ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         self._cpus = cpu_limit()
         self._memory = memory_limit_bytes()
         self._nic = nic_speed_bytes_per_second(nic_speed_gbps)
-        self._last: tuple[float, float] | None = None
 
-    def sample(self, throughput_in: float, throughput_out: float) -> ResourceUsage:
-        """The usage now; ``throughput_in``/``_out``: the broker's bytes per second."""
-        now = time.monotonic()
-        cpu_seconds, resident = self._process()
-        last, self._last = self._last, (now, cpu_seconds)
-        cpu = 0.0
-        if last is not None and now > last[0]:
-            cpu = max(0.0, (cpu_seconds - last[1]) / (now - last[0]) / self._cpus * 100.0)
-        memory = resident / self._memory * 100.0 if self._memory > 0 else 0.0
+    def sample(
+        self, cpu_percent: float, memory_mb: float, throughput_in: float, throughput_out: float
+    ) -> ResourceUsage:
+        """``cpu_percent``: of one core since the last sample; ``throughput_in``/``_out``: the
+        broker's bytes per second."""
+        cpu = cpu_percent / self._cpus
+        memory = memory_mb * 1024 * 1024 / self._memory * 100.0 if self._memory > 0 else 0.0
         if self._nic > 0:
             bandwidth_in = throughput_in / self._nic * 100.0
             bandwidth_out = throughput_out / self._nic * 100.0
         else:
             bandwidth_in = bandwidth_out = 0.0
         return ResourceUsage(cpu, memory, bandwidth_in, bandwidth_out)
-
-    def _process(self) -> tuple[float, float]:
-        """CPU seconds used and resident bytes of this process."""
-        cpu = time.process_time()
-        resident = 0.0
-        try:
-            with open("/proc/self/stat") as f:
-                # The command name (field 2) may hold spaces; fields after its ')' are fixed.
-                fields = f.read().rsplit(")", 1)[1].split()
-            cpu = (int(fields[11]) + int(fields[12])) / self._ticks  # utime, stime
-            resident = float(int(fields[21]) * os.sysconf("SC_PAGE_SIZE"))  # rss pages
-        except (OSError, IndexError, ValueError):
-            pass
-        return cpu, resident
