@@ -673,14 +673,8 @@ BASELINE = "baseline"
 COST_PRODUCERS = 2
 
 
-def system_cpu_seconds(pid: int) -> float:
-    """System CPU time of a process so far (syscalls: socket writes, journal writes, fsync)."""
-    return _cpu_times(pid)[1]
-
-
-def process_tree_cpu_seconds(pid: int, of: Callable[[int], float] | None = None) -> float:
-    """User + system CPU time (or what ``of`` reads) of a process and its live descendants."""
-    of = of or cpu_seconds
+def process_tree_cpu_times(pid: int) -> tuple[float, float]:
+    """User and system CPU time of a process and its live descendants, read in one walk."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -690,14 +684,15 @@ def process_tree_cpu_seconds(pid: int, of: Callable[[int], float] | None = None)
         except (FileNotFoundError, IndexError, ValueError, ProcessLookupError):
             continue
         children.setdefault(ppid, []).append(int(entry.name))
-    total, pending = 0.0, [pid]
+    user, system, pending = 0.0, 0.0, [pid]
     while pending:
         current = pending.pop()
-        used = of(current)
-        if used == used:  # not NaN: the process may have ended meanwhile
-            total += used
+        used_user, used_system = _cpu_times(current)
+        if used_user == used_user:  # not NaN: the process may have ended meanwhile
+            user += used_user
+            system += used_system
         pending.extend(children.get(current, []))
-    return total
+    return user, system
 
 
 @dataclass(slots=True, frozen=True)
@@ -773,8 +768,7 @@ def run_cost(
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
             time.sleep(1.0)  # attached before the run starts
-        broker_before = process_tree_cpu_seconds(broker.process.pid)
-        broker_sys_before = process_tree_cpu_seconds(broker.process.pid, system_cpu_seconds)
+        broker_user_before, broker_sys_before = process_tree_cpu_times(broker.process.pid)
         for process in clients.values():
             tell(process, "go")
         produced = [
@@ -789,10 +783,9 @@ def run_cost(
         consumed = json.loads(
             read_line(clients["consumer"], COST_DRAIN_TIMEOUT_S + 30, f"{broker.name} consumer")
         )
-        broker_cpu = process_tree_cpu_seconds(broker.process.pid) - broker_before
-        broker_sys = (
-            process_tree_cpu_seconds(broker.process.pid, system_cpu_seconds) - broker_sys_before
-        )
+        broker_user, broker_sys = process_tree_cpu_times(broker.process.pid)
+        broker_sys -= broker_sys_before
+        broker_cpu = broker_user - broker_user_before + broker_sys
         if spy is not None:
             spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
             spy.wait(30)
@@ -823,8 +816,8 @@ def measure_cost(
     # Warm-up, not reported: first connections, topic creation, caches.
     run_cost(processes, broker, workdir, 2_000, args.size, batched=False)
     results = []
-    for batched in (mode == "batched" for mode in args.modes):
-        label = "batched" if batched else "unbatched"
+    for label in args.modes:
+        batched = label == "batched"
         print(f"  {broker.name}: {label} ...", file=sys.stderr, flush=True)
         profile = None
         if args.profile and broker.name == "Magnetar" and not batched:
