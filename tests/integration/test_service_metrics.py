@@ -16,7 +16,6 @@ import pytest
 from tests.support.metric_names import (
     BOOKIE,
     BROKER,
-    Families,
     check,
     scrape,
     scrape_drained,
@@ -34,19 +33,15 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneProcess
     yield from module_standalone(tmp_path_factory.mktemp("service-metrics") / "standalone")
 
 
-def sample(found: Families, family: str, name: str, **labels: str) -> float:
-    return value(found, family, name, **labels)
-
-
 def test_broker_and_bookie_metrics(node: StandaloneProcess) -> None:
     """Every name of issue 22 on the standalone's broker and bookie, with its type and
     labels, counting what the official client did: N messages of PAYLOAD bytes produced
     one per entry, one negatively acknowledged and received again, all acknowledged."""
     _, _, before = scrape(node.bookie_http_port)
-    adds_before = sample(
+    adds_before = value(
         before, "bookkeeper_server_ADD_ENTRY", "bookkeeper_server_ADD_ENTRY_count", success="true"
     )
-    written_before = sample(before, "bookie_WRITE_BYTES", "bookie_WRITE_BYTES_total")
+    written_before = value(before, "bookie_WRITE_BYTES", "bookie_WRITE_BYTES_total")
 
     topic = f"persistent://public/default/service-metrics-{time.time_ns()}"
     c = client(node)
@@ -130,23 +125,23 @@ def test_broker_and_bookie_metrics(node: StandaloneProcess) -> None:
     # BookKeeper's counters are written under their bare names (no _total), as BookKeeper does
     # (prometheus_client's parser adds the _total to the sample it gives back).
     assert "\nbookie_WRITE_BYTES " in text and "bookie_WRITE_BYTES_total" not in text
-    assert sample(bookie, "bookie_SERVER_STATUS", "bookie_SERVER_STATUS") == 1
+    assert value(bookie, "bookie_SERVER_STATUS", "bookie_SERVER_STATUS") == 1
     ledgers = bookie["bookie_ledgers_count"][1][0]
     assert ledgers[2] >= 1, ledgers
     # Every message is one entry of the topic's ledger (ensemble of the one bookie); the
     # cursor's own ledger may add a few more.
-    adds = sample(
+    adds = value(
         bookie, "bookkeeper_server_ADD_ENTRY", "bookkeeper_server_ADD_ENTRY_count", success="true"
     )
     assert adds - adds_before >= N
-    written = sample(bookie, "bookie_WRITE_BYTES", "bookie_WRITE_BYTES_total")
+    written = value(bookie, "bookie_WRITE_BYTES", "bookie_WRITE_BYTES_total")
     assert written - written_before >= N * PAYLOAD
-    assert sample(
+    assert value(
         bookie, "bookkeeper_server_ADD_ENTRY", "bookkeeper_server_ADD_ENTRY", success="true",
         quantile="0.99",
     ) > 0  # fmt: skip
     assert (
-        sample(
+        value(
             bookie,
             "bookie_journal_JOURNAL_SYNC",
             "bookie_journal_JOURNAL_SYNC_count",
@@ -182,7 +177,7 @@ def test_topic_level_metrics_off_sums_per_namespace(
         samples = broker["pulsar_in_messages"][1]
         assert samples and all("topic" not in labels for _, labels, _ in samples), samples
         assert (
-            sample(
+            value(
                 broker, "pulsar_in_messages", "pulsar_in_messages_total", namespace="public/default"
             )
             == N
@@ -195,7 +190,7 @@ def test_topic_level_metrics_off_sums_per_namespace(
         for family in ("pulsar_entry_size_count", "pulsar_storage_write_latency_count"):
             ((_, labels, count),) = broker[family][1]
             assert labels == of_namespace and count >= N, (family, broker[family][1])
-        assert sample(broker, "pulsar_entry_size_le_128", "pulsar_entry_size_le_128") >= N
+        assert value(broker, "pulsar_entry_size_le_128", "pulsar_entry_size_le_128") >= N
     finally:
         node.stop()
     assert_log_clean(node)

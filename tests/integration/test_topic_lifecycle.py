@@ -6,7 +6,6 @@ whose policy says 0), and a terminated topic still terminated after the standalo
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ from typing import Any
 import pulsar
 import pytest
 
+from tests.support.polling import wait_until
 from tests.support.raw_client import module_standalone
 from tests.support.standalone import StandaloneProcess, client
 
@@ -43,13 +43,6 @@ def call(node: StandaloneProcess, method: str, path: str, body: Any = None) -> t
         return e.code, e.read()
 
 
-def eventually(condition: Any, what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
-
-
 def subscriptions(node: StandaloneProcess, topic: str) -> list[str]:
     status, found = call(node, "GET", f"/persistent/{topic}/subscriptions")
     assert status == 200, (status, found)
@@ -68,15 +61,17 @@ def test_idle_subscriptions_expire(node: StandaloneProcess) -> None:
         pc.subscribe("persistent://public/default/expiring", "idle").close()
         busy = pc.subscribe("persistent://public/default/expiring", "busy")
         pc.subscribe("persistent://public/kept-subs/t", "idle").close()
-        eventually(
+        wait_until(
             lambda: subscriptions(node, "public/default/expiring") == ["busy"],
             "the idle subscription deleted, the one with a consumer kept",
+            timeout=15.0,
         )
         assert subscriptions(node, "public/kept-subs/t") == ["idle"]
         busy.close()
-        eventually(
+        wait_until(
             lambda: subscriptions(node, "public/default/expiring") == [],
             "idle once its consumer left, then deleted",
+            timeout=15.0,
         )
         assert subscriptions(node, "public/kept-subs/t") == ["idle"]
     finally:
