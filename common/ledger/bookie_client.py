@@ -99,9 +99,14 @@ class GroupAnswer:
         self.error: BookieError | None = None
 
     def __call__(self, error: BookieError | None) -> None:
+        self.answered(1, error)
+
+    def answered(self, count: int, error: BookieError | None) -> None:
+        """``count`` of the group's entries answered alike (a client that completes adds in
+        runs tells a run at once)."""
         if error is not None and self.error is None:
             self.error = error
-        self.left -= 1
+        self.left -= count
         if not self.left:
             self.tell(self.error)
 
@@ -116,8 +121,13 @@ def add_entries(
     master_key: bytes = b"",
 ) -> None:
     """``add_entry`` of consecutive entries to one bookie (either client), answered once:
-    ``callback`` gets the first error, or None once every one of them is durable."""
+    ``callback`` gets the first error, or None once every one of them is durable. A client
+    with ``add_run`` (the in-process one) takes them in one call."""
     answer = GroupAnswer(callback, len(entries))
+    add_run = getattr(bookie, "add_run", None)
+    if add_run is not None:
+        add_run(ledger_id, first_entry_id, entries, answer, master_key=master_key)
+        return
     for entry_id, entry in enumerate(entries, first_entry_id):
         bookie.add_entry(ledger_id, entry_id, entry, answer, master_key=master_key)
 

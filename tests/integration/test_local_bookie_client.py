@@ -12,7 +12,7 @@ from magnetar.bookie.config import BookieConfig
 from magnetar.bookie.local_client import LocalBookieClient
 from magnetar.bookie.service import Bookie
 from magnetar.common.ledger.bookie_client import BookieClient, BookieError, add_entries
-from magnetar.common.ledger.entry import encode_entry
+from magnetar.common.ledger.entry import DigestMismatchError, check_entry, encode_entry
 from magnetar.common.metadata import open_store
 from magnetar.common.proto import bookie_pb2 as pb
 
@@ -141,5 +141,42 @@ async def test_groups_are_answered_once_on_both_paths(bookie: Bookie, kind: str)
         for i in (0, 9, 10, 13):
             assert await client.read(9, i) == entry(9, i)
         assert await client.read(10, 399) == entry(10, 399, size=3000)
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("kind", ["grpc", "local"])
+async def test_a_corrupt_digest_is_caught_on_add_over_the_wire_and_on_read(
+    bookie: Bookie, kind: str
+) -> None:
+    """Over gRPC the bookie checks an entry's digest as it is added (a wire can flip bits);
+    the in-process client's entries were encoded in the same process a moment before, so
+    their digests are not computed again there (BookKeeper's bookies never do). Either way
+    the ledger client's reader, which checks every entry it reads, would not take it."""
+    client = (
+        BookieClient(bookie.address)
+        if kind == "grpc"
+        else LocalBookieClient(bookie.address, bookie.storage, bookie.info)
+    )
+    try:
+        await client.add(11, 0, entry(11, 0))
+        corrupt = bytearray(entry(11, 1))
+        corrupt[-3] ^= 0x40
+        if kind == "grpc":
+            with pytest.raises(BookieError) as refused:
+                await client.add(11, 1, bytes(corrupt))
+            assert refused.value.status == pb.DIGEST_MISMATCH
+            with pytest.raises(BookieError) as missing:
+                await client.read(11, 1)
+            assert missing.value.status == pb.NO_SUCH_ENTRY
+        else:
+            await client.add(11, 1, bytes(corrupt))
+            with pytest.raises(DigestMismatchError):
+                check_entry(await client.read(11, 1))  # what the ledger client's reader does
+        assert await client.read(11, 0) == entry(11, 0)
+        short = b"\x00" * 10  # too short for a header: refused on both paths
+        with pytest.raises(BookieError) as bad:
+            await client.add(11, 2, short)
+        assert bad.value.status == pb.BAD_REQUEST
     finally:
         await client.close()
