@@ -14,14 +14,16 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from magnetar.broker.ledger.errors import ManagedLedgerError, UnreadableEntryError
 from magnetar.broker.model.entry import dispatch_facts, entry_facts
 from magnetar.broker.model.position import Position
-from magnetar.broker.topics.consumer import Consumer
+from magnetar.broker.topics.consumer import Consumer, unacked_bit_set
 from magnetar.broker.topics.dispatchers.delayed import DelayedDeliveryTracker
 from magnetar.common.proto import pulsar_api_pb2 as pb
+from magnetar.common.protocol import codec
 
 if TYPE_CHECKING:
     from magnetar.broker.topics.subscription import Subscription
@@ -204,32 +206,84 @@ class Dispatcher(abc.ABC):
     def send(
         self, consumer: Consumer, position: Position, stored: bytes, count: int | None = None
     ) -> None:
-        """Dispatch one entry, with its redelivery count and the batch indexes already acked
-        (``count``: its messages, when the caller knows them already)."""
+        """Dispatch one entry (``count``: its messages, when the caller knows them already) to
+        a consumer the caller found ready."""
         if count is None:
             count = dispatch_facts(stored)[0]
+        self.send_run(consumer, [(position, stored, count, 0)])
+
+    def send_run(
+        self,
+        consumer: Consumer,
+        entries: list[tuple[Position, bytes, int, int]],
+        hold: Callable[[Position, int], bool] | None = None,
+    ) -> tuple[int, bool]:
+        """Dispatch ``entries`` (position, stored entry, its messages, its delivery time) in
+        order to ``consumer`` while it may take them (``Consumer.ready``: permits left, under
+        its unacked bound, its connection open and draining), each with its redelivery count
+        and the batch indexes already acked. An entry with a delivery time is offered to
+        ``hold`` first and skipped if held. Returns the index of the first entry neither sent
+        nor held (``len(entries)`` when none is left) and whether any was sent. The run's
+        frames are written, and its messages counted, once."""
         sub = self.subscription
-        acked_indexes: frozenset[int] = frozenset()
-        if count > 1:  # a batch: it may have some messages acknowledged already
-            sub.batch_sizes[position] = count
-            acked_indexes = self.cursor.acked_batch_indexes(position)
-        size = len(stored)
-        sub.messages_per_entry += (count - sub.messages_per_entry) * 0.1
-        sub.msg_out += count
+        redeliveries = sub.redelivery_counts
+        pending = consumer.pending
+        permits = consumer.permits
+        unacked = consumer.unacked
+        bound = consumer.max_unacked
+        takes = not consumer.closed and consumer.connection.writable
+        consumer_id, partition = consumer.consumer_id, consumer.partition
+        per_entry = sub.messages_per_entry
+        frames = []
+        messages = size = 0
+        stop = len(entries)
+        for i, (position, stored, count, deliver_at) in enumerate(entries):
+            if deliver_at and hold is not None and hold(position, deliver_at):
+                continue
+            # Consumer.ready, with the permits and unacked count this run has used so far.
+            if not takes or permits <= 0 or (bound > 0 and unacked >= bound):
+                stop = i
+                break
+            ack_set = None
+            if count > 1:  # a batch: it may have some messages acknowledged already
+                sub.batch_sizes[position] = count
+                acked_indexes = self.cursor.acked_batch_indexes(position)
+                if acked_indexes:
+                    # The batch's messages still to acknowledge: the client skips the rest.
+                    ack_set = unacked_bit_set(count, acked_indexes)
+            frames.append(
+                codec.encode_message_frame(
+                    consumer_id,
+                    position.ledger_id,
+                    position.entry_id,
+                    stored,
+                    partition=partition,
+                    redelivery_count=redeliveries.get(position, 0) if redeliveries else 0,
+                    ack_set=ack_set,
+                )
+            )
+            per_entry += (count - per_entry) * 0.1
+            permits -= count
+            unacked += count - pending.get(position, 0)
+            pending[position] = count
+            messages += count
+            size += len(stored)
+        if not frames:
+            return stop, False
+        consumer.connection.write(frames[0] if len(frames) == 1 else b"".join(frames))
+        consumer.permits = permits
+        consumer.unacked = unacked
+        consumer.msg_out += messages
+        consumer.bytes_out += size
+        sub.messages_per_entry = per_entry
+        sub.msg_out += messages
         sub.bytes_out += size
         topic = sub.topic
-        topic.msg_out += count
+        topic.msg_out += messages
         topic.bytes_out += size
         for limiter in sub.rate_limiters():
-            limiter.consume(count, size)
-        redeliveries = sub.redelivery_counts
-        consumer.send(
-            position,
-            stored,
-            count,
-            redeliveries.get(position, 0) if redeliveries else 0,
-            acked_indexes,
-        )
+            limiter.consume(messages, size)
+        return stop, True
 
     def redelivered(self, position: Position) -> None:
         subscription = self.subscription

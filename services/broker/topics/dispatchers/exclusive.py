@@ -29,11 +29,11 @@ class ExclusiveDispatcher(Dispatcher):
             return False
         read = await self.cursor.read_entries(self.entries_to_read(consumer.permits))
         entries = self.without_markers(read)
-        for i, (position, stored, count, _) in enumerate(entries):
-            if not consumer.ready or not self.still_serves(consumer):
-                self.cursor.unread(position)
-                return i > 0
-            self.send(consumer, position, stored, count)
+        # Nothing awaits from here on: the consumer serving now serves the whole run.
+        stop, _ = self.send_run(consumer, entries) if self.still_serves(consumer) else (0, False)
+        if stop < len(entries):
+            self.cursor.unread(entries[stop][0])
+            return stop > 0
         return bool(read)
 
     def still_serves(self, consumer: Consumer) -> bool:

@@ -37,20 +37,31 @@ class SharedDispatcher(ReplayingDispatcher):
             entries = self.without_markers(read)
             if read and not entries:
                 return True  # only markers: read on
+        if len(self.consumers) == 1:  # the usual case: the whole round goes to one consumer
+            stop, sent = self.send_run(
+                self.consumers[0], entries, None if replayed else self.hold_until
+            )
+            if stop < len(entries):
+                self._leave(entries[stop:], replayed)
+            return sent
         sent = False
         for i, (position, stored, count, deliver_at) in enumerate(entries):
             if not replayed and deliver_at and self.hold_until(position, deliver_at):
                 continue
             consumer = self._next_consumer()
             if consumer is None:  # permits ran out (batches count more than one)
-                if replayed:
-                    self.replay.update(entry[0] for entry in entries[i:])
-                else:
-                    self.cursor.unread(position)
+                self._leave(entries[i:], replayed)
                 break
             self.send(consumer, position, stored, count)
             sent = True
         return sent
+
+    def _leave(self, rest: list[tuple[Position, bytes, int, int]], replayed: bool) -> None:
+        """Entries no consumer had permits for: back to the replay set, or left unread."""
+        if replayed:
+            self.replay.update(entry[0] for entry in rest)
+        else:
+            self.cursor.unread(rest[0][0])
 
     async def _replay_entries(self, limit: int) -> list[tuple[Position, bytes]]:
         entries = []
