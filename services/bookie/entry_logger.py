@@ -14,7 +14,9 @@ import logging
 import os
 import struct
 import threading
-from collections.abc import Iterable, Iterator
+from bisect import bisect_right
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import accumulate
 from pathlib import Path
 
 from magnetar.bookie.fsutil import fsync_dir
@@ -24,6 +26,7 @@ log = logging.getLogger(__name__)
 
 MAGIC = b"MGELOG\x00\x01"
 _LEN = struct.Struct(">I")
+_RECORD_OVERHEAD = _LEN.size  # bytes a record adds to its entry
 _WRITE_BYTES = 1 << 20
 
 
@@ -31,9 +34,17 @@ class EntryLogMissingError(OSError):
     """The entry log was removed (by GC) between the index lookup and the read."""
 
 
-#: Where an entry landed: (ledger id, entry id, log id, offset, length). A plain tuple, because
-#: a flush makes one per entry and hands them straight to the index as rows.
+#: Where an entry landed: (ledger id, entry id, log id, offset, length).
 Location = tuple[int, int, int, int, int]
+
+#: Entries of one ledger written back to back in one log: (ledger id, their entry ids, log id,
+#: offset of the first one, their lengths). Entry ``ids[i]`` is at
+#: ``offset + sum(lengths[:i]) + 4 * i`` (a record is the entry's 4-byte length, then the
+#: entry). A flush hands the index one per run instead of one row per entry.
+LocationRun = tuple[int, Sequence[int], int, int, list[int]]
+
+#: Entries of one ledger to write back to back: (ledger id, their entry ids, the entries).
+EntryRun = tuple[int, Sequence[int], Sequence[bytes]]
 
 
 def log_name(log_id: int) -> str:
@@ -96,43 +107,42 @@ class EntryLogger:
         self._write_fd, self.current_log_id, self._current_size = fd, log_id, len(MAGIC)
         fsync_dir(self.directory)
 
-    def append(self, entries: Iterable[tuple[int, int, bytes]]) -> list[Location]:
-        """Write entries, fsync, and return where each one landed."""
-        locations: list[Location] = []
-        chunk: list[bytes] = []
-        chunk_bytes = 0
-        for ledger_id, entry_id, entry in entries:
-            record = len(entry) + _LEN.size
-            if self._current_size + chunk_bytes + record > self.max_bytes and (
-                self._current_size + chunk_bytes > len(MAGIC)
-            ):
-                self._write(chunk)
-                chunk, chunk_bytes = [], 0
-                self._start_log(self.current_log_id + 1)
-            offset = self._current_size + chunk_bytes + _LEN.size
-            chunk.append(_LEN.pack(len(entry)))
-            chunk.append(entry)
-            chunk_bytes += record
-            locations.append((ledger_id, entry_id, self.current_log_id, offset, len(entry)))
-        self._write(chunk)
-        os.fsync(self._write_fd)
-        return locations
+    def append(self, runs: Iterable[EntryRun]) -> list[LocationRun]:
+        """Write runs of entries, fsync, and return where they landed (a run is cut where a
+        log fills, and into writes of about a megabyte: one join of a whole memtable would
+        cost a second copy of it in memory for no gain). An entry goes to the current log if
+        it fits or the log holds none yet; else a new log is started."""
+        placed: list[LocationRun] = []
+        for ledger_id, ids, entries in runs:
+            lengths = list(map(len, entries))
+            ends = list(accumulate(map(_RECORD_OVERHEAD.__add__, lengths)))  # record ends
+            start, base = 0, 0  # base: the bytes of the records before ``start``
+            while start < len(entries):
+                room = self.max_bytes - self._current_size
+                fit = bisect_right(ends, base + room, start)
+                if fit == start and self._current_size > len(MAGIC):
+                    self._start_log(self.current_log_id + 1)
+                    continue
+                stop = max(min(fit, bisect_right(ends, base + _WRITE_BYTES, start)), start + 1)
+                records: list[bytes] = [b""] * (2 * (stop - start))
+                records[0::2] = map(_LEN.pack, lengths[start:stop])
+                records[1::2] = entries[start:stop]
+                offset = self._current_size + _LEN.size
+                self._pwrite(b"".join(records))
+                placed.append(
+                    (ledger_id, ids[start:stop], self.current_log_id, offset, lengths[start:stop])
+                )
+                start, base = stop, ends[stop - 1]
+        if placed:
+            os.fsync(self._write_fd)
+        return placed
 
-    def _write(self, chunk: list[bytes]) -> None:
-        # Joined a megabyte or so at a time: one big join of a whole memtable costs a second
-        # copy of it in memory for no gain.
-        start = 0
-        while start < len(chunk):
-            end, size = start, 0
-            while end < len(chunk) and size < _WRITE_BYTES:
-                size += len(chunk[end])
-                end += 1
-            view = memoryview(b"".join(chunk[start:end]))
-            while view:
-                n = os.pwrite(self._write_fd, view, self._current_size)
-                view = view[n:]
-                self._current_size += n
-            start = end
+    def _pwrite(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(self._write_fd, view, self._current_size)
+            view = view[n:]
+            self._current_size += n
 
     def read(self, log_id: int, offset: int, length: int) -> bytes:
         handle = self._acquire(log_id)

@@ -17,6 +17,7 @@ entry's ledger id and entry id (BookKeeper's index rebuild).
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import threading
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from magnetar.bookie.entry_logger import MAGIC as ENTRY_LOG_MAGIC
-from magnetar.bookie.entry_logger import EntryLogger, Location
+from magnetar.bookie.entry_logger import EntryLogger, Location, LocationRun
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -41,6 +42,22 @@ CREATE TABLE IF NOT EXISTS log_usage (
     PRIMARY KEY (log_id, ledger_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
+
+
+#: A run of consecutive entries: entry ``?2 + i`` has length ``lengths[i]`` (``?5``, JSON) and
+#: starts at ``?4`` plus the records before it (each its length and 4 bytes).
+_INSERT_CONSECUTIVE = (
+    "INSERT OR REPLACE INTO entries "
+    "SELECT ?1, ?2 + key, ?3, ?4 + SUM(value + 4) OVER (ORDER BY key ROWS UNBOUNDED PRECEDING) "
+    "- value - 4, value FROM json_each(?5)"
+)
+#: A run of entries with any ids: ``?4`` is a JSON array of [entry id, length] pairs.
+_INSERT_LISTED = (
+    "INSERT OR REPLACE INTO entries "
+    "SELECT ?1, value ->> 0, ?2, ?3 + SUM((value ->> 1) + 4) "
+    "OVER (ORDER BY key ROWS UNBOUNDED PRECEDING) - (value ->> 1) - 4, value ->> 1 "
+    "FROM json_each(?4)"
+)
 
 
 class IndexDamagedError(OSError):
@@ -225,16 +242,30 @@ class LedgerIndex:
                 (ledger_id,),
             )
 
-    def commit_flush(self, locations: Iterable[Location], journal_mark: int | None) -> None:
-        """Record where flushed entries landed and, atomically with it, the new checkpoint mark."""
-        rows = locations if isinstance(locations, list) else list(locations)
+    def commit_flush(self, runs: Iterable[LocationRun], journal_mark: int | None) -> None:
+        """Record where flushed entries landed and, atomically with it, the new checkpoint mark.
+
+        One statement per run of entries (not one per entry, as ``executemany`` would make:
+        each SQLite step lets go of the GIL and takes it back, which against a busy event loop
+        thread costs a thread switch per entry). SQLite reads a run's lengths from a JSON
+        array and works out each entry's offset itself, in C, without the GIL."""
         usage: dict[tuple[int, int], int] = defaultdict(int)
-        for ledger_id, _entry_id, log_id, _offset, length in rows:
-            usage[(log_id, ledger_id)] += length + 4  # + the record's length prefix
         self._writer.execute("BEGIN")
         try:
-            self._writer.executemany("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?)", rows)
-            self._writer.executemany(
+            for ledger_id, ids, log_id, offset, lengths in runs:
+                if isinstance(ids, range):
+                    rows = (ledger_id, ids.start, log_id, offset, json.dumps(lengths))
+                    self._writer.execute(_INSERT_CONSECUTIVE, rows)
+                else:
+                    rows = (
+                        ledger_id,
+                        log_id,
+                        offset,
+                        json.dumps(list(zip(ids, lengths, strict=True))),
+                    )
+                    self._writer.execute(_INSERT_LISTED, rows)
+                usage[(log_id, ledger_id)] += sum(lengths) + 4 * len(lengths)  # + length fields
+            self._writer.executemany(  # a row per log and ledger: a handful
                 "INSERT INTO log_usage VALUES (?, ?, ?) "
                 "ON CONFLICT(log_id, ledger_id) DO UPDATE SET bytes = bytes + excluded.bytes",
                 [(log_id, ledger_id, size) for (log_id, ledger_id), size in usage.items()],
@@ -324,7 +355,7 @@ def rebuild_index(
             size = (entry_log_dir / f"{log_id:08x}.log").stat().st_size
             if size > end:  # a length field or header is damaged: scanning stopped there
                 report.unreadable_bytes[log_id] = size - end
-            index.commit_flush(rows, None)
+            index.commit_flush(runs_of(rows), None)
             report.entries += len(rows)
             report.logs += 1
         for ledger_id in sorted(ledgers):
@@ -338,3 +369,18 @@ def rebuild_index(
         index.close()
         logger.close()
     return report
+
+
+def runs_of(locations: list[Location]) -> list[LocationRun]:
+    """Locations grouped into runs for ``commit_flush``: a run goes on while the entries are
+    one ledger's and back to back in one log."""
+    runs: list[LocationRun] = []
+    end = -1
+    for ledger_id, entry_id, log_id, offset, length in locations:
+        if runs and runs[-1][0] == ledger_id and runs[-1][2] == log_id and offset == end + 4:
+            runs[-1][1].append(entry_id)  # type: ignore[attr-defined]
+            runs[-1][4].append(length)
+        else:
+            runs.append((ledger_id, [entry_id], log_id, offset, [length]))
+        end = offset + length
+    return runs

@@ -928,13 +928,11 @@ class LedgerStorage:
             keys = {i: k for i, k in self._keys_unindexed.items() if i not in deleted}
 
             def flush() -> int:
-                locations = self._entry_logger.append(
-                    e for e in snapshot.sorted_entries() if e[0] not in deleted
-                )
+                placed = self._entry_logger.append(snapshot.runs(skip=deleted))
                 if keys:
                     self._index.set_master_keys(keys)
-                self._index.commit_flush(locations, mark)
-                return len(locations)
+                self._index.commit_flush(placed, mark)
+                return sum(len(run[4]) for run in placed)
 
             flushed = await loop.run_in_executor(self._flush_executor, flush)
             for ledger_id, key in keys.items():
@@ -1035,7 +1033,7 @@ class LedgerStorage:
         """
         assert self._index is not None
         index, logger = self._index, self._entry_logger
-        live = []
+        live: list[tuple[int, list[int], list[bytes]]] = []
         for ledger_id, entry_id, offset, length in index.live_entries_in_log(log_id, ledgers):
             try:
                 entry = logger.read(log_id, offset, length)
@@ -1049,9 +1047,13 @@ class LedgerStorage:
                     e,
                 )
                 return 0
-            live.append((ledger_id, entry_id, entry))
+            if live and live[-1][0] == ledger_id:
+                live[-1][1].append(entry_id)
+                live[-1][2].append(entry)
+            else:
+                live.append((ledger_id, [entry_id], [entry]))
         moved = logger.append(live)
         index.commit_flush(moved, None)
         index.forget_log(log_id)
         freed = logger.remove(log_id)
-        return freed - sum(loc[4] + 4 for loc in moved)
+        return freed - sum(sum(run[4]) + 4 * len(run[4]) for run in moved)
