@@ -22,8 +22,11 @@ its wheel (``pip install pulsar-lite==0.2.0``); how durable it is gets printed i
   subscription over the 4 topics, 256-byte messages, 60,000 messages, every message
   acknowledged on its own; unbatched (one message per entry) and batched (1 ms, <=1000
   pending). Broker CPU is user + system time of the broker's process tree from /proc over the
-  run, divided by the messages delivered; the end-to-end rate is messages over the time from
-  the start to the last message received. The machine may be shared, so each round runs both
+  run and through the work it leaves behind (``--settle`` seconds after the last message, less
+  what the broker spends idle over as long, measured before the run: Magnetar's checkpoint
+  flushes the run's entries to the entry log and index within 10 s), divided by the messages
+  delivered; the end-to-end rate is messages over the time from the start to the last message
+  received. The machine may be shared, so each round runs both
   brokers one after the other (alternating which goes first) and the figures to read are the
   ratios within a round; the load average is printed with each row.
 
@@ -256,6 +259,8 @@ def run_consumer(args: argparse.Namespace) -> int:
 # pulsar-lite 0.2.0 leaves a few hundred batched messages of a shared subscription undelivered
 # now and then; a shorter wait than the pair runs' keeps such a round from costing a minute.
 COST_DRAIN_TIMEOUT_S = 15.0
+#: Seconds the broker is watched with nothing to do before a cost run, for its idle CPU.
+IDLE_SAMPLE_S = 3.0
 
 # A cost-workload payload starts with (producer index << 40 | sequence), so one consumer over
 # several topics and producers counts each message once.
@@ -705,8 +710,9 @@ class CostResult:
     unique: int
     duplicates: int
     seconds: float
-    broker_cpu: float
+    broker_cpu: float  # during the run and after it (settling), idle time taken off
     broker_sys: float  # of broker_cpu, in the kernel
+    broker_after: float  # of broker_cpu, after the last message (the run's deferred work)
     client_cpu: float
 
     @property
@@ -737,6 +743,7 @@ def run_cost(
     size: int,
     batched: bool,
     profile: Path | None = None,
+    settle: float = 0.0,
 ) -> CostResult:
     run = uuid.uuid4().hex[:8]
     topics = [f"persistent://public/default/cost-{run}-{n}" for n in range(COST_TOPICS)]
@@ -758,6 +765,11 @@ def run_cost(
     clients = start_clients(processes, workdir, commands)
     try:
         wait_ready(clients, broker)
+        idle_rate = 0.0
+        if settle > 0:  # what the broker spends with nothing to do, to take off the settling
+            before = sum(process_tree_cpu_times(broker.process.pid))
+            time.sleep(IDLE_SAMPLE_S)
+            idle_rate = (sum(process_tree_cpu_times(broker.process.pid)) - before) / IDLE_SAMPLE_S
         load = os.getloadavg()[0]
         client_before = sum(cpu_seconds(p.pid) for p in clients.values())
         spy = None
@@ -786,6 +798,13 @@ def run_cost(
         broker_user, broker_sys = process_tree_cpu_times(broker.process.pid)
         broker_sys -= broker_sys_before
         broker_cpu = broker_user - broker_user_before + broker_sys
+        broker_after = 0.0
+        if settle > 0:  # the run's deferred work (Magnetar: the checkpoint of its entries)
+            time.sleep(settle)
+            settled_user, settled_sys = process_tree_cpu_times(broker.process.pid)
+            after = settled_user + settled_sys - broker_user - broker_sys - broker_sys_before
+            broker_after = max(after - idle_rate * settle, 0.0)
+            broker_cpu += broker_after
         if spy is not None:
             spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
             spy.wait(30)
@@ -805,6 +824,7 @@ def run_cost(
         duplicates=consumed["duplicates"],
         seconds=consumed["seconds"],
         broker_cpu=broker_cpu,
+        broker_after=broker_after,
         broker_sys=broker_sys,
         client_cpu=client_cpu,
     )
@@ -823,7 +843,9 @@ def measure_cost(
         if args.profile and broker.name == "Magnetar" and not batched:
             Path(args.profile).mkdir(parents=True, exist_ok=True)
             profile = Path(args.profile) / f"magnetar-unbatched-{time.time_ns()}.txt"
-        result = run_cost(processes, broker, workdir, args.messages, args.size, batched, profile)
+        result = run_cost(
+            processes, broker, workdir, args.messages, args.size, batched, profile, args.settle
+        )
         if profile is not None:
             print_profile(profile)
         if result.problems != "ok":
@@ -885,7 +907,8 @@ def print_cost(args: argparse.Namespace, rounds: list[dict[str, list[CostResult]
     print(f"  pulsar-lite durability: {LITE_DURABILITY}")
     print(
         f"\n{'round':<6}{'broker':<13}{'mode':<11}{'load':>6}{'e2e msg/s':>11}"
-        f"{'broker us/msg':>15}{'broker CPU':>12}{'of it sys':>11}{'clients CPU':>13}  check"
+        f"{'broker us/msg':>15}{'broker CPU':>12}{'after run':>11}{'of it sys':>11}"
+        f"{'clients CPU':>13}  check"
     )
     for number, by_broker in enumerate(rounds, 1):
         for name, results in by_broker.items():
@@ -893,7 +916,8 @@ def print_cost(args: argparse.Namespace, rounds: list[dict[str, list[CostResult]
                 mode = "batched" if r.batched else "unbatched"
                 print(
                     f"{number:<6}{name:<13}{mode:<11}{r.load:>6.2f}{r.rate:>11,.0f}"
-                    f"{r.us_per_message:>15.1f}{r.broker_cpu:>10.2f} s{r.broker_sys:>9.2f} s"
+                    f"{r.us_per_message:>15.1f}{r.broker_cpu:>10.2f} s{r.broker_after:>9.2f} s"
+                    f"{r.broker_sys:>9.2f} s"
                     f"{r.client_cpu:>11.2f} s  "
                     f"{r.acked:,} acked, {r.unique:,} received: {r.problems}"
                 )
@@ -1056,6 +1080,13 @@ def parse_args() -> argparse.Namespace:
         "--cost", action="store_true", help="run the cost workload (broker CPU per message)"
     )
     parser.add_argument("--rounds", type=int, default=3, help="--cost rounds [default: 3]")
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=12.0,
+        help="--cost: seconds after a run whose broker CPU (less idle) is the run's too: the "
+        "work it left behind, e.g. Magnetar's checkpoint every 10 s; 0: none [default: 12]",
+    )
     parser.add_argument(
         "--baseline",
         help="--cost: also run a Magnetar from this source tree (e.g. a git worktree of an "
