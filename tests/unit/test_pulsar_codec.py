@@ -10,7 +10,7 @@ import crc32c
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from magnetar.common.proto import pulsar_api_pb2 as pb
@@ -693,6 +693,10 @@ _unsigned64 = st.integers(min_value=0, max_value=2**64 - 1)
 
 
 @given(_unsigned64, _unsigned64, _signed64, _signed64, st.none() | _unsigned64)
+# Either side of the varint table (0-65,535) and a duplicate's (-1, -1).
+@example(1, 65535, 7, 65535, None)
+@example(127, 65536, 2**40, 65536, 65536)
+@example(65535, 0, -1, -1, None)
 def test_send_receipt_bytes_are_protobufs(
     producer_id: int, sequence_id: int, ledger_id: int, entry_id: int, highest: int | None
 ) -> None:
@@ -717,6 +721,9 @@ def test_send_receipt_bytes_are_protobufs(
     st.integers(min_value=0, max_value=2**32 - 1),
     st.lists(_signed64, max_size=4),
 )
+@example(65535, 7, 65535, b"x", -1, 0, [])
+@example(65536, 2**40, 65536, b"", 3, 1, [-1])
+@example(0, -1, -1, b"y" * 64, 65536, 2**32 - 1, [2**63 - 1] * 4)
 def test_message_frame_bytes_are_protobufs(
     consumer_id: int,
     ledger_id: int,
