@@ -72,11 +72,8 @@ def entry_ids(entry: bytes) -> tuple[int, int, int]:
 def check_entry(entry: bytes) -> tuple[int, int, int]:
     """(ledger id, entry id, lac) of an entry whose digest holds; the hot-path form of
     verify_entry (no header object). Raises EntryFormatError or DigestMismatchError."""
-    if len(entry) < HEADER_SIZE:
-        raise EntryFormatError(
-            f"entry of {len(entry)} bytes is shorter than its {HEADER_SIZE}-byte header"
-        )
-    ledger_id, entry_id, lac, _length, digest = _FULL.unpack_from(entry, 0)
+    ledger_id, entry_id, lac = entry_ids(entry)
+    (digest,) = _DIGEST.unpack_from(entry, _HEAD.size)
     view = memoryview(entry)
     actual = crc32c.crc32c(view[HEADER_SIZE:], crc32c.crc32c(view[: _HEAD.size]))
     if actual != digest:

@@ -457,7 +457,7 @@ def encode_message_frame(
         _VARINTS[entry_id] if 0 <= entry_id < small else _varint(entry_id)
     )
     if partition >= 0:
-        message_id += b"\x18" + _varint(partition)
+        message_id += b"\x18" + (_VARINTS[partition] if partition < small else _varint(partition))
     body = (
         b"\x08"
         + (_VARINTS[consumer_id] if 0 <= consumer_id < small else _varint(consumer_id))

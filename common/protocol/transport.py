@@ -149,6 +149,14 @@ class FrameConnection(asyncio.Protocol, abc.ABC):
             self._running_loop().call_soon(self._flush)
         self._out.append(data)
 
+    def write_all(self, frames: list[bytes]) -> None:
+        """``write`` of several encoded frames (they leave with the rest of the turn's)."""
+        if self.transport is None or self.transport.is_closing():
+            return
+        if not self._out:
+            self._running_loop().call_soon(self._flush)
+        self._out += frames
+
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         """The connection's event loop, asked once (each ``asyncio.get_running_loop()`` costs a
         ``getpid`` system call, and writes and slices ask per turn)."""

@@ -47,6 +47,12 @@ LocationRun = tuple[int, Sequence[int], int, int, list[int]]
 EntryRun = tuple[int, Sequence[int], Sequence[bytes]]
 
 
+def run_bytes(run: LocationRun) -> int:
+    """The bytes a run of entries takes in its log: the entries and their length fields."""
+    lengths = run[4]
+    return sum(lengths) + _RECORD_OVERHEAD * len(lengths)
+
+
 def log_name(log_id: int) -> str:
     return f"{log_id:08x}.log"
 
@@ -108,37 +114,47 @@ class EntryLogger:
         fsync_dir(self.directory)
 
     def append(self, runs: Iterable[EntryRun]) -> list[LocationRun]:
-        """Write runs of entries, fsync, and return where they landed (a run is cut where a
-        log fills, and into writes of about a megabyte: one join of a whole memtable would
-        cost a second copy of it in memory for no gain). An entry goes to the current log if
-        it fits or the log holds none yet; else a new log is started."""
+        """Write runs of entries, fsync, and return where they landed. A run is cut where a
+        log fills; records are written about a megabyte at a time across runs (one join of a
+        whole memtable would cost a second copy of it in memory for no gain). An entry goes to
+        the current log if it fits or the log holds none yet; else a new log is started."""
         placed: list[LocationRun] = []
+        pending: list[bytes] = []  # records to write after the log's current end
+        pending_bytes = 0
         for ledger_id, ids, entries in runs:
             lengths = list(map(len, entries))
             ends = list(accumulate(map(_RECORD_OVERHEAD.__add__, lengths)))  # record ends
             start, base = 0, 0  # base: the bytes of the records before ``start``
             while start < len(entries):
-                room = self.max_bytes - self._current_size
-                fit = bisect_right(ends, base + room, start)
-                if fit == start and self._current_size > len(MAGIC):
+                used = self._current_size + pending_bytes
+                fit = bisect_right(ends, base + self.max_bytes - used, start)
+                if fit == start and used > len(MAGIC):
+                    self._pwrite(pending)
+                    pending, pending_bytes = [], 0
                     self._start_log(self.current_log_id + 1)
                     continue
-                stop = max(min(fit, bisect_right(ends, base + _WRITE_BYTES, start)), start + 1)
+                write_room = base + _WRITE_BYTES - pending_bytes
+                stop = max(min(fit, bisect_right(ends, write_room, start)), start + 1)
                 records: list[bytes] = [b""] * (2 * (stop - start))
                 records[0::2] = map(_LEN.pack, lengths[start:stop])
                 records[1::2] = entries[start:stop]
-                offset = self._current_size + _LEN.size
-                self._pwrite(b"".join(records))
+                pending += records
+                pending_bytes += ends[stop - 1] - base
                 placed.append(
-                    (ledger_id, ids[start:stop], self.current_log_id, offset, lengths[start:stop])
-                )
+                    (ledger_id, ids[start:stop], self.current_log_id, used + _LEN.size,
+                     lengths[start:stop])
+                )  # fmt: skip
                 start, base = stop, ends[stop - 1]
+                if pending_bytes >= _WRITE_BYTES:
+                    self._pwrite(pending)
+                    pending, pending_bytes = [], 0
         if placed:
+            self._pwrite(pending)
             os.fsync(self._write_fd)
         return placed
 
-    def _pwrite(self, data: bytes) -> None:
-        view = memoryview(data)
+    def _pwrite(self, records: list[bytes]) -> None:
+        view = memoryview(b"".join(records))
         while view:
             n = os.pwrite(self._write_fd, view, self._current_size)
             view = view[n:]

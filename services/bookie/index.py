@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from magnetar.bookie.entry_logger import MAGIC as ENTRY_LOG_MAGIC
-from magnetar.bookie.entry_logger import EntryLogger, Location, LocationRun
+from magnetar.bookie.entry_logger import EntryLogger, Location, LocationRun, run_bytes
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -54,9 +54,9 @@ _INSERT_CONSECUTIVE = (
 #: A run of entries with any ids: ``?4`` is a JSON array of [entry id, length] pairs.
 _INSERT_LISTED = (
     "INSERT OR REPLACE INTO entries "
-    "SELECT ?1, value ->> 0, ?2, ?3 + SUM((value ->> 1) + 4) "
-    "OVER (ORDER BY key ROWS UNBOUNDED PRECEDING) - (value ->> 1) - 4, value ->> 1 "
-    "FROM json_each(?4)"
+    "SELECT ?1, json_extract(value, '$[0]'), ?2, "
+    "?3 + SUM(json_extract(value, '$[1]') + 4) OVER (ORDER BY key ROWS UNBOUNDED PRECEDING) "
+    "- json_extract(value, '$[1]') - 4, json_extract(value, '$[1]') FROM json_each(?4)"
 )
 
 
@@ -252,7 +252,8 @@ class LedgerIndex:
         usage: dict[tuple[int, int], int] = defaultdict(int)
         self._writer.execute("BEGIN")
         try:
-            for ledger_id, ids, log_id, offset, lengths in runs:
+            for run in runs:
+                ledger_id, ids, log_id, offset, lengths = run
                 if isinstance(ids, range):
                     rows = (ledger_id, ids.start, log_id, offset, json.dumps(lengths))
                     self._writer.execute(_INSERT_CONSECUTIVE, rows)
@@ -264,7 +265,7 @@ class LedgerIndex:
                         json.dumps(list(zip(ids, lengths, strict=True))),
                     )
                     self._writer.execute(_INSERT_LISTED, rows)
-                usage[(log_id, ledger_id)] += sum(lengths) + 4 * len(lengths)  # + length fields
+                usage[(log_id, ledger_id)] += run_bytes(run)
             self._writer.executemany(  # a row per log and ledger: a handful
                 "INSERT INTO log_usage VALUES (?, ?, ?) "
                 "ON CONFLICT(log_id, ledger_id) DO UPDATE SET bytes = bytes + excluded.bytes",

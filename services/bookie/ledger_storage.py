@@ -34,7 +34,7 @@ from typing import Protocol
 from magnetar.bookie import journal as jnl
 from magnetar.bookie.bookkeeper_stats import StorageGauges
 from magnetar.bookie.config import BookieConfig
-from magnetar.bookie.entry_logger import EntryLogger, EntryLogMissingError, log_name
+from magnetar.bookie.entry_logger import EntryLogger, EntryLogMissingError, log_name, run_bytes
 from magnetar.bookie.index import IndexDamagedError, LedgerIndex
 from magnetar.bookie.memtable import Memtable
 from magnetar.bookie.metrics import BookieMetrics
@@ -1056,4 +1056,4 @@ class LedgerStorage:
         index.commit_flush(moved, None)
         index.forget_log(log_id)
         freed = logger.remove(log_id)
-        return freed - sum(sum(run[4]) + 4 * len(run[4]) for run in moved)
+        return freed - sum(map(run_bytes, moved))

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Sequence
 
+from magnetar.bookie.entry_logger import EntryRun
+
 
 class Memtable:
     __slots__ = ("_last", "_ledgers", "size")
@@ -57,7 +59,7 @@ class Memtable:
             for entry_id in sorted(entries):
                 yield ledger_id, entry_id, entries[entry_id]
 
-    def runs(self, skip: Collection[int] = ()) -> Iterator[tuple[int, Sequence[int], list[bytes]]]:
+    def runs(self, skip: Collection[int] = ()) -> Iterator[EntryRun]:
         """(ledger id, entry ids, entries) per ledger, in ledger then entry order, for a flush
         to write back to back (one sequential run per ledger in the entry log, which keeps
         catch-up reads of a ledger close together on disk); ledgers in ``skip`` left out. The

@@ -29,6 +29,9 @@ class ConsumerChannel(Protocol):
     def write(self, data: bytes) -> None:
         """Queue an encoded frame (a MESSAGE) for the peer."""
 
+    def write_all(self, frames: list[bytes]) -> None:
+        """Queue encoded frames (a run of MESSAGEs) for the peer."""
+
     def send(self, body: Any) -> None:
         """Queue a command (ACTIVE_CONSUMER_CHANGE, REACHED_END_OF_TOPIC, ...) for the peer."""
 
@@ -61,7 +64,8 @@ class Consumer:
     #: The partition index of the consumer's topic (-1: not a partition), put in message ids.
     partition: int = -1
     #: Dispatched and not yet acknowledged: position -> messages in that entry. Change it only
-    #: through send / acked / clear_pending, which keep ``unacked`` (their sum) right.
+    #: through send / acked / clear_pending (and the dispatcher's ``send_run``, which is
+    #: ``send`` over a run), which keep ``unacked`` (their sum) right.
     pending: dict[Position, int] = field(default_factory=dict)
     unacked: int = 0
     #: Shared and key_shared: stop sending while ``unacked`` is at this bound (0: no bound).

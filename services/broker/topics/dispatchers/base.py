@@ -206,11 +206,33 @@ class Dispatcher(abc.ABC):
     def send(
         self, consumer: Consumer, position: Position, stored: bytes, count: int | None = None
     ) -> None:
-        """Dispatch one entry (``count``: its messages, when the caller knows them already) to
-        a consumer the caller found ready."""
+        """Dispatch one entry, with its redelivery count and the batch indexes already acked
+        (``count``: its messages, when the caller knows them already), to a consumer the caller
+        found ready. ``send_run`` is this and ``Consumer.send`` over a run, unrolled."""
         if count is None:
             count = dispatch_facts(stored)[0]
-        self.send_run(consumer, [(position, stored, count, 0)])
+        sub = self.subscription
+        acked_indexes: frozenset[int] = frozenset()
+        if count > 1:  # a batch: it may have some messages acknowledged already
+            sub.batch_sizes[position] = count
+            acked_indexes = self.cursor.acked_batch_indexes(position)
+        size = len(stored)
+        sub.messages_per_entry += (count - sub.messages_per_entry) * 0.1
+        sub.msg_out += count
+        sub.bytes_out += size
+        topic = sub.topic
+        topic.msg_out += count
+        topic.bytes_out += size
+        for limiter in sub.rate_limiters():
+            limiter.consume(count, size)
+        redeliveries = sub.redelivery_counts
+        consumer.send(
+            position,
+            stored,
+            count,
+            redeliveries.get(position, 0) if redeliveries else 0,
+            acked_indexes,
+        )
 
     def send_run(
         self,
@@ -270,7 +292,7 @@ class Dispatcher(abc.ABC):
             size += len(stored)
         if not frames:
             return stop, False
-        consumer.connection.write(frames[0] if len(frames) == 1 else b"".join(frames))
+        consumer.connection.write_all(frames)
         consumer.permits = permits
         consumer.unacked = unacked
         consumer.msg_out += messages
