@@ -216,15 +216,8 @@ class Dispatcher(abc.ABC):
         if count > 1:  # a batch: it may have some messages acknowledged already
             sub.batch_sizes[position] = count
             acked_indexes = self.cursor.acked_batch_indexes(position)
-        size = len(stored)
         sub.messages_per_entry += (count - sub.messages_per_entry) * 0.1
-        sub.msg_out += count
-        sub.bytes_out += size
-        topic = sub.topic
-        topic.msg_out += count
-        topic.bytes_out += size
-        for limiter in sub.rate_limiters():
-            limiter.consume(count, size)
+        self._count_out(count, len(stored))
         redeliveries = sub.redelivery_counts
         consumer.send(
             position,
@@ -298,6 +291,13 @@ class Dispatcher(abc.ABC):
         consumer.msg_out += messages
         consumer.bytes_out += size
         sub.messages_per_entry = per_entry
+        self._count_out(messages, size)
+        return stop, True
+
+    def _count_out(self, messages: int, size: int) -> None:
+        """Messages dispatched: the subscription's and topic's counters and the dispatch rate
+        limiters."""
+        sub = self.subscription
         sub.msg_out += messages
         sub.bytes_out += size
         topic = sub.topic
@@ -305,7 +305,6 @@ class Dispatcher(abc.ABC):
         topic.bytes_out += size
         for limiter in sub.rate_limiters():
             limiter.consume(messages, size)
-        return stop, True
 
     def redelivered(self, position: Position) -> None:
         subscription = self.subscription
