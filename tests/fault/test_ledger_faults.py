@@ -640,6 +640,13 @@ async def test_grouped_adds_survive_a_bookie_killed_mid_write(cluster4: LedgerCl
         assert [error for _, error in told] == [None] * groups, told[:3]
         assert [first for first, _ in told] == [n * group_size for n in range(groups)]
         assert handle.last_add_confirmed == groups * group_size - 1
+        # Qa2 of Qw3: the adds were acknowledged by the two bookies left; the replacement's
+        # copies may still be on their way (a new connection to it, a loaded machine). Wait
+        # for its copy of the last entry while the client is open, as BookKeeper's close
+        # does not wait for them either.
+        [replacement] = set(handle.ensemble) - set(ensemble)
+        async with BookieClient(replacement) as bookie:
+            await wait_stored(bookie, handle.ledger_id, groups * group_size - 1)
         await handle.close()
         metadata, _ = await client.read_metadata(handle.ledger_id)
         assert metadata.last_entry_id == groups * group_size - 1

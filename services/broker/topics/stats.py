@@ -49,8 +49,8 @@ def _average(size: int, messages: int) -> float:
     return size / messages if messages else 0.0
 
 
-def publisher_stats(view: PublisherView, rates: RateWindow) -> dict[str, Any]:
-    rate, throughput = rates.rates((view.messages, view.bytes))
+def publisher_stats(view: PublisherView, rates: RateWindow, now: float) -> dict[str, Any]:
+    rate, throughput = rates.rates((view.messages, view.bytes), now)
     return {
         "accessMode": view.access_mode,
         "msgRateIn": rate,
@@ -67,8 +67,8 @@ def publisher_stats(view: PublisherView, rates: RateWindow) -> dict[str, Any]:
     }
 
 
-def consumer_stats(consumer: Consumer, rates: RateWindow) -> dict[str, Any]:
-    rate, throughput = rates.rates((consumer.msg_out, consumer.bytes_out))
+def consumer_stats(consumer: Consumer, rates: RateWindow, now: float) -> dict[str, Any]:
+    rate, throughput = rates.rates((consumer.msg_out, consumer.bytes_out), now)
     return {
         "msgRateOut": rate,
         "msgThroughputOut": throughput,
@@ -95,9 +95,10 @@ def _topic_stats(
     subscriptions: dict[str, dict[str, Any]],
     storage_size: int,
     backlog_size: int,
+    now: float,
 ) -> dict[str, Any]:
     rate_in, throughput_in, rate_out, throughput_out = rates.topic.rates(
-        (topic.messages_in, topic.bytes_in, topic.msg_out, topic.bytes_out)
+        (topic.messages_in, topic.bytes_in, topic.msg_out, topic.bytes_out), now
     )
     views = topic.producers.attached()
     rates.keep_only(
@@ -126,7 +127,7 @@ def _topic_stats(
         "waitingPublishers": 0,
         "publishRateLimitedTimes": topic.publish_throttle.limited_times,
         "publishers": [
-            publisher_stats(v, rates.of(("producer", v.producer_id, v.name))) for v in views
+            publisher_stats(v, rates.of(("producer", v.producer_id, v.name)), now) for v in views
         ],
         "subscriptions": subscriptions,
         "replication": {},
@@ -136,9 +137,9 @@ def _topic_stats(
 
 
 def _subscription_rates(
-    rates: TopicRates, name: str, msg_out: int, bytes_out: int
+    rates: TopicRates, name: str, msg_out: int, bytes_out: int, now: float
 ) -> dict[str, Any]:
-    rate, throughput = rates.of(("subscription", name)).rates((msg_out, bytes_out))
+    rate, throughput = rates.of(("subscription", name)).rates((msg_out, bytes_out), now)
     return {
         "msgRateOut": rate,
         "msgThroughputOut": throughput,
@@ -149,15 +150,19 @@ def _subscription_rates(
     }
 
 
-def _consumers(rates: TopicRates, name: str, consumers: list[Consumer]) -> list[dict[str, Any]]:
+def _consumers(
+    rates: TopicRates, name: str, consumers: list[Consumer], now: float
+) -> list[dict[str, Any]]:
     return [
-        consumer_stats(c, rates.of(("consumer", name, c.consumer_id, id(c)))) for c in consumers
+        consumer_stats(c, rates.of(("consumer", name, c.consumer_id, id(c))), now)
+        for c in consumers
     ]
 
 
 def persistent_stats(topic: PersistentTopic, rates: TopicRates) -> dict[str, Any]:
     ml = topic.ml
     entry_size = _average(ml.total_size, ml.number_of_entries)
+    now = time.monotonic()  # one instant for every rate of the answer
     subscriptions: dict[str, dict[str, Any]] = {}
     for name, sub in topic.subscriptions.items():
         consumers = sub.dispatcher.consumers
@@ -166,7 +171,7 @@ def persistent_stats(topic: PersistentTopic, rates: TopicRates) -> dict[str, Any
         if sub.sub_type in (pb.CommandSubscribe.Exclusive, pb.CommandSubscribe.Failover):
             active = active_consumer(list(consumers), topic.name)
         subscriptions[name] = {
-            **_subscription_rates(rates, name, sub.msg_out, sub.bytes_out),
+            **_subscription_rates(rates, name, sub.msg_out, sub.bytes_out, now),
             "msgBacklog": backlog,
             "backlogSize": int(backlog * entry_size),
             "msgBacklogNoDelayed": backlog,
@@ -178,7 +183,7 @@ def persistent_stats(topic: PersistentTopic, rates: TopicRates) -> dict[str, Any
             "msgRateExpired": 0.0,
             "totalMsgExpired": sub.expired,
             "lastExpireTimestamp": sub.last_expired_ms,
-            "consumers": _consumers(rates, name, list(consumers)),
+            "consumers": _consumers(rates, name, list(consumers), now),
             "isDurable": sub.durable,
             "isReplicated": sub.replicated,
             "nonContiguousDeletedMessagesRanges": len(sub.cursor.individually_acked),
@@ -190,7 +195,7 @@ def persistent_stats(topic: PersistentTopic, rates: TopicRates) -> dict[str, Any
     return {
         # Pulsar's topic backlogSize: behind the slowest durable cursor, a replicator's too.
         **_topic_stats(
-            topic, rates, subscriptions, ml.total_size + compacted, topic.backlog_size()
+            topic, rates, subscriptions, ml.total_size + compacted, topic.backlog_size(), now
         ),
         "compaction": topic.compaction.stats(),
         # Pulsar's: the backlog quota in force, bytes and seconds (-1: none).
@@ -213,9 +218,10 @@ def _throttled(counts: Counter[tuple[str, str]]) -> dict[str, int]:
 
 
 def nonpersistent_stats(topic: NonPersistentTopic, rates: TopicRates) -> dict[str, Any]:
+    now = time.monotonic()  # one instant for every rate of the answer
     subscriptions = {
         name: {
-            **_subscription_rates(rates, name, sub.msg_out, sub.bytes_out),
+            **_subscription_rates(rates, name, sub.msg_out, sub.bytes_out, now),
             "msgBacklog": 0,
             "backlogSize": 0,
             "unackedMessages": 0,
@@ -223,13 +229,13 @@ def nonpersistent_stats(topic: NonPersistentTopic, rates: TopicRates) -> dict[st
             "msgDropped": sub.dropped,
             "msgRateExpired": 0.0,
             "totalMsgExpired": 0,
-            "consumers": _consumers(rates, name, list(sub.consumers)),
+            "consumers": _consumers(rates, name, list(sub.consumers), now),
             "isDurable": False,
             "isReplicated": False,
         }
         for name, sub in topic.subscriptions.items()
     }
-    return {**_topic_stats(topic, rates, subscriptions, 0, 0), "msgDropRate": 0.0}
+    return {**_topic_stats(topic, rates, subscriptions, 0, 0, now), "msgDropRate": 0.0}
 
 
 def _iso(ms: int) -> str:
