@@ -211,6 +211,7 @@ def test_clusters_are_shared_and_replication_lists_are_checked(geo: Geo) -> None
     status, body = east.admin("POST", "/admin/v2/namespaces/narrow/ns/replication", [])
     assert status == 412 and "ClusterIds should not be null or empty" in str(body), body
     assert east.admin_json("GET", "/admin/v2/namespaces/narrow/ns/replication") == []
+    east.admin_json("DELETE", "/admin/v2/namespaces/narrow/ns")  # not replicated: deleted here
 
 
 def test_a_cluster_left_out_of_the_replication_list_refuses_its_topics(geo: Geo) -> None:
@@ -289,7 +290,6 @@ def test_a_replicated_namespace_is_deleted_where_pulsar_allows(geo: Geo) -> None
         assert e.headers["Location"].startswith(f"http://127.0.0.1:{geo.broker('west').http_port}/")
     admin(geo.broker("east"), "namespaces", "delete", "pair/gone")  # the CLI follows it
     assert geo.clusters["north"].admin_json("GET", "/admin/v2/namespaces/pair") == []
-    east.admin_json("DELETE", "/admin/v2/namespaces/narrow/ns")  # not replicated
     east.admin_json("DELETE", "/admin/v2/tenants/pair")
 
 
