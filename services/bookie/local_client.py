@@ -70,12 +70,7 @@ class LocalBookieClient:
         recovery: bool = False,
         master_key: bytes = b"",
     ) -> None:
-        self._start()
-        self._ops.append(_AddOp(ledger_id, entry_id, entry, recovery, master_key))
-        self._callbacks.append(callback)
-        self._outstanding += 1
-        if not self._ready.is_set():
-            self._ready.set()
+        self._queue([_AddOp(ledger_id, entry_id, entry, recovery, master_key)], [callback])
 
     def add_run(
         self,
@@ -88,17 +83,14 @@ class LocalBookieClient:
     ) -> None:
         """``add_entry`` of consecutive entries answered by one ``GroupAnswer``, in one call
         (what ``add_entries`` uses): completed in runs, the answer told once per run."""
-        self._start()
-        self._ops += [
+        ops = [
             _AddOp(ledger_id, entry_id, entry, False, master_key)
             for entry_id, entry in enumerate(entries, first_entry_id)
         ]
-        self._callbacks += [answer] * len(entries)
-        self._outstanding += len(entries)
-        if not self._ready.is_set():
-            self._ready.set()
+        self._queue(ops, [answer] * len(entries))
 
-    def _start(self) -> None:
+    def _queue(self, ops: list[_AddOp], callbacks: list[AddCallback]) -> None:
+        """Queue adds for the submit task (started with the first add)."""
         if self._closed:
             raise BookieUnavailableError(self.address, "client closed")
         if not self._tasks:
@@ -106,6 +98,11 @@ class LocalBookieClient:
                 asyncio.create_task(self._submit(), name=f"local-bookie-submit-{self.address}"),
                 asyncio.create_task(self._complete(), name=f"local-bookie-done-{self.address}"),
             ]
+        self._ops += ops
+        self._callbacks += callbacks
+        self._outstanding += len(ops)
+        if not self._ready.is_set():
+            self._ready.set()
 
     def add(
         self,
