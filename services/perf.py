@@ -32,6 +32,8 @@ from magnetar.admin_cli import UsageError, topic_path
 # broken, not slow), as pulsar-perf does. Three significant digits keep each histogram ~200 KB.
 MAX_LATENCY_US = 3_600_000_000
 SIGNIFICANT_DIGITS = 3
+#: The longest the producer waits, after flush, for the client to run the last send callbacks.
+CALLBACKS_SETTLE_S = 10.0
 
 SUBSCRIPTION_TYPES = {
     "exclusive": "Exclusive",
@@ -346,6 +348,11 @@ class Recorder:
                 self.interval.record_value(value)
                 self.cumulative.record_value(value)
 
+    def answered(self) -> int:
+        """Sends told so far, stored or failed."""
+        with self.lock:
+            return self.count + self.failed
+
     def fail(self) -> None:
         with self.lock:
             self.failed += 1
@@ -651,6 +658,11 @@ def _produce(pulsar, client, args, the_plan: Plan, recorder: Recorder, log) -> i
         for producer in producers:
             producer.flush()
         elapsed = time.monotonic() - started
+        # flush returns once the broker acknowledged everything, but the client may still be
+        # running the last callbacks on its own thread: count them all before the summary.
+        settled_by = time.monotonic() + CALLBACKS_SETTLE_S
+        while recorder.answered() < sent and time.monotonic() < settled_by:
+            time.sleep(0.005)
     _summary(args, recorder, elapsed, "sent")
     return 0 if recorder.failed == 0 else 1
 
