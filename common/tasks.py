@@ -1,5 +1,6 @@
 """Background tasks nobody awaits, whose failures are still seen: each is kept in a set while
-it runs (so it is not garbage-collected) and its exception, if any, is logged."""
+it runs (so it is not garbage-collected) and its exception, if any, is logged. And a bounded
+wait for an event that never loses its task's cancellation."""
 
 from __future__ import annotations
 
@@ -40,3 +41,18 @@ def spawn_logged(
 
     task.add_done_callback(done)
     return task
+
+
+async def wait_set(event: asyncio.Event, seconds: float) -> bool:
+    """Wait at most ``seconds`` for ``event``; whether it is set.
+
+    Not ``asyncio.wait_for``: on Python 3.11 it drops a cancellation that arrives in the turn the
+    event is set (it returns the event's result instead), so a loop stopped by cancelling its task
+    went on for ever (a geo-replicator's, and with it the unload of its bundle).
+    ``asyncio.timeout`` turns only its own cancellation into ``TimeoutError``."""
+    try:
+        async with asyncio.timeout(seconds):
+            await event.wait()
+    except TimeoutError:
+        pass
+    return event.is_set()

@@ -117,7 +117,8 @@ class _Connection:
             connect.auth_method_name = auth_method
             connect.auth_data = auth_data
         self.write(connect)
-        frame = await asyncio.wait_for(asyncio.shield(self._connected), timeout)
+        async with asyncio.timeout(timeout):  # not wait_for: see magnetar.common.tasks.wait_set
+            frame = await asyncio.shield(self._connected)
         if frame.name != "CONNECTED":
             raise ProducerClientError("the remote broker asked for an authentication challenge")
 
@@ -126,7 +127,8 @@ class _Connection:
         future: asyncio.Future[codec.Frame] = asyncio.get_running_loop().create_future()
         self._requests[request_id] = future
         self.write(command)
-        frame = await asyncio.wait_for(future, timeout)
+        async with asyncio.timeout(timeout):
+            frame = await future
         if frame.name == "ERROR":
             raise ProducerClientError(
                 f"{pb.ServerError.Name(frame.body.error)}: {frame.body.message}"
@@ -186,9 +188,10 @@ class ProducerClient:
         if tls and self.tls is None:
             raise ProducerClientError(f"{url} needs TLS and no client TLS context is set")
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(host, port, ssl=self.tls if tls else None), self.timeout
-            )
+            async with asyncio.timeout(self.timeout):
+                reader, writer = await asyncio.open_connection(
+                    host, port, ssl=self.tls if tls else None
+                )
         except (OSError, TimeoutError) as e:
             raise ProducerClientError(f"cannot reach {url}: {e}") from None
         connection = _Connection(reader, writer)

@@ -37,6 +37,7 @@ import crc32c
 
 from magnetar.bookie.fsutil import fsync_dir
 from magnetar.common.ledger.entry import HEADER_SIZE, EntryFormatError, decode_header
+from magnetar.common.tasks import wait_set
 
 log = logging.getLogger(__name__)
 
@@ -246,9 +247,7 @@ class Journal:
                     if remaining <= 0:
                         break
                     self._wakeup.clear()
-                    try:
-                        await asyncio.wait_for(self._wakeup.wait(), remaining)
-                    except TimeoutError:
+                    if not await wait_set(self._wakeup, remaining):
                         break
             group, self._queue = self._queue, []
             self._queued_bytes = 0

@@ -48,6 +48,7 @@ from magnetar.common.ledger.entry import (
     verify_entry,
 )
 from magnetar.common.proto import bookie_pb2 as pb
+from magnetar.common.tasks import wait_set
 
 #: Status names by number, for metric labels (the protobuf enum wrapper is slow to ask).
 STATUS_NAMES = {value: name for name, value in pb.Status.items()}
@@ -820,10 +821,7 @@ class LedgerStorage:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break  # the caller sees lac <= previous: a timed-out poll
-                try:
-                    await asyncio.wait_for(state.lac_change().wait(), remaining)
-                except TimeoutError:
-                    pass
+                await wait_set(state.lac_change(), remaining)
                 if ledger_id in self._deleted:
                     raise StorageError(pb.NO_SUCH_LEDGER, f"ledger {ledger_id} was deleted")
         return state

@@ -6,14 +6,24 @@ receipts, a connection lost with sends pending)."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
 from magnetar.broker.model.entry import entry_metadata, entry_payload
-from magnetar.broker.topics.replicator import is_replicator_cursor, outgoing_entry
+from magnetar.broker.model.topic_name import TopicName
+from magnetar.broker.namespace.clusters import ClusterData
+from magnetar.broker.topics.replicator import (
+    ReplicationContext,
+    Replicator,
+    cursor_name,
+    is_replicator_cursor,
+    outgoing_entry,
+)
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
 from magnetar.common.protocol.producer_client import ProducerClient, ProducerClientError
+from magnetar.common.tasks import wait_set
 
 
 def stored(**fields: object) -> bytes:
@@ -146,5 +156,77 @@ def test_a_lost_connection_fails_every_pending_send() -> None:
             await asyncio.wait_for(client.send(9, stored()), 1)
         await client.close()
         await broker.close()
+
+    asyncio.run(run())
+
+
+class IdleCursor:
+    """A replicator's cursor with nothing to read: the replicator waits for a wake-up."""
+
+    backlog = 0
+
+    def rewind(self) -> None:
+        pass
+
+    async def read_entries(self, count: int) -> list[object]:
+        return []
+
+
+@pytest.mark.parametrize("turns", range(6))
+def test_a_stop_is_never_lost_when_a_wake_up_comes_with_it(turns: int) -> None:
+    """The unload of a bundle hung for ever (once in about 30 loaded runs): the replicator was
+    woken by the topic's last add in the very turns its stop cancelled it, ``asyncio.wait_for``
+    (Python 3.11) returned the wake-up and dropped the cancellation, and the replicator went on
+    waiting and reading while ``stop`` waited for it. Each step of that race is tried here."""
+
+    async def run() -> None:
+        broker = FakeBroker()
+        url = await broker.start()
+        topic = SimpleNamespace(
+            name=TopicName.parse("persistent://t/ns/x"),
+            ml=SimpleNamespace(cursors={cursor_name("west"): IdleCursor()}),
+        )
+
+        async def find_cluster(name: str) -> ClusterData:
+            return ClusterData(broker_service_url=url)
+
+        replicator = Replicator(topic, "west", ReplicationContext("east", find_cluster))  # type: ignore[arg-type]
+        replicator.start()
+        for _ in range(500):  # connected to the fake broker within 5 s
+            if replicator.connected:
+                break
+            await asyncio.sleep(0.01)
+        assert replicator.connected
+        await asyncio.sleep(0.05)  # waiting for a wake-up now
+        replicator.wake()
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        await asyncio.wait_for(replicator.stop(), 3)
+        assert not replicator.connected
+        await broker.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("turns", range(6))
+def test_wait_set_keeps_a_cancellation_that_comes_with_the_event(turns: int) -> None:
+    async def run() -> None:
+        event = asyncio.Event()
+        woken: list[bool] = []
+
+        async def loop() -> None:
+            while True:
+                woken.append(await wait_set(event, 10))
+                event.clear()
+
+        task = asyncio.create_task(loop())
+        await asyncio.sleep(0.01)
+        event.set()
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        task.cancel()
+        await asyncio.wait([task], timeout=1)
+        assert task.cancelled()
+        assert woken in ([], [True])
 
     asyncio.run(run())

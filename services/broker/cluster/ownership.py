@@ -41,6 +41,7 @@ from magnetar.common.metadata import (
     Put,
 )
 from magnetar.common.metadata.prefix_cache import PrefixCache
+from magnetar.common.tasks import wait_set
 
 log = logging.getLogger(__name__)
 
@@ -326,8 +327,7 @@ class OwnershipStore:
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._change.wait(), left)
+            await wait_set(self._change, left)
 
     def add_lost_listener(self, callback: Callable[[], None]) -> None:
         """``callback()`` runs once when the session may be lost (this broker must stop serving

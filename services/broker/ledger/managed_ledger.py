@@ -62,6 +62,7 @@ from magnetar.common.ledger.errors import (
 from magnetar.common.ledger.handle import LedgerHandle
 from magnetar.common.ledger.managed_ledger_list import LedgerInfo, ManagedLedgerRecord
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError, MetadataStore
+from magnetar.common.tasks import wait_set
 
 log = logging.getLogger(__name__)
 
@@ -716,9 +717,7 @@ class ManagedLedger(LedgerPositions):
                 or self.terminated_at is not None
             ):
                 return False
-            try:
-                await asyncio.wait_for(added.wait(), remaining)
-            except TimeoutError:
+            if not await wait_set(added, remaining):
                 return self.first_at_or_after(following) is not None
 
     # -- cursors -------------------------------------------------------------------------------

@@ -391,6 +391,8 @@ class PersistentTopic:
             if remote not in wanted:
                 await self.replicators.pop(remote).remove()
                 log.info("topic %s: replication to %s stopped", self.name, remote)
+        if self.unloading:
+            return  # it began unloading meanwhile: start nothing on a topic being closed
         for remote in sorted(wanted - set(self.replicators)):
             replicator = Replicator(self, remote, context)
             self.replicators[remote] = replicator

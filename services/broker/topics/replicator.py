@@ -39,6 +39,7 @@ from magnetar.broker.namespace.clusters import ClusterData
 from magnetar.broker.topics.replicated_subscriptions import ReplicatedSubscriptionSettings
 from magnetar.common.protocol import codec
 from magnetar.common.protocol.producer_client import ProducerClient
+from magnetar.common.tasks import wait_set
 
 if TYPE_CHECKING:
     from magnetar.broker.ledger.cursor import ManagedCursor
@@ -111,6 +112,8 @@ class Replicator:
         self.bytes_out = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        #: Set by ``stop``: the loops end at their next turn even if a cancellation was lost.
+        self._stopped = False
         self._rate_mark = (time.monotonic(), 0, 0)
         self._rates = (0.0, 0.0)
         self.last_error = ""
@@ -132,6 +135,8 @@ class Replicator:
 
     async def stop(self) -> None:
         """Stop sending (the cursor stays, at the last receipt, for the next owner)."""
+        self._stopped = True
+        self._wake.set()
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -185,7 +190,7 @@ class Replicator:
     async def _run(self) -> None:
         backoff = 0.1
         name = cursor_name(self.remote)
-        while True:
+        while not self._stopped:
             try:
                 if self.cursor is None:
                     found = self.topic.ml.cursors.get(name)
@@ -246,16 +251,13 @@ class Replicator:
 
     async def _replicate(self, cursor: ManagedCursor, client: ProducerClient) -> None:
         local, remote = self.context.local_cluster, self.remote
-        while True:
+        while not self._stopped:
             self._wake.clear()
             entries = await cursor.read_entries(self.context.batch_size)
             if not entries:
                 if not client.connected:
                     raise ConnectionError("the remote broker closed the connection")
-                try:
-                    await asyncio.wait_for(self._wake.wait(), 1.0)
-                except TimeoutError:
-                    pass
+                await wait_set(self._wake, 1.0)
                 continue
             sent: list[tuple[Position, asyncio.Future[object] | None, int, int]] = []
             if self._oldest_unacked_ms is None:

@@ -51,7 +51,7 @@ from magnetar.broker.topics.replicator import ReplicationContext
 from magnetar.common.cluster.broker_info import BrokerInfo
 from magnetar.common.ledger.client import LedgerClient
 from magnetar.common.metadata import NOT_EXISTS, BadVersionError, MetadataStore
-from magnetar.common.tasks import spawn_logged
+from magnetar.common.tasks import spawn_logged, wait_set
 
 log = logging.getLogger(__name__)
 
@@ -423,12 +423,7 @@ class TopicService:
 
     async def _policy_loop(self) -> None:
         while True:
-            try:
-                await asyncio.wait_for(
-                    self._policy_wake.wait(), self._host.config.policy_check_interval_seconds
-                )
-            except TimeoutError:
-                pass
+            await wait_set(self._policy_wake, self._host.config.policy_check_interval_seconds)
             self._policy_wake.clear()
             await self.apply_policies()
 

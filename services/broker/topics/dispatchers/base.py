@@ -24,6 +24,7 @@ from magnetar.broker.topics.consumer import Consumer, unacked_bit_set
 from magnetar.broker.topics.dispatchers.delayed import DelayedDeliveryTracker
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
+from magnetar.common.tasks import wait_set
 
 if TYPE_CHECKING:
     from magnetar.broker.topics.subscription import Subscription
@@ -139,10 +140,7 @@ class Dispatcher(abc.ABC):
         )
 
     async def _backoff(self, seconds: float) -> None:
-        try:
-            await asyncio.wait_for(self._wake.wait(), seconds)
-        except TimeoutError:
-            pass
+        await wait_set(self._wake, seconds)
 
     def _skip_unreadable(self, error: UnreadableEntryError) -> bool:
         """Pulsar's autoSkipNonRecoverableData: acknowledge an entry no bookie can give back,
