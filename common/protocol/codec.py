@@ -33,6 +33,7 @@ from collections.abc import Iterable
 from typing import Any, NoReturn
 
 import crc32c
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import Message
 
 from magnetar.common.proto import pulsar_api_pb2 as pb
@@ -187,11 +188,13 @@ class Frame:
     present (a wrong one raises `ChecksumError` instead). `headers_and_payload` are the exact
     bytes from the checksum magic (or the metadata size when there is none) to the end: what a
     broker stores as the entry and later sends back after a MESSAGE command. A decoded frame
-    copies its payload out of `headers_and_payload` only when asked for it (a broker storing a
-    SEND never is).
+    makes its metadata object and copies its payload out of `headers_and_payload` only when
+    asked for them (a broker storing a plain SEND never is; the metadata was checked already).
     """
 
     __slots__ = (
+        "_metadata",
+        "_metadata_at",
         "_payload",
         "_payload_at",
         "body",
@@ -199,7 +202,6 @@ class Frame:
         "checksum",
         "command",
         "headers_and_payload",
-        "metadata",
         "type",
     )
 
@@ -213,14 +215,18 @@ class Frame:
         headers_and_payload: bytes = b"",
         payload_at: int = -1,
         body: Message | None = None,
+        metadata_at: int = -1,
     ) -> None:
         self.command = command
         #: The command's type and its body (e.g. ``command.send`` for SEND), read once here:
         #: every frame is asked for them more than once.
         self.type: int = command.type
         self.body: Message = command_body(command) if body is None else body
-        self.metadata = metadata
-        self._payload = payload
+        self._metadata = metadata
+        #: Where the (checked) metadata starts in ``headers_and_payload``, up to the payload
+        #: (-1: ``metadata`` is given).
+        self._metadata_at = metadata_at
+        self._payload: bytes | None = payload if payload_at < 0 else None
         #: Where the payload starts in ``headers_and_payload`` (-1: ``payload`` is given).
         self._payload_at = payload_at
         self.checksum = checksum
@@ -231,10 +237,17 @@ class Frame:
         return f"Frame({self.name}, {len(self.headers_and_payload)} bytes of payload section)"
 
     @property
+    def metadata(self) -> pb.MessageMetadata | None:
+        if self._metadata is None and self._metadata_at >= 0:
+            self._metadata = pb.MessageMetadata.FromString(
+                self.headers_and_payload[self._metadata_at : self._payload_at]
+            )
+        return self._metadata
+
+    @property
     def payload(self) -> bytes:
-        if self._payload_at >= 0:
+        if self._payload is None:
             self._payload = self.headers_and_payload[self._payload_at :]
-            self._payload_at = -1
         return self._payload
 
     @property
@@ -575,6 +588,64 @@ if [f.number for f in pb.MessageMetadata.DESCRIPTOR.fields if f.is_required] != 
     raise RuntimeError("_parse_metadata relies on MessageMetadata's required fields being 1-3")
 
 
+def _checked_copy(message_type: Any) -> Any:
+    """``message_type`` once more, built from its own descriptor in a pool of its own, with every
+    string field (nested ones too) declared checked as UTF-8 when parsed (protobuf editions):
+    a parse into it that does not raise, then ``IsInitialized``, is what ``_check`` finds, done
+    in C without reading a field. Nothing is written by hand, so it cannot drift from the
+    schema."""
+    source = message_type.DESCRIPTOR.file
+    package = f"{source.package}.checked"
+    copy = descriptor_pb2.FileDescriptorProto()
+    source.CopyToProto(copy)
+    copy.name = f"checked/{source.name}"
+    copy.package = package
+    copy.ClearField("service")
+    copy.syntax = "editions"
+    copy.edition = descriptor_pb2.EDITION_2023  # its default: strings are checked when parsed
+    features = copy.options.features
+    features.enum_type = descriptor_pb2.FeatureSet.CLOSED  # proto2's enums
+    features.repeated_field_encoding = descriptor_pb2.FeatureSet.EXPANDED  # proto2's default
+
+    def as_editions(message: descriptor_pb2.DescriptorProto) -> None:
+        for field in message.field:
+            if field.label == field.LABEL_REQUIRED:
+                field.label = field.LABEL_OPTIONAL
+                field.options.features.field_presence = descriptor_pb2.FeatureSet.LEGACY_REQUIRED
+            if field.options.HasField("packed"):
+                if field.options.packed:
+                    field.options.features.repeated_field_encoding = (
+                        descriptor_pb2.FeatureSet.PACKED
+                    )
+                field.options.ClearField("packed")
+            if field.type_name.startswith(f".{source.package}."):
+                field.type_name = f".{package}.{field.type_name[len(source.package) + 2 :]}"
+        for nested in message.nested_type:
+            as_editions(nested)
+
+    for message in copy.message_type:
+        as_editions(message)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(copy)
+    return message_factory.GetMessageClass(
+        pool.FindMessageTypeByName(f"{package}.{message_type.DESCRIPTOR.name}")
+    )
+
+
+_CheckedMetadata = _checked_copy(pb.MessageMetadata)
+
+
+def _metadata_valid(data: memoryview) -> bool:
+    """Whether ``data`` is a valid MessageMetadata (``_parse_metadata`` finds no problem), with
+    no MessageMetadata made: the usual SEND's check."""
+    checked = _CheckedMetadata()
+    try:
+        checked.ParseFromString(data)
+    except Exception:  # unparseable, or text that is not UTF-8: _parse_metadata says which
+        return False
+    return checked.IsInitialized()
+
+
 def _parse_metadata(metadata: pb.MessageMetadata, data: memoryview) -> str | None:
     """``_parse`` for the MessageMetadata of every SEND and MESSAGE, in fewer calls: the
     common case (required fields set, text only in single string fields) is told apart
@@ -663,19 +734,20 @@ def _decode_payload_section(command: pb.BaseCommand, body: Message, view: memory
         magic, expected, metadata_size = _CHECKED_HEAD.unpack_from(view, 0)
         if magic == MAGIC_CRC32C and metadata_size <= size - 10:
             checked = view[6:]
-            if crc32c.crc32c(checked) == expected:
-                metadata = pb.MessageMetadata()
-                if _parse_metadata(metadata, view[10 : 10 + metadata_size]) is None:
-                    return Frame(
-                        command,
-                        metadata,
-                        b"",
-                        ChecksumState.VALID,
-                        None,
-                        bytes(view),
-                        10 + metadata_size,
-                        body,
-                    )
+            if crc32c.crc32c(checked) == expected and _metadata_valid(
+                view[10 : 10 + metadata_size]
+            ):
+                return Frame(
+                    command,
+                    None,
+                    b"",
+                    ChecksumState.VALID,
+                    None,
+                    bytes(view),
+                    10 + metadata_size,
+                    body,
+                    10,
+                )
         # anything else (or any problem) is read, and answered, below
     name = command_name(command.type)
     pos = 0

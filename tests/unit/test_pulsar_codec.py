@@ -432,6 +432,64 @@ def test_send_metadata_is_checked(metadata: bytes, problem: str) -> None:
         codec.FrameDecoder().feed(frame_of(command_bytes(send_command()), tail))
 
 
+@pytest.mark.parametrize("checksum", [False, True])
+@pytest.mark.parametrize(
+    ("metadata", "problem"),
+    [
+        (_SEQUENCE + _TIME, "lacks required fields: producer_name"),
+        (_NAME + _SEQUENCE + _TIME + _field(6, _BAD), "MessageMetadata.partition_key"),
+        (
+            _NAME + _SEQUENCE + _TIME + _field(4, _field(1, b"k") + _field(2, _BAD)),
+            "KeyValue.value",
+        ),
+        (_NAME + _SEQUENCE + _TIME + _field(4, _field(1, b"k")), "lacks required fields"),
+        (_NAME + _SEQUENCE + _TIME + b"\xff", "unparseable MessageMetadata"),
+    ],
+)
+def test_send_metadata_is_checked_with_or_without_a_checksum(
+    metadata: bytes, problem: str, checksum: bool
+) -> None:
+    """A SEND with a checksum is checked by the quick path (a parse into the schema's copy
+    with checked strings, no metadata object made); its refusals are the same."""
+    section = struct.pack(">I", len(metadata)) + metadata + b"payload"
+    if checksum:
+        section = struct.pack(">HI", codec.MAGIC_CRC32C, crc32c.crc32c(section)) + section
+    with pytest.raises(codec.MetadataDecodeError, match=re.escape(problem)):
+        codec.FrameDecoder().feed(frame_of(command_bytes(send_command()), section))
+
+
+_TEXT = st.sampled_from([b"", b"p-1", "vé".encode(), _BAD, b"\xed\xa0\x80"])  # last: a surrogate
+_METADATA_FIELDS = st.one_of(
+    st.tuples(st.sampled_from([1, 5, 6, 7, 26]), _TEXT).map(lambda f: _field(*f)),
+    st.tuples(st.sampled_from([2, 3, 11]), st.integers(0, 2**40)).map(lambda f: _field(*f)),
+    st.tuples(st.booleans(), _TEXT, st.booleans(), _TEXT).map(
+        lambda kv: _field(
+            4, (_field(1, kv[1]) if kv[0] else b"") + (_field(2, kv[3]) if kv[2] else b"")
+        )
+    ),
+    st.binary(max_size=6),
+)
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_METADATA_FIELDS, max_size=8))
+def test_the_quick_metadata_check_agrees_with_the_full_one(fields: list[bytes]) -> None:
+    data = memoryview(b"".join(fields))
+    full = codec._parse_metadata(pb.MessageMetadata(), data) is None
+    assert codec._metadata_valid(data) == full
+
+
+def test_a_checked_sends_metadata_is_made_when_asked_for() -> None:
+    metadata = minimal_metadata(partition_key="k", properties=[pb.KeyValue(key="a", value="b")])
+    frame = decode_one(
+        codec.encode_payload_command(pb.CommandSend(producer_id=1, sequence_id=2), metadata, b"x")
+    )
+    assert frame.checksum_present
+    assert frame.metadata == metadata  # a MessageMetadata of its own, equal to the one sent
+    assert type(frame.metadata) is pb.MessageMetadata
+    assert frame.payload == b"x"
+
+
 def test_send_metadata_with_text_in_lists_and_nested_fields_is_taken() -> None:
     metadata = (
         _NAME
