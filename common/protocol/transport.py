@@ -112,6 +112,10 @@ class FrameConnection(asyncio.Protocol, abc.ABC):
     def writing_resumed(self) -> None:
         """The transport drained below its low-water mark: whoever waits to write may go on."""
 
+    def frames_handled(self) -> None:
+        """A slice of frames was handled (``_process_frames``): work kept back to be done for
+        several frames at once is done now."""
+
     # -- asyncio.Protocol ---------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -182,43 +186,52 @@ class FrameConnection(asyncio.Protocol, abc.ABC):
     def _process_frames(self) -> None:
         """Handle the frames received so far, a slice at a time: after FRAMES_PER_SLICE the
         rest waits for the next turn of the event loop (reading paused meanwhile), so journal
-        completions and receipts go out while a burst is still being read."""
+        completions and receipts go out while a burst is still being read. However the slice
+        ends, ``frames_handled`` follows it."""
         if self._reading_held:
             return
         if self._reading_paused and self.transport is not None:
             self._reading_paused = False
             self.transport.resume_reading()
-        for _ in range(FRAMES_PER_SLICE):
-            if self.state is ConnectionState.CLOSED:
-                return
-            if self._reading_held:
-                return  # hold_reading paused the transport and resumes it
-            try:
-                frame = self.decoder.next_frame()
-            except codec.ChecksumError as e:
-                self.checksum_failed(e)
-                continue
-            except codec.ProtocolError as e:
-                log.warning("connection %s: malformed frame, closing it: %s", self.peer, e)
-                self.close()
-                return
-            if frame is None:
-                return
-            try:
-                self.state = next_state(self.state, frame.type)
-            except IllegalCommand as e:
-                log.warning("connection %s: %s; closing", self.peer, e)
-                self.close()
-                return
-            try:
-                self.handle_frame(frame)
-            except Exception:
-                log.exception("connection %s: error handling %s", self.peer, frame.name)
-                self.frame_failed(frame)
+        try:
+            for _ in range(FRAMES_PER_SLICE):
+                if self.state is ConnectionState.CLOSED:
+                    return
+                if self._reading_held:
+                    return  # hold_reading paused the transport and resumes it
+                try:
+                    frame = self.decoder.next_frame()
+                except codec.ChecksumError as e:
+                    self.checksum_failed(e)
+                    continue
+                except codec.ProtocolError as e:
+                    log.warning("connection %s: malformed frame, closing it: %s", self.peer, e)
+                    self.close()
+                    return
+                if frame is None:
+                    return
+                try:
+                    self.state = next_state(self.state, frame.type)
+                except IllegalCommand as e:
+                    log.warning("connection %s: %s; closing", self.peer, e)
+                    self.close()
+                    return
+                try:
+                    self.handle_frame(frame)
+                except Exception:
+                    log.exception("connection %s: error handling %s", self.peer, frame.name)
+                    self.frame_failed(frame)
+        finally:
+            self.frames_handled()
         if self.transport is not None and not self.transport.is_closing():
             self._reading_paused = True
             self.transport.pause_reading()
             self._running_loop().call_soon(self._process_frames)
+
+    @property
+    def reading_held(self) -> bool:
+        """Whether reading is held back (``hold_reading``) now."""
+        return self._reading_held
 
     def hold_reading(self, seconds: float) -> None:
         """Read nothing from the peer for ``seconds`` (Pulsar pauses a producer's connection

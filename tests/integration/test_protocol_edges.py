@@ -37,6 +37,7 @@ from tests.support.raw_client import (
     assert_log_clean,
     drain,
     module_standalone,
+    send_frame,
 )
 from tests.support.standalone import StandaloneProcess, client
 
@@ -375,6 +376,65 @@ def test_subscription_type_changes_once_no_consumer_is_attached(node: Standalone
             c.subscribe("pending-type-change", "s", consumer_type=pulsar.ConsumerType.Exclusive)
     finally:
         c.close()
+
+
+def test_interleaved_sends_of_two_producers_in_one_write_keep_each_producers_order(
+    node: StandaloneProcess, pc: pulsar.Client
+) -> None:
+    """The broker serves a read's SENDs a producer at a time (``producer.send_run``): SENDs of
+    two producers interleaved in one write, a CLOSE_PRODUCER among them and a SEND after it,
+    are stored in each producer's order, every one before the close receipted, the one after
+    it refused as Pulsar refuses a SEND for a producer that is gone."""
+    count = 300
+    topics = {1: "edge-run-a", 2: "edge-run-b"}
+    with RawConnection(node) as raw:
+        raw.connect()
+        names = {}
+        for producer_id, topic in topics.items():
+            raw.command(
+                pb.CommandProducer(
+                    topic=f"persistent://public/default/{topic}",
+                    producer_id=producer_id,
+                    request_id=producer_id,
+                )
+            )
+            names[producer_id] = raw.expect(Type.PRODUCER_SUCCESS).body.producer_name  # type: ignore[attr-defined]
+        burst = [
+            send_frame(p, i, f"{topics[p]}-{i}".encode(), producer_name=names[p])
+            for i in range(count)
+            for p in (1, 2)
+        ]
+        burst.append(codec.encode_command(pb.CommandCloseProducer(producer_id=1, request_id=9)))
+        burst.append(send_frame(1, count, b"late", producer_name=names[1]))
+        burst += [
+            send_frame(2, i, f"edge-run-b-{i}".encode(), producer_name=names[2])
+            for i in range(count, count + 5)
+        ]
+        raw.send(b"".join(burst))
+        receipts: dict[int, list[tuple[int, int]]] = {1: [], 2: []}
+        answers = []
+        while len(receipts[1]) + len(receipts[2]) < 2 * count + 5 or len(answers) < 2:
+            frame = raw.next_frame()
+            if frame.type == Type.SEND_RECEIPT:
+                body = frame.body
+                receipts[body.producer_id].append((body.sequence_id, body.message_id.entryId))  # type: ignore[attr-defined]
+            else:
+                answers.append(frame)
+    assert [f.name for f in answers] in (["SUCCESS", "SEND_ERROR"], ["SEND_ERROR", "SUCCESS"])
+    refused = next(f.body for f in answers if f.name == "SEND_ERROR")
+    assert (refused.producer_id, refused.sequence_id) == (1, count)  # type: ignore[attr-defined]
+    for producer_id, expected in ((1, count), (2, count + 5)):
+        assert [s for s, _ in receipts[producer_id]] == list(range(expected))
+        entry_ids = [e for _, e in receipts[producer_id]]
+        assert entry_ids == sorted(entry_ids) and len(set(entry_ids)) == expected
+    for producer_id, expected in ((1, count), (2, count + 5)):
+        topic = topics[producer_id]
+        reader = pc.create_reader(topic, pulsar.MessageId.earliest)
+        got = []
+        while reader.has_message_available():
+            got.append(reader.read_next(timeout_millis=5000).data().decode())
+        reader.close()
+        assert got == [f"{topic}-{i}" for i in range(expected)]
 
 
 def test_standalone_log_is_clean(node: StandaloneProcess) -> None:

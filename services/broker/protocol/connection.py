@@ -45,6 +45,7 @@ from magnetar.common.tls import peer_certificate_der
 
 log = logging.getLogger(__name__)
 Type = pb.BaseCommand.Type
+_SEND = Type.SEND  # asked of every frame: a plain int, not an attribute of the enum wrapper
 
 AnyTopic = PersistentTopic | NonPersistentTopic
 AnySubscription = Subscription | NonPersistentSubscription
@@ -77,6 +78,9 @@ class ServerConnection(FrameConnection):
         self.identity = Identity()
         #: Frames that arrived while CONNECT's credentials were being checked (None: none held).
         self._held: list[codec.Frame] | None = None
+        #: The SENDs of the slice being handled, by producer id, in their order: served
+        #: together when the slice ends or another command comes (``frames_handled``).
+        self._sends: dict[int, list[codec.Frame]] = {}
 
     # -- transport ----------------------------------------------------------------------------
 
@@ -131,7 +135,31 @@ class ServerConnection(FrameConnection):
                 return
             self._held.append(frame)
             return
+        if frame.type == _SEND:
+            producer_id = frame.body.producer_id  # type: ignore[union-attr]
+            sends = self._sends.get(producer_id)
+            if sends is None:
+                self._sends[producer_id] = [frame]
+            else:
+                sends.append(frame)
+            return
+        if self._sends:
+            self.frames_handled()  # the SENDs before this command come first
         HANDLERS.get(frame.type, connect.unsupported)(self, frame.body, frame)
+
+    def frames_handled(self) -> None:
+        """Serve the SENDs gathered so far, each producer's as a run (``producer.send_run``)."""
+        if not self._sends:
+            return
+        sends, self._sends = self._sends, {}
+        for frames in sends.values():
+            producer.send_run(self, frames)
+
+    def keep_sends(self, frames: list[codec.Frame]) -> None:
+        """SENDs of one producer read before reading was held (a publish rate): served first
+        when it is released, before the producer's next ones."""
+        producer_id = frames[0].body.producer_id  # type: ignore[union-attr]
+        self._sends[producer_id] = frames + self._sends.pop(producer_id, [])
 
     # -- authentication (protocol/authentication.py) -------------------------------------------
 
@@ -143,8 +171,9 @@ class ServerConnection(FrameConnection):
         held, self._held = self._held or [], None
         for frame in held:
             if self.is_closed:
-                return
+                break
             self.handle_frame(frame)
+        self.frames_handled()
 
     @property
     def is_closed(self) -> bool:
@@ -337,7 +366,6 @@ HANDLERS: dict[int, Handler] = {
     Type.GET_SCHEMA: schema.get_schema,
     Type.GET_OR_CREATE_SCHEMA: schema.get_or_create_schema,
     Type.PRODUCER: producer.producer,
-    Type.SEND: producer.send_message,
     Type.CLOSE_PRODUCER: producer.close_producer,
     Type.SUBSCRIBE: consumer.subscribe,
     Type.FLOW: consumer.flow,

@@ -154,6 +154,47 @@ def close_producer(
     conn.send(pb.CommandSuccess(request_id=body.request_id))
 
 
+def send_run(conn: ServerConnection, frames: list[codec.Frame]) -> None:
+    """The SENDs of one producer read in one slice, in their order. Plain ones (the usual: no
+    chunk, not a geo-replicator's) go to the topic as one run (``publish_run``): the producer,
+    the broker's right to serve and the counters are looked at once, not per message. Else, or
+    when the topic takes no run now, each is served on its own (``send_message``); once that
+    holds reading back (a publish rate), the rest wait with the frames not read yet."""
+    found = conn.producers.get(frames[0].body.producer_id)  # type: ignore[union-attr]
+    if (
+        found is not None
+        and len(frames) > 1
+        and not is_replicator_cursor(found[1])
+        and conn.broker.may_serve()
+    ):
+        topic, producer_name = found
+        run = []
+        messages = size = 0
+        for frame in frames:
+            body: pb.CommandSend = frame.body  # type: ignore[assignment]
+            if body.is_chunk:
+                break
+            stored = frame.headers_and_payload
+            highest = body.highest_sequence_id if body.HasField("highest_sequence_id") else None
+            run.append(
+                (stored, functools.partial(_receipt, conn, topic, body, body.sequence_id, highest))
+            )
+            messages += body.num_messages or 1
+            size += len(stored)
+        else:
+            if topic.publish_run(producer_name, run, messages, size):
+                return
+    for index, frame in enumerate(frames):
+        try:
+            send_message(conn, frame.body, frame)  # type: ignore[arg-type]
+        except Exception:
+            log.exception("connection %s: error handling a SEND", conn.peer)
+            conn.frame_failed(frame)
+        if conn.reading_held and index + 1 < len(frames):
+            conn.keep_sends(frames[index + 1 :])
+            return
+
+
 def send_message(conn: ServerConnection, body: pb.CommandSend, frame: codec.Frame) -> None:
     producer_id = body.producer_id
     found = conn.producers.get(producer_id)
@@ -179,12 +220,11 @@ def send_message(conn: ServerConnection, body: pb.CommandSend, frame: codec.Fram
     dedup_name, dedup_sequence, dedup_highest = producer_name, sequence_id, highest
     marker = False
     chunk: tuple[int, int] | None = None  # (chunk id, chunks of its message)
-    # Decoded and checked with the frame (a SEND's always is).
-    metadata = frame.metadata if frame.metadata is not None else entry_metadata(stored)
     if is_replicator_cursor(producer_name):
         # A geo-replicator: deduplicate by the original producer and sequence id (Pulsar's
         # rule for replicated messages), so a resend after a replicator restart is dropped.
         # A remote's marker: stored as a marker (never deduplicated, never counted).
+        metadata = _metadata(frame)
         marker = is_marker(metadata)
         dedup_name, dedup_sequence = metadata.producer_name, metadata.sequence_id
         dedup_highest = (
@@ -193,6 +233,7 @@ def send_message(conn: ServerConnection, body: pb.CommandSend, frame: codec.Fram
         if metadata.HasField("chunk_id"):
             chunk = (metadata.chunk_id, metadata.num_chunks_from_msg)
     elif body.is_chunk:
+        metadata = _metadata(frame)
         chunk = (metadata.chunk_id, metadata.num_chunks_from_msg)
     # Every chunk of a message carries its sequence id: deduplication looks at the last chunk
     # only, and records nothing for the others (Pulsar's rule).
@@ -213,6 +254,12 @@ def send_message(conn: ServerConnection, body: pb.CommandSend, frame: codec.Fram
     pause = topic.publish_throttle.published(messages, len(stored))
     if pause > 0:
         conn.hold_reading(pause)  # the rest of the second: nothing more read from this client
+
+
+def _metadata(frame: codec.Frame) -> pb.MessageMetadata:
+    """A SEND's metadata, checked when the frame was decoded (made only when a send needs it)."""
+    found = frame.metadata
+    return found if found is not None else entry_metadata(frame.headers_and_payload)
 
 
 def _receipt(

@@ -19,7 +19,7 @@ from magnetar.broker.errors import (
 )
 from magnetar.broker.ledger.compactor import COMPACTION_CURSOR
 from magnetar.broker.ledger.cursor import ManagedCursor, NonDurableCursor
-from magnetar.broker.ledger.managed_ledger import ManagedLedger
+from magnetar.broker.ledger.managed_ledger import ManagedLedger, StoredListener
 from magnetar.broker.model.entry import entry_metadata, is_marker_entry, message_count
 from magnetar.broker.model.message_id import LATEST, from_wire, to_wire
 from magnetar.broker.model.position import Position
@@ -213,6 +213,35 @@ class PersistentTopic:
             last = max(sequence_id, highest)
             future.add_done_callback(lambda f: self._persisted(f, producer_name, last))
         return future  # type: ignore[return-value]
+
+    def publish_run(
+        self,
+        producer_name: str,
+        run: list[tuple[bytes, StoredListener]],
+        messages: int,
+        size: int,
+    ) -> bool:
+        """``publish`` of one producer's plain entries (not markers, not chunks) that arrived
+        together, in their order, ``(stored, on_stored)`` each, counted once: ``messages`` and
+        ``size`` in all. False, and nothing done, when each must go on its own: deduplication
+        looks at every entry, a publish rate is checked after each, an unloading topic refuses
+        them."""
+        if (
+            self.unloading
+            or self.deduplication is not None
+            or self.publish_throttle.limiter is not None
+        ):
+            return False
+        add = self.ml.add_entry_async
+        for stored, on_stored in run:
+            future = add(stored, on_stored)
+        self._last_publish = future
+        self.last_active = self.last_data_at = time.monotonic()
+        self.msg_in += len(run)
+        self.bytes_in += size
+        self.messages_in += messages
+        self.producers.count(producer_name, messages, size)
+        return True
 
     @property
     def terminated(self) -> bool:
