@@ -74,6 +74,17 @@ class AddOpLike(Protocol):
 
 
 @dataclass(slots=True)
+class AddRun:
+    """Consecutive entries of one ledger from one writer, added together (``add_runs``)."""
+
+    ledger_id: int
+    first_entry_id: int
+    entries: list[bytes]
+    master_key: bytes
+    recovery: bool = False
+
+
+@dataclass(slots=True)
 class LedgerState:
     """What the bookie knows of one ledger. ``loaded`` says whether the index was consulted for
     entries older than this process (lazily, on the first request that needs it)."""
@@ -507,7 +518,8 @@ class LedgerStorage:
         for i, op in enumerate(ops):
             entry = op.entry  # read once: a protobuf bytes field may be copied on every access
             try:
-                state, entry_id, lac = self._check_add(op, entry, check_digests)
+                entry_id, lac = self._check_entry(op.ledger_id, op.entry_id, entry, check_digests)
+                state = self._ledger_taking_adds(op.ledger_id, op.recovery)
                 self._check_master_key(op.ledger_id, op.master_key, new_keys)
             except StorageError as e:
                 failures.append((i, e.status, e.message))
@@ -519,6 +531,64 @@ class LedgerStorage:
             records.append(entry)
             accepted.append((i, state, lac))
             size += len(entry)
+        return self._journal_adds(records, failures, accepted, size, started, new_keys)
+
+    def add_runs(
+        self, runs: Sequence[AddRun], *, check_digests: bool = True
+    ) -> Awaitable[list[tuple[int, int, str]]]:
+        """``add`` of runs of entries, the ops numbered across the runs in order: the ledger's
+        state and the writer's key are checked once per run, each entry's size and header (and
+        digest) on its own. A run refused as a whole (read-only, deleted, fenced, another key)
+        fails each of its entries with that refusal. The in-process client's adds."""
+        started = time.perf_counter()
+        failures: list[tuple[int, int, str]] = []
+        accepted: list[tuple[int, LedgerState, int]] = []
+        records: list[bytes] = []
+        size = 0
+        put = self._memtable.put
+        new_keys: dict[int, bytes] = {}
+        check = self._check_entry
+        i = 0
+        for run in runs:
+            ledger_id, entries = run.ledger_id, run.entries
+            try:
+                state = self._ledger_taking_adds(ledger_id, run.recovery)
+                self._check_master_key(ledger_id, run.master_key, new_keys)
+            except StorageError as e:
+                failures += [(i + k, e.status, e.message) for k in range(len(entries))]
+                i += len(entries)
+                continue
+            last = state.last_entry_id
+            for entry_id, entry in enumerate(entries, run.first_entry_id):
+                try:
+                    _, lac = check(ledger_id, entry_id, entry, check_digests)
+                except StorageError as e:
+                    failures.append((i, e.status, e.message))
+                    i += 1
+                    continue
+                put(ledger_id, entry_id, entry)
+                if entry_id > last:
+                    last = entry_id
+                records.append(entry)
+                accepted.append((i, state, lac))
+                size += len(entry)
+                i += 1
+            state.last_entry_id = last
+            self._last_add[ledger_id] = time.monotonic()
+        return self._journal_adds(records, failures, accepted, size, started, new_keys)
+
+    def _journal_adds(
+        self,
+        records: list[bytes],
+        failures: list[tuple[int, int, str]],
+        accepted: list[tuple[int, LedgerState, int]],
+        size: int,
+        started: float,
+        new_keys: dict[int, bytes],
+    ) -> Awaitable[list[tuple[int, int, str]]]:
+        """The accepted adds (in the memtable already) to the journal, with the keys they
+        bring; the awaitable of ``add``."""
+        memtable = self._memtable
         if memtable.size >= self.config.write_cache_bytes // 2 and self._flushing is None:
             self._start_flush()
         durable = None
@@ -549,9 +619,10 @@ class LedgerStorage:
                 "the metadata store was reset); refused",
             )
 
-    def _check_add(
-        self, op: AddOpLike, entry: bytes, check_digest: bool = True
-    ) -> tuple[LedgerState, int, int]:
+    def _check_entry(
+        self, op_ledger_id: int, op_entry_id: int, entry: bytes, check_digest: bool
+    ) -> tuple[int, int]:
+        """(entry id, lac) of an added entry whose size and header (and digest) hold."""
         if len(entry) > self.config.max_entry_size:
             raise StorageError(
                 pb.TOO_LARGE,
@@ -563,14 +634,18 @@ class LedgerStorage:
             raise StorageError(pb.BAD_REQUEST, str(e)) from None
         except DigestMismatchError as e:
             raise StorageError(pb.DIGEST_MISMATCH, f"received entry is corrupt: {e}") from None
-        if ledger_id != op.ledger_id or entry_id != op.entry_id:
+        if ledger_id != op_ledger_id or entry_id != op_entry_id:
             raise StorageError(
                 pb.BAD_REQUEST,
-                f"request names ledger {op.ledger_id} entry {op.entry_id} but the entry header "
+                f"request names ledger {op_ledger_id} entry {op_entry_id} but the entry header "
                 f"says ledger {ledger_id} entry {entry_id}",
             )
         if entry_id < 0:
             raise StorageError(pb.BAD_REQUEST, f"entry id {entry_id} is negative")
+        return entry_id, lac
+
+    def _ledger_taking_adds(self, ledger_id: int, recovery: bool) -> LedgerState:
+        """The ledger's state, if it may take an add now (a recovery add: even fenced)."""
         if self._read_only_reason is not None:
             raise StorageError(pb.READ_ONLY, f"bookie is read-only: {self._read_only_reason}")
         if ledger_id in self._deleted:
@@ -578,9 +653,9 @@ class LedgerStorage:
         state = self._ledgers.get(ledger_id)
         if state is None:
             state = self._ledgers[ledger_id] = LedgerState()
-        elif state.fenced and not op.recovery:
+        elif state.fenced and not recovery:
             raise StorageError(pb.FENCED, f"ledger {ledger_id} is fenced")
-        return state, entry_id, lac
+        return state
 
     async def _finish_add(
         self,

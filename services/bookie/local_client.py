@@ -12,9 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
-from magnetar.bookie.ledger_storage import LedgerStorage, StorageError
+from magnetar.bookie.ledger_storage import AddRun, LedgerStorage, StorageError
 from magnetar.common.ledger.bookie_client import (
     AddCallback,
     BookieError,
@@ -31,15 +30,6 @@ log = logging.getLogger(__name__)
 MAX_BATCH_BYTES = 1024 * 1024
 
 
-@dataclass(slots=True)
-class _AddOp:
-    ledger_id: int
-    entry_id: int
-    entry: bytes
-    recovery: bool
-    master_key: bytes
-
-
 _Batch = tuple[list[AddCallback], Awaitable[list[tuple[int, int, str]]] | BaseException]
 
 
@@ -50,7 +40,9 @@ class LocalBookieClient:
         self.address = address
         self.storage = storage
         self._info = info
-        self._ops: list[_AddOp] = []
+        #: Adds waiting for the submit task, as runs (``AddRun``), with their bytes; and the
+        #: callbacks, one per entry, in the same order.
+        self._runs: list[tuple[AddRun, int]] = []
         self._callbacks: list[AddCallback] = []
         self._ready = asyncio.Event()
         self._batches: asyncio.Queue[_Batch] = asyncio.Queue()
@@ -70,7 +62,7 @@ class LocalBookieClient:
         recovery: bool = False,
         master_key: bytes = b"",
     ) -> None:
-        self._queue([_AddOp(ledger_id, entry_id, entry, recovery, master_key)], [callback])
+        self._queue(AddRun(ledger_id, entry_id, [entry], master_key, recovery), [callback])
 
     def add_run(
         self,
@@ -83,13 +75,9 @@ class LocalBookieClient:
     ) -> None:
         """``add_entry`` of consecutive entries answered by one ``GroupAnswer``, in one call
         (what ``add_entries`` uses): completed in runs, the answer told once per run."""
-        ops = [
-            _AddOp(ledger_id, entry_id, entry, False, master_key)
-            for entry_id, entry in enumerate(entries, first_entry_id)
-        ]
-        self._queue(ops, [answer] * len(entries))
+        self._queue(AddRun(ledger_id, first_entry_id, entries, master_key), [answer] * len(entries))
 
-    def _queue(self, ops: list[_AddOp], callbacks: list[AddCallback]) -> None:
+    def _queue(self, run: AddRun, callbacks: list[AddCallback]) -> None:
         """Queue adds for the submit task (started with the first add)."""
         if self._closed:
             raise BookieUnavailableError(self.address, "client closed")
@@ -98,9 +86,9 @@ class LocalBookieClient:
                 asyncio.create_task(self._submit(), name=f"local-bookie-submit-{self.address}"),
                 asyncio.create_task(self._complete(), name=f"local-bookie-done-{self.address}"),
             ]
-        self._ops += ops
+        self._runs.append((run, sum(map(len, run.entries))))
         self._callbacks += callbacks
-        self._outstanding += len(ops)
+        self._outstanding += len(callbacks)
         if not self._ready.is_set():
             self._ready.set()
 
@@ -124,21 +112,24 @@ class LocalBookieClient:
     async def _submit(self) -> None:
         """Hand queued adds to the storage in batches, in order (it journals them at once)."""
         while True:
-            if not self._ops:
+            if not self._runs:
                 self._ready.clear()
                 await self._ready.wait()
                 continue
             await self.storage.wait_for_capacity()
-            take, size = 0, 0
-            for op in self._ops:
+            take, size, entries = 0, 0, 0
+            for run, run_size in self._runs:  # whole runs, one over the limit alone
                 take += 1
-                size += len(op.entry)
+                size += run_size
+                entries += len(run.entries)
                 if size >= MAX_BATCH_BYTES:
                     break
-            ops, self._ops = self._ops[:take], self._ops[take:]
-            callbacks, self._callbacks = self._callbacks[:take], self._callbacks[take:]
+            runs = [run for run, _ in self._runs[:take]]
+            del self._runs[:take]
+            callbacks, self._callbacks = self._callbacks[:entries], self._callbacks[entries:]
             try:
-                self._batches.put_nowait((callbacks, self.storage.add(ops, check_digests=False)))
+                adds = self.storage.add_runs(runs, check_digests=False)
+                self._batches.put_nowait((callbacks, adds))
             except Exception as e:  # the storage is closed or broken: these adds failed
                 self._batches.put_nowait((callbacks, e))
 
@@ -228,7 +219,7 @@ class LocalBookieClient:
         callbacks = list(self._callbacks)
         while not self._batches.empty():
             callbacks += self._batches.get_nowait()[0]
-        self._ops, self._callbacks, self._outstanding = [], [], 0
+        self._runs, self._callbacks, self._outstanding = [], [], 0
         for callback in callbacks:
             _call(callback, error)
 
