@@ -429,6 +429,39 @@ async def test_an_add_refused_by_terminate_is_answered_after_the_adds_before_it(
     assert told == [f"m{i}" for i in range(20)] + ["late"]
 
 
+async def test_runs_of_adds_are_stored_and_told_in_order_across_rollovers(env: Env) -> None:
+    """``add_run_async`` (a producer's SENDs of one read) among single adds: every add stored
+    once, in call order, across ledgers rolled over mid-run, each listener told in that order;
+    on a terminated managed ledger each add of a run is refused."""
+    ml = await env.open(max_entries_per_ledger=4)
+    told: list[tuple[str, Position | None]] = []
+
+    def listener(name: str) -> Callable[[asyncio.Future[Position]], None]:
+        return lambda future: told.append((name, None if future.exception() else future.result()))
+
+    names = [f"m{i}" for i in range(23)]
+    lasts = []
+    for chunk in (names[0:1], names[1:11], names[11:12], names[12:23]):
+        if len(chunk) == 1:
+            lasts.append(ml.add_entry_async(payload(int(chunk[0][1:])), listener(chunk[0])))
+        else:
+            run = [(payload(int(name[1:])), listener(name)) for name in chunk]
+            lasts.append(ml.add_run_async(run))
+    last = await lasts[-1]
+    assert [name for name, _ in told] == names
+    positions = [position for _, position in told]
+    assert positions == sorted(positions) and len(set(positions)) == 23
+    assert positions[-1] == last and len({p.ledger_id for p in positions}) >= 6
+    entries = await ml.read_entries(positions[0], 23)
+    assert [data for _, data in entries] == [payload(i) for i in range(23)]
+    await ml.terminate()
+    refused = ml.add_run_async([(b"a", listener("late-a")), (b"b", listener("late-b"))])
+    with pytest.raises(ManagedLedgerTerminatedError):
+        await refused
+    await asyncio.sleep(0)
+    assert told[-2:] == [("late-a", None), ("late-b", None)]
+
+
 async def test_batch_index_acks(env: Env) -> None:
     ml = await env.open()
     positions = await add_many(ml, 0, 3)

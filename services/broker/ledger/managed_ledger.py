@@ -361,6 +361,28 @@ class ManagedLedger(LedgerPositions):
             future.set_exception(ManagedLedgerClosedError(f"managed ledger {self.name} is closed"))
         return future
 
+    def add_run_async(
+        self, run: list[tuple[bytes, StoredListener | None]]
+    ) -> asyncio.Future[Position]:
+        """``add_entry_async`` of each ``(data, on_stored)`` of ``run`` (not empty), in order, in
+        one call: the state checked, the clock read and the writer woken once. The last
+        add's future."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        if not self._takes_adds():
+            for data, on_stored in run:
+                future = self.add_entry_async(data, on_stored)
+            return future
+        create = self._loop.create_future
+        append = self._queue.append
+        now = time.monotonic()
+        for data, on_stored in run:
+            future = create()
+            append((data, future, now, on_stored))
+        self._last_add = future
+        self._wake.set()
+        return future
+
     def _takes_adds(self) -> bool:
         return (
             self._error is None

@@ -232,10 +232,7 @@ class PersistentTopic:
             or self.publish_throttle.limiter is not None
         ):
             return False
-        add = self.ml.add_entry_async
-        for stored, on_stored in run:
-            future = add(stored, on_stored)
-        self._last_publish = future
+        self._last_publish = self.ml.add_run_async(run)  # type: ignore[arg-type]
         self.last_active = self.last_data_at = time.monotonic()
         self.msg_in += len(run)
         self.bytes_in += size
