@@ -193,6 +193,7 @@ class Frame:
     """
 
     __slots__ = (
+        "_command",
         "_metadata",
         "_metadata_at",
         "_payload",
@@ -200,14 +201,13 @@ class Frame:
         "body",
         "broker_entry_metadata",
         "checksum",
-        "command",
         "headers_and_payload",
         "type",
     )
 
     def __init__(
         self,
-        command: pb.BaseCommand,
+        command: pb.BaseCommand | None,
         metadata: pb.MessageMetadata | None = None,
         payload: bytes = b"",
         checksum: ChecksumState | None = None,
@@ -217,11 +217,17 @@ class Frame:
         body: Message | None = None,
         metadata_at: int = -1,
     ) -> None:
-        self.command = command
+        #: None for a SEND decoded without one (``_quick_send``): made from the body if asked.
+        self._command = command
         #: The command's type and its body (e.g. ``command.send`` for SEND), read once here:
         #: every frame is asked for them more than once.
-        self.type: int = command.type
-        self.body: Message = command_body(command) if body is None else body
+        if command is None:
+            assert body is not None
+            self.type: int = _SEND
+            self.body: Message = body
+        else:
+            self.type = command.type
+            self.body = command_body(command) if body is None else body
         self._metadata = metadata
         #: Where the (checked) metadata starts in ``headers_and_payload``, up to the payload
         #: (-1: ``metadata`` is given).
@@ -235,6 +241,12 @@ class Frame:
 
     def __repr__(self) -> str:
         return f"Frame({self.name}, {len(self.headers_and_payload)} bytes of payload section)"
+
+    @property
+    def command(self) -> pb.BaseCommand:
+        if self._command is None:
+            self._command = make_command(self.body)
+        return self._command
 
     @property
     def metadata(self) -> pb.MessageMetadata | None:
@@ -252,7 +264,7 @@ class Frame:
 
     @property
     def name(self) -> str:
-        return command_name(self.command.type)
+        return command_name(self.type)
 
     @property
     def checksum_present(self) -> bool:
@@ -728,27 +740,50 @@ def _parse_command(data: memoryview) -> tuple[pb.BaseCommand, Message]:
 _CHECKED_HEAD = struct.Struct(">HII")
 
 
-def _decode_payload_section(command: pb.BaseCommand, body: Message, view: memoryview) -> Frame:
+def _quick_section(command: pb.BaseCommand | None, body: Message, view: memoryview) -> Frame | None:
+    """The frame of the usual payload section (checksum, then metadata: both hold), read with
+    few calls and no metadata object made; None for anything else, or any problem, which
+    ``_decode_payload_section`` reads and answers."""
     size = len(view)
-    if size >= 10:  # the usual section (checksum, then metadata), read with fewer calls
-        magic, expected, metadata_size = _CHECKED_HEAD.unpack_from(view, 0)
-        if magic == MAGIC_CRC32C and metadata_size <= size - 10:
-            checked = view[6:]
-            if crc32c.crc32c(checked) == expected and _metadata_valid(
-                view[10 : 10 + metadata_size]
-            ):
-                return Frame(
-                    command,
-                    None,
-                    b"",
-                    ChecksumState.VALID,
-                    None,
-                    bytes(view),
-                    10 + metadata_size,
-                    body,
-                    10,
-                )
-        # anything else (or any problem) is read, and answered, below
+    if size < 10:
+        return None
+    magic, expected, metadata_size = _CHECKED_HEAD.unpack_from(view, 0)
+    if (
+        magic != MAGIC_CRC32C
+        or metadata_size > size - 10
+        or crc32c.crc32c(view[6:]) != expected
+        or not _metadata_valid(view[10 : 10 + metadata_size])
+    ):
+        return None
+    return Frame(
+        command, None, b"", ChecksumState.VALID, None, bytes(view), 10 + metadata_size, body, 10
+    )
+
+
+_SEND = pb.BaseCommand.SEND
+#: A SEND's command as clients encode it: its type (field 1), then its body (field 6) and the
+#: body's length, one byte for a body under 128 bytes (every SEND's: a few ids).
+_SEND_HEAD = b"\x08\x06\x32"
+
+
+def _quick_send(frame: bytes | bytearray, command_size: int) -> Frame | None:
+    """A SEND as clients encode it, with the usual payload section, decoded without its
+    BaseCommand (made only if asked for: ``Frame.command``); None for any other frame, or
+    any problem, which the general path reads and answers."""
+    try:
+        body = pb.CommandSend.FromString(frame[8 : 4 + command_size])
+    except Exception:
+        return None
+    if not body.IsInitialized():
+        return None
+    return _quick_section(None, body, memoryview(frame)[4 + command_size :])
+
+
+def _decode_payload_section(command: pb.BaseCommand, body: Message, view: memoryview) -> Frame:
+    quick = _quick_section(command, body, view)
+    if quick is not None:
+        return quick
+    size = len(view)
     name = command_name(command.type)
     pos = 0
 
@@ -826,6 +861,15 @@ def decode_frame(frame: bytes | bytearray | memoryview) -> Frame:
         raise FrameSizeError(
             f"command size {command_size} exceeds the {total_size - 4} bytes left in the frame"
         )
+    if (
+        command_size > 4
+        and not isinstance(frame, memoryview)
+        and frame.startswith(_SEND_HEAD, 4)
+        and frame[7] == command_size - 4
+    ):
+        quick = _quick_send(frame, command_size)
+        if quick is not None:
+            return quick
     command, body = _parse_command(view[4 : 4 + command_size])
     rest = view[4 + command_size :]
     if command.type in PAYLOAD_COMMANDS:

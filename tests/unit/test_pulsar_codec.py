@@ -504,6 +504,49 @@ def test_a_checked_sends_metadata_is_made_when_asked_for() -> None:
     assert frame.payload == b"x"
 
 
+_SENDS = st.builds(
+    pb.CommandSend,
+    producer_id=st.integers(0, 2**64 - 1),
+    sequence_id=st.integers(0, 2**64 - 1),
+    num_messages=st.integers(0, 1000),
+    highest_sequence_id=st.integers(0, 2**64 - 1),
+    is_chunk=st.booleans(),
+    txnid_least_bits=st.integers(0, 2**64 - 1),
+)
+
+
+@settings(max_examples=200)
+@given(_SENDS, st.booleans(), st.binary(max_size=40))
+def test_a_send_decodes_the_same_on_the_quick_path(
+    send: pb.CommandSend, checksum: bool, payload: bytes
+) -> None:
+    """``decode_frame`` of a SEND as clients encode it skips the BaseCommand (``_quick_send``);
+    a memoryview takes the general path: both give the same frame, and the frame encodes back
+    to its own bytes (what the proxy forwards)."""
+    metadata = minimal_metadata(partition_key="k")
+    data = codec.encode_payload_command(send, metadata, payload, checksum=checksum)
+    quick, general = codec.decode_frame(data[4:]), codec.decode_frame(memoryview(data)[4:])
+    for frame in (quick, general):
+        assert (frame.type, frame.name, frame.body) == (pb.BaseCommand.SEND, "SEND", send)
+        assert frame.command == pb.BaseCommand(type=pb.BaseCommand.SEND, send=send)
+        assert frame.metadata == metadata and frame.payload == payload
+        assert frame.checksum_present == checksum
+        assert codec.encode_payload_command_raw(frame.command, frame.headers_and_payload) == data
+
+
+def test_a_send_the_quick_path_refuses_is_answered_by_the_general_one() -> None:
+    metadata = minimal_metadata()
+    command = b"\x08\x06\x32\x02\x08\x01"  # SEND, its body holding producer_id only
+    incomplete = frame_of(command, codec.encode_headers_and_payload(metadata, b"x"))
+    with pytest.raises(codec.CommandDecodeError, match="lacks required fields: sequence_id"):
+        codec.decode_frame(incomplete[4:])
+    damaged = bytearray(codec.encode_payload_command(send_command().send, metadata, b"x"))
+    damaged[-1] ^= 1
+    with pytest.raises(codec.ChecksumError) as caught:
+        codec.decode_frame(bytes(damaged[4:]))
+    assert caught.value.command.send.sequence_id == 5
+
+
 def test_send_metadata_with_text_in_lists_and_nested_fields_is_taken() -> None:
     metadata = (
         _NAME
