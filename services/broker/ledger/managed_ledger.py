@@ -579,18 +579,22 @@ class ManagedLedger(LedgerPositions):
         if current is not None and ledger_id == current.ledger_id:
             self._confirmed_in_current = True
         put = self._cache.put
-        waited_ms = []
         sizes = []
+        # Adds queued together (a run) waited as long: their latency is counted once per run.
+        since, times = group[0][2], 0
         for entry_id, (data, future, queued_at, on_stored) in enumerate(group, first_entry_id):
             position = position_of((ledger_id, entry_id))
-            waited_ms.append((now - queued_at) * 1000.0)
+            if queued_at != since:
+                stats.add_latency.add_latency(now - since, times)
+                since, times = queued_at, 0
+            times += 1
             sizes.append(len(data))
             put(position, data)
             if not future.done():
                 future.set_result(position)
                 if on_stored is not None:
                     on_stored(future)
-        stats.add_latency.add_all(waited_ms, 1000.0)  # bucketed in ms, summed in µs
+        stats.add_latency.add_latency(now - since, times)
         stats.entry_size.add_all(sizes)
         stats.adds_succeeded += len(group)
         stats.add_bytes += sum(sizes)

@@ -38,9 +38,9 @@ class Buckets:
         """Count ``value`` in its bucket and the sum."""
         self.add_all((value,))
 
-    def add_all(self, values: Iterable[float], sum_scale: float = 1.0) -> None:
-        """Count each value in its bucket; their sum (times ``sum_scale``) goes into the sum.
-        One call for the entries of a stored group."""
+    def add_all(self, values: Iterable[float]) -> None:
+        """Count each value in its bucket, and add it to the sum: one call for the entries of
+        a stored group."""
         counts, bounds = self.counts, self.bounds
         added, total = 0, 0.0
         for value in values:
@@ -48,7 +48,7 @@ class Buckets:
             added += 1
             total += value
         self.count += added
-        self.sum += total * sum_scale
+        self.sum += total
 
     def add_latency(self, seconds: float, times: int = 1) -> None:
         """A latency (``times`` times): bucketed in ms, summed in µs (Pulsar's units)."""

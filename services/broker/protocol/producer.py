@@ -271,18 +271,24 @@ def _receipt(
     done: asyncio.Future[Position | None],
 ) -> None:
     """A SEND's answer, once its entry is stored (or could not be)."""
-    if done.cancelled():
+    try:
+        position = done.result()
+    except asyncio.CancelledError:
         return
-    error = done.exception()
-    if error is None:
-        # A duplicate is acknowledged with Pulsar's (-1, -1): it was not stored again.
-        position = done.result() or EARLIEST
-        conn.write(
-            codec.encode_send_receipt(
-                body.producer_id, sequence_id, position.ledger_id, position.entry_id, highest
-            )
-        )
+    except Exception as error:
+        _refused(conn, topic, body, error)
         return
+    # A duplicate is acknowledged with Pulsar's (-1, -1): it was not stored again.
+    ledger_id, entry_id = position or EARLIEST
+    conn.write(
+        codec.encode_send_receipt(body.producer_id, sequence_id, ledger_id, entry_id, highest)
+    )
+
+
+def _refused(
+    conn: ServerConnection, topic: AnyTopic, body: pb.CommandSend, error: Exception
+) -> None:
+    """A SEND's answer when its entry could not be stored."""
     if isinstance(error, TopicUnloadingError):
         return  # nothing stored: CLOSE_PRODUCER follows, and the client sends it again
     if isinstance(error, ManagedLedgerTerminatedError):

@@ -29,6 +29,8 @@ MAX_BATCH_SIZE = 100_000
 
 
 _NO_LIMITERS: list[RateLimiter] = []  # never appended to
+#: Asked of every ACK: a plain int, not an attribute of the enum wrapper.
+_CUMULATIVE = pb.CommandAck.Cumulative
 
 
 class SubscriptionExistsError(Exception):
@@ -237,6 +239,7 @@ class Subscription:
         # Whole-entry individual acks (the client groups them, hundreds per ACK) go to the
         # cursor at once: one range update and one advance of mark-delete per command.
         individual: list[Position] = []
+        cumulative = ack_type == _CUMULATIVE
         try:
             for mid in message_ids:
                 position = from_wire(mid)
@@ -247,7 +250,7 @@ class Subscription:
                         f"subscription {self}: cannot acknowledge {position}, past the last "
                         f"stored entry {last} (invalid mark-delete position)"
                     )
-                if ack_type != pb.CommandAck.Cumulative and not mid.ack_set:
+                if not cumulative and not mid.ack_set:
                     individual.append(position)
                     continue
                 if individual:  # in the order the client sent them
