@@ -27,6 +27,20 @@ class EntryCache:
         self.entries[position] = data
         self.size += len(data)
         self.inserted += 1
+        self._evict()
+
+    def put_all(self, positions: list[Position], datas: list[bytes], size: int) -> None:
+        """``put`` of a stored group's entries, ``size`` bytes in all, in one call."""
+        if size > self.max_bytes:  # one may be too large to keep: each on its own
+            for position, data in zip(positions, datas, strict=True):
+                self.put(position, data)
+            return
+        self.entries.update(zip(positions, datas, strict=True))
+        self.size += size
+        self.inserted += len(positions)
+        self._evict()
+
+    def _evict(self) -> None:
         while self.size > self.max_bytes:
             _, old = self.entries.popitem(last=False)
             self.size -= len(old)

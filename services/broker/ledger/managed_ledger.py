@@ -578,18 +578,21 @@ class ManagedLedger(LedgerPositions):
         current = self._current
         if current is not None and ledger_id == current.ledger_id:
             self._confirmed_in_current = True
-        put = self._cache.put
-        sizes = []
+        datas = [item[0] for item in group]
+        sizes = list(map(len, datas))
+        positions = [
+            position_of((ledger_id, entry_id))
+            for entry_id in range(first_entry_id, first_entry_id + len(group))
+        ]
+        size = sum(sizes)
+        self._cache.put_all(positions, datas, size)
         # Adds queued together (a run) waited as long: their latency is counted once per run.
         since, times = group[0][2], 0
-        for entry_id, (data, future, queued_at, on_stored) in enumerate(group, first_entry_id):
-            position = position_of((ledger_id, entry_id))
+        for position, (_, future, queued_at, on_stored) in zip(positions, group, strict=True):
             if queued_at != since:
                 stats.add_latency.add_latency(now - since, times)
                 since, times = queued_at, 0
             times += 1
-            sizes.append(len(data))
-            put(position, data)
             if not future.done():
                 future.set_result(position)
                 if on_stored is not None:
@@ -597,7 +600,7 @@ class ManagedLedger(LedgerPositions):
         stats.add_latency.add_latency(now - since, times)
         stats.entry_size.add_all(sizes)
         stats.adds_succeeded += len(group)
-        stats.add_bytes += sum(sizes)
+        stats.add_bytes += size
         self._notify_added()
         if self.on_added is not None:
             self.on_added()
