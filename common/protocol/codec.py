@@ -761,6 +761,8 @@ def _quick_section(command: pb.BaseCommand | None, body: Message, view: memoryvi
 
 
 _SEND = pb.BaseCommand.SEND
+if "send" in _BODIES_WITH_TEXT:
+    raise RuntimeError("_quick_send relies on CommandSend holding no text to check")
 #: A SEND's command as clients encode it: its type (field 1), then its body (field 6) and the
 #: body's length, one byte for a body under 128 bytes (every SEND's: a few ids).
 _SEND_HEAD = b"\x08\x06\x32"

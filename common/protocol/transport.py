@@ -228,11 +228,6 @@ class FrameConnection(asyncio.Protocol, abc.ABC):
             self.transport.pause_reading()
             self._running_loop().call_soon(self._process_frames)
 
-    @property
-    def reading_held(self) -> bool:
-        """Whether reading is held back (``hold_reading``) now."""
-        return self._reading_held
-
     def hold_reading(self, seconds: float) -> None:
         """Read nothing from the peer for ``seconds`` (Pulsar pauses a producer's connection
         that went over its topic's publish rate): the frames already received wait as well,

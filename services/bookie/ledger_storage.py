@@ -536,10 +536,12 @@ class LedgerStorage:
     def add_runs(
         self, runs: Sequence[AddRun], *, check_digests: bool = True
     ) -> Awaitable[list[tuple[int, int, str]]]:
-        """``add`` of runs of entries, the ops numbered across the runs in order: the ledger's
-        state and the writer's key are checked once per run, each entry's size and header (and
-        digest) on its own. A run refused as a whole (read-only, deleted, fenced, another key)
-        fails each of its entries with that refusal. The in-process client's adds."""
+        """``add`` of runs of entries, the ops numbered across the runs in order, with the same
+        answers: each entry's size and header (and digest) are checked on their own, the
+        ledger's state and the writer's key once per run, at its first entry that passes (so a
+        key is recorded only with an entry that brings it to the journal); a refusal there
+        (read-only, deleted, fenced, another key) is every later entry's of the run. The
+        in-process client's adds."""
         started = time.perf_counter()
         failures: list[tuple[int, int, str]] = []
         accepted: list[tuple[int, LedgerState, int]] = []
@@ -548,23 +550,28 @@ class LedgerStorage:
         put = self._memtable.put
         new_keys: dict[int, bytes] = {}
         check = self._check_entry
-        i = 0
+        i = -1
         for run in runs:
-            ledger_id, entries = run.ledger_id, run.entries
-            try:
-                state = self._ledger_taking_adds(ledger_id, run.recovery)
-                self._check_master_key(ledger_id, run.master_key, new_keys)
-            except StorageError as e:
-                failures += [(i + k, e.status, e.message) for k in range(len(entries))]
-                i += len(entries)
-                continue
-            last = state.last_entry_id
-            for entry_id, entry in enumerate(entries, run.first_entry_id):
+            ledger_id = run.ledger_id
+            state: LedgerState | None = None
+            refusal: StorageError | None = None
+            last = -1
+            for entry_id, entry in enumerate(run.entries, run.first_entry_id):
+                i += 1
                 try:
                     _, lac = check(ledger_id, entry_id, entry, check_digests)
+                    if state is None:
+                        if refusal is not None:
+                            raise refusal
+                        try:
+                            taking = self._ledger_taking_adds(ledger_id, run.recovery)
+                            self._check_master_key(ledger_id, run.master_key, new_keys)
+                        except StorageError as e:
+                            refusal = e
+                            raise
+                        state, last = taking, taking.last_entry_id
                 except StorageError as e:
                     failures.append((i, e.status, e.message))
-                    i += 1
                     continue
                 put(ledger_id, entry_id, entry)
                 if entry_id > last:
@@ -572,9 +579,9 @@ class LedgerStorage:
                 records.append(entry)
                 accepted.append((i, state, lac))
                 size += len(entry)
-                i += 1
-            state.last_entry_id = last
-            self._last_add[ledger_id] = time.monotonic()
+            if state is not None:
+                state.last_entry_id = last
+                self._last_add[ledger_id] = time.monotonic()
         return self._journal_adds(records, failures, accepted, size, started, new_keys)
 
     def _journal_adds(

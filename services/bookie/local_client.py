@@ -40,10 +40,9 @@ class LocalBookieClient:
         self.address = address
         self.storage = storage
         self._info = info
-        #: Adds waiting for the submit task, as runs (``AddRun``), with their bytes; and the
-        #: callbacks, one per entry, in the same order.
-        self._runs: list[tuple[AddRun, int]] = []
-        self._callbacks: list[AddCallback] = []
+        #: Adds waiting for the submit task, as runs (``AddRun``), each with its bytes and its
+        #: callbacks (one per entry).
+        self._runs: list[tuple[AddRun, int, list[AddCallback]]] = []
         self._ready = asyncio.Event()
         self._batches: asyncio.Queue[_Batch] = asyncio.Queue()
         self._outstanding = 0
@@ -86,8 +85,7 @@ class LocalBookieClient:
                 asyncio.create_task(self._submit(), name=f"local-bookie-submit-{self.address}"),
                 asyncio.create_task(self._complete(), name=f"local-bookie-done-{self.address}"),
             ]
-        self._runs.append((run, sum(map(len, run.entries))))
-        self._callbacks += callbacks
+        self._runs.append((run, sum(map(len, run.entries)), callbacks))
         self._outstanding += len(callbacks)
         if not self._ready.is_set():
             self._ready.set()
@@ -117,16 +115,16 @@ class LocalBookieClient:
                 await self._ready.wait()
                 continue
             await self.storage.wait_for_capacity()
-            take, size, entries = 0, 0, 0
-            for run, run_size in self._runs:  # whole runs, one over the limit alone
+            take, size = 0, 0
+            for _, run_size, _ in self._runs:  # whole runs, one over the limit alone
                 take += 1
                 size += run_size
-                entries += len(run.entries)
                 if size >= MAX_BATCH_BYTES:
                     break
-            runs = [run for run, _ in self._runs[:take]]
+            taken = self._runs[:take]
             del self._runs[:take]
-            callbacks, self._callbacks = self._callbacks[:entries], self._callbacks[entries:]
+            runs = [run for run, _, _ in taken]
+            callbacks = [callback for _, _, told in taken for callback in told]
             try:
                 adds = self.storage.add_runs(runs, check_digests=False)
                 self._batches.put_nowait((callbacks, adds))
@@ -216,10 +214,10 @@ class LocalBookieClient:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         error = BookieUnavailableError(self.address, "client closed")
-        callbacks = list(self._callbacks)
+        callbacks = [callback for _, _, told in self._runs for callback in told]
         while not self._batches.empty():
             callbacks += self._batches.get_nowait()[0]
-        self._runs, self._callbacks, self._outstanding = [], [], 0
+        self._runs, self._outstanding = [], 0
         for callback in callbacks:
             _call(callback, error)
 

@@ -82,17 +82,27 @@ async def test_runs_end_as_their_adds_one_by_one(
         await storage.fence(3)
     bad_header = run(2, 0, 3)
     bad_header.entries[1] = entry(2, 1, header_id=7)
+    fenced_with_a_large_one = run(3, 1, 3)
+    fenced_with_a_large_one.entries[1] = encode_entry(3, 2, 1, 1, bytes(6 * 1024 * 1024))
+    too_large_first = run(7, 0, 1)  # its key must not stay: nothing of it reached the journal
+    too_large_first.entries[0] = encode_entry(7, 0, -1, 1, bytes(6 * 1024 * 1024))
     rounds = [
-        [run(1, 0, 5), bad_header, run(3, 1, 2)],  # fine; one entry refused; fenced
+        # fine; one entry refused; fenced (the large entry's own refusal first)
+        [run(1, 0, 5), bad_header, fenced_with_a_large_one],
+        [too_large_first, run(7, 0, 2, key=b"another writer")],
         [run(1, 5, 3, key=b"other"), run(3, 1, 2, recovery=True), run(4, 0, 1)],
     ]
     for runs in rounds:
         failures = await by_runs.add_runs(runs)
         assert failures == await by_adds.add(as_adds(runs))
         assert failures  # each round holds a refusal
-    statuses = [(i, pb.Status.Name(s)) for i, s, _ in failures]
+        statuses = [(i, pb.Status.Name(s)) for i, s, _ in failures]
+        if runs is rounds[0]:
+            assert statuses == [(6, "BAD_REQUEST"), (8, "FENCED"), (9, "TOO_LARGE"), (10, "FENCED")]
+        if runs is rounds[1]:
+            assert statuses == [(0, "TOO_LARGE")]  # the other writer's adds were taken
     assert statuses == [(0, "UNAUTHORIZED"), (1, "UNAUTHORIZED"), (2, "UNAUTHORIZED")]
-    for ledger_id, upto in ((1, 9), (2, 3), (3, 4), (4, 2)):
+    for ledger_id, upto in ((1, 9), (2, 3), (3, 4), (4, 2), (7, 2)):
         assert await stored(by_runs, ledger_id, upto) == await stored(by_adds, ledger_id, upto)
         assert (await by_runs.read_lac(ledger_id)).lac == (await by_adds.read_lac(ledger_id)).lac
     assert (await by_runs.read_lac(1)).lac == 3  # entry 4 of ledger 1 says LAC 3

@@ -136,13 +136,17 @@ class ServerConnection(FrameConnection):
             self._held.append(frame)
             return
         if frame.type == _SEND:
+            # Gathered by producer, served when the slice ends or another command comes
+            # (``frames_handled``), if its topic takes runs; else served now, on its own.
             producer_id = frame.body.producer_id  # type: ignore[union-attr]
             sends = self._sends.get(producer_id)
-            if sends is None:
-                self._sends[producer_id] = [frame]
-            else:
+            if sends is not None:
                 sends.append(frame)
-            return
+                return
+            found = self.producers.get(producer_id)
+            if found is not None and found[0].takes_runs():
+                self._sends[producer_id] = [frame]
+                return
         if self._sends:
             self.frames_handled()  # the SENDs before this command come first
         HANDLERS.get(frame.type, connect.unsupported)(self, frame.body, frame)
@@ -153,13 +157,12 @@ class ServerConnection(FrameConnection):
             return
         sends, self._sends = self._sends, {}
         for frames in sends.values():
-            producer.send_run(self, frames)
-
-    def keep_sends(self, frames: list[codec.Frame]) -> None:
-        """SENDs of one producer read before reading was held (a publish rate): served first
-        when it is released, before the producer's next ones."""
-        producer_id = frames[0].body.producer_id  # type: ignore[union-attr]
-        self._sends[producer_id] = frames + self._sends.pop(producer_id, [])
+            try:
+                producer.send_run(self, frames)
+            except Exception:
+                log.exception("connection %s: error handling %d SENDs", self.peer, len(frames))
+                for frame in frames:
+                    self.frame_failed(frame)
 
     # -- authentication (protocol/authentication.py) -------------------------------------------
 
@@ -366,6 +369,7 @@ HANDLERS: dict[int, Handler] = {
     Type.GET_SCHEMA: schema.get_schema,
     Type.GET_OR_CREATE_SCHEMA: schema.get_or_create_schema,
     Type.PRODUCER: producer.producer,
+    Type.SEND: producer.send_message,  # a SEND gathered into a run goes to producer.send_run
     Type.CLOSE_PRODUCER: producer.close_producer,
     Type.SUBSCRIBE: consumer.subscribe,
     Type.FLOW: consumer.flow,

@@ -14,7 +14,6 @@ from magnetar.broker.ledger.errors import (
     ManagedLedgerFencedError,
     ManagedLedgerTerminatedError,
 )
-from magnetar.broker.model.entry import entry_metadata
 from magnetar.broker.model.markers import is_marker
 from magnetar.broker.model.message_id import EARLIEST
 from magnetar.broker.model.position import Position
@@ -155,11 +154,11 @@ def close_producer(
 
 
 def send_run(conn: ServerConnection, frames: list[codec.Frame]) -> None:
-    """The SENDs of one producer read in one slice, in their order. Plain ones (the usual: no
-    chunk, not a geo-replicator's) go to the topic as one run (``publish_run``): the producer,
-    the broker's right to serve and the counters are looked at once, not per message. Else, or
-    when the topic takes no run now, each is served on its own (``send_message``); once that
-    holds reading back (a publish rate), the rest wait with the frames not read yet."""
+    """The SENDs of one producer read in one slice, in their order, gathered because its topic
+    takes runs (``takes_runs``: no deduplication, no publish rate, not unloading). Plain ones
+    (the usual: no chunk, not a geo-replicator's) go to the topic as one run
+    (``publish_run``): the producer, the broker's right to serve and the counters are looked at
+    once, not per message. Else each is served on its own (``send_message``)."""
     found = conn.producers.get(frames[0].body.producer_id)  # type: ignore[union-attr]
     if (
         found is not None
@@ -179,20 +178,17 @@ def send_run(conn: ServerConnection, frames: list[codec.Frame]) -> None:
             run.append(
                 (stored, functools.partial(_receipt, conn, topic, body, body.sequence_id, highest))
             )
-            messages += body.num_messages or 1
+            messages += max(body.num_messages, 1)
             size += len(stored)
         else:
             if topic.publish_run(producer_name, run, messages, size):
                 return
-    for index, frame in enumerate(frames):
+    for frame in frames:
         try:
             send_message(conn, frame.body, frame)  # type: ignore[arg-type]
         except Exception:
             log.exception("connection %s: error handling a SEND", conn.peer)
             conn.frame_failed(frame)
-        if conn.reading_held and index + 1 < len(frames):
-            conn.keep_sends(frames[index + 1 :])
-            return
 
 
 def send_message(conn: ServerConnection, body: pb.CommandSend, frame: codec.Frame) -> None:
@@ -224,7 +220,8 @@ def send_message(conn: ServerConnection, body: pb.CommandSend, frame: codec.Fram
         # A geo-replicator: deduplicate by the original producer and sequence id (Pulsar's
         # rule for replicated messages), so a resend after a replicator restart is dropped.
         # A remote's marker: stored as a marker (never deduplicated, never counted).
-        metadata = _metadata(frame)
+        metadata = frame.metadata  # checked when the frame was decoded, made now
+        assert metadata is not None
         marker = is_marker(metadata)
         dedup_name, dedup_sequence = metadata.producer_name, metadata.sequence_id
         dedup_highest = (
@@ -233,14 +230,13 @@ def send_message(conn: ServerConnection, body: pb.CommandSend, frame: codec.Fram
         if metadata.HasField("chunk_id"):
             chunk = (metadata.chunk_id, metadata.num_chunks_from_msg)
     elif body.is_chunk:
-        metadata = _metadata(frame)
+        metadata = frame.metadata
+        assert metadata is not None
         chunk = (metadata.chunk_id, metadata.num_chunks_from_msg)
     # Every chunk of a message carries its sequence id: deduplication looks at the last chunk
     # only, and records nothing for the others (Pulsar's rule).
     deduplicate = chunk is None or chunk[0] == chunk[1] - 1
-    messages = body.num_messages
-    if messages < 1:
-        messages = 1
+    messages = max(body.num_messages, 1)
     topic.publish(
         stored,
         dedup_name,
@@ -254,12 +250,6 @@ def send_message(conn: ServerConnection, body: pb.CommandSend, frame: codec.Fram
     pause = topic.publish_throttle.published(messages, len(stored))
     if pause > 0:
         conn.hold_reading(pause)  # the rest of the second: nothing more read from this client
-
-
-def _metadata(frame: codec.Frame) -> pb.MessageMetadata:
-    """A SEND's metadata, checked when the frame was decoded (made only when a send needs it)."""
-    found = frame.metadata
-    return found if found is not None else entry_metadata(frame.headers_and_payload)
 
 
 def _receipt(

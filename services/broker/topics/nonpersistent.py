@@ -129,9 +129,12 @@ class NonPersistentTopic:
         """Nothing keeps a producer off a non-persistent topic (it cannot be terminated and
         has no backlog for a quota to hold)."""
 
-    def publish_run(self, *_: object) -> bool:
+    def takes_runs(self) -> bool:
         """Each entry goes on its own here (``publish``); runs are a persistent topic's."""
         return False
+
+    def publish_run(self, *_: object) -> bool:
+        return False  # never asked: this topic takes no runs
 
     def publish(
         self,

@@ -214,6 +214,16 @@ class PersistentTopic:
             future.add_done_callback(lambda f: self._persisted(f, producer_name, last))
         return future  # type: ignore[return-value]
 
+    def takes_runs(self) -> bool:
+        """Whether a producer's SENDs may come as runs (``publish_run``) now: not while
+        deduplication looks at every entry, a publish rate is checked after each SEND (so that
+        reading stops at the one that went over), or the topic unloads."""
+        return (
+            not self.unloading
+            and self.deduplication is None
+            and self.publish_throttle.limiter is None
+        )
+
     def publish_run(
         self,
         producer_name: str,
@@ -223,14 +233,9 @@ class PersistentTopic:
     ) -> bool:
         """``publish`` of one producer's plain entries (not markers, not chunks) that arrived
         together, in their order, ``(stored, on_stored)`` each, counted once: ``messages`` and
-        ``size`` in all. False, and nothing done, when each must go on its own: deduplication
-        looks at every entry, a publish rate is checked after each, an unloading topic refuses
-        them."""
-        if (
-            self.unloading
-            or self.deduplication is not None
-            or self.publish_throttle.limiter is not None
-        ):
+        ``size`` in all. False, and nothing done, when the topic takes no runs now
+        (``takes_runs``): each must go on its own."""
+        if not self.takes_runs():
             return False
         self._last_publish = self.ml.add_run_async(run)  # type: ignore[arg-type]
         self.last_active = self.last_data_at = time.monotonic()
