@@ -587,19 +587,6 @@ def _check(message: Message) -> str | None:
     return None
 
 
-#: MessageMetadata's fields that can hold text, by descriptor: what ``_parse_metadata`` looks at.
-_METADATA_TEXT: dict[Any, _TextKind] = {
-    pb.MessageMetadata.DESCRIPTOR.fields_by_name[name]: kind
-    for name, kind in _text_kinds(pb.MessageMetadata.DESCRIPTOR).items()
-}
-
-
-_SEQUENCE_ID = pb.MessageMetadata.DESCRIPTOR.fields_by_name["sequence_id"]
-_PUBLISH_TIME = pb.MessageMetadata.DESCRIPTOR.fields_by_name["publish_time"]
-if [f.number for f in pb.MessageMetadata.DESCRIPTOR.fields if f.is_required] != [1, 2, 3]:
-    raise RuntimeError("_parse_metadata relies on MessageMetadata's required fields being 1-3")
-
-
 def _checked_copy(message_type: Any) -> Any:
     """``message_type`` once more, built from its own descriptor in a pool of its own, with every
     string field (nested ones too) declared checked as UTF-8 when parsed (protobuf editions):
@@ -648,33 +635,14 @@ _CheckedMetadata = _checked_copy(pb.MessageMetadata)
 
 
 def _metadata_valid(data: memoryview) -> bool:
-    """Whether ``data`` is a valid MessageMetadata (``_parse_metadata`` finds no problem), with
-    no MessageMetadata made: the usual SEND's check."""
+    """Whether ``data`` is a valid MessageMetadata (``_parse`` finds no problem), with no
+    MessageMetadata made: the usual SEND's check."""
     checked = _CheckedMetadata()
     try:
         checked.ParseFromString(data)
-    except Exception:  # unparseable, or text that is not UTF-8: _parse_metadata says which
+    except Exception:  # unparseable, or text that is not UTF-8: _parse says which
         return False
     return checked.IsInitialized()
-
-
-def _parse_metadata(metadata: pb.MessageMetadata, data: memoryview) -> str | None:
-    """``_parse`` for the MessageMetadata of every SEND and MESSAGE, in fewer calls: the
-    common case (required fields set, text only in single string fields) is told apart
-    first; anything else gets the general checks and their messages."""
-    try:
-        metadata.ParseFromString(data)
-    except Exception as exc:  # DecodeError, RecursionError: all mean "not this message"
-        return f"unparseable MessageMetadata: {exc}"
-    fields = metadata.ListFields()  # in field number order: the three required ones first
-    if len(fields) >= 3 and fields[2][0] is _PUBLISH_TIME and fields[1][0] is _SEQUENCE_ID:
-        for field, value in fields:
-            kind = _METADATA_TEXT.get(field)
-            if kind is not None and (kind is not _TextKind.STRING or type(value) is bytes):
-                break  # a list, a nested message or bad text: look closer
-        else:
-            return None
-    return _check(metadata)
 
 
 def _raw_type_number(command: pb.BaseCommand) -> int | None:
@@ -836,7 +804,7 @@ def _decode_payload_section(command: pb.BaseCommand, body: Message, view: memory
             command=command,
         )
     metadata = pb.MessageMetadata()
-    problem = _parse_metadata(metadata, view[pos : pos + metadata_size])
+    problem = _parse(metadata, view[pos : pos + metadata_size])
     if problem is not None:
         raise MetadataDecodeError(f"{name}: {problem}", command=command)
     pos += metadata_size

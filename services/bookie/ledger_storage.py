@@ -506,42 +506,26 @@ class LedgerStorage:
 
         ``check_digests`` False: the entries' digests are not computed again (the in-process
         client's adds, encoded in this process a moment ago and never sent over a wire;
-        BookKeeper's bookies never check them on add). Readers always check them."""
-        started = time.perf_counter()
-        failures: list[tuple[int, int, str]] = []
-        accepted: list[tuple[int, LedgerState, int]] = []
-        records: list[bytes] = []
-        size = 0
-        memtable = self._memtable
-        new_keys: dict[int, bytes] = {}
-        last_add, now = self._last_add, time.monotonic()
-        for i, op in enumerate(ops):
-            entry = op.entry  # read once: a protobuf bytes field may be copied on every access
-            try:
-                entry_id, lac = self._check_entry(op.ledger_id, op.entry_id, entry, check_digests)
-                state = self._ledger_taking_adds(op.ledger_id, op.recovery)
-                self._check_master_key(op.ledger_id, op.master_key, new_keys)
-            except StorageError as e:
-                failures.append((i, e.status, e.message))
-                continue
-            memtable.put(op.ledger_id, entry_id, entry)
-            last_add[op.ledger_id] = now
-            if entry_id > state.last_entry_id:
-                state.last_entry_id = entry_id
-            records.append(entry)
-            accepted.append((i, state, lac))
-            size += len(entry)
-        return self._journal_adds(records, failures, accepted, size, started, new_keys)
+        BookKeeper's bookies never check them on add). Readers always check them. Each op is a
+        run of one (``add_runs``)."""
+        return self.add_runs(
+            # op.entry read once: a protobuf bytes field may be copied on every access
+            [
+                AddRun(op.ledger_id, op.entry_id, [op.entry], op.master_key, op.recovery)
+                for op in ops
+            ],
+            check_digests=check_digests,
+        )
 
     def add_runs(
         self, runs: Sequence[AddRun], *, check_digests: bool = True
     ) -> Awaitable[list[tuple[int, int, str]]]:
-        """``add`` of runs of entries, the ops numbered across the runs in order, with the same
-        answers: each entry's size and header (and digest) are checked on their own, the
-        ledger's state and the writer's key once per run, at its first entry that passes (so a
-        key is recorded only with an entry that brings it to the journal); a refusal there
-        (read-only, deleted, fenced, another key) is every later entry's of the run. The
-        in-process client's adds."""
+        """``add`` of runs of entries, the ops numbered across the runs in order, with the answers
+        they would get one by one: each entry's size and header (and digest) are checked on
+        their own, the ledger's state and the writer's key once per run, at its first entry that
+        passes (so a key is recorded only with an entry that brings it to the journal); a
+        refusal there (read-only, deleted, fenced, another key) is every later entry's of the
+        run. The in-process client's adds come as runs of a group's entries."""
         started = time.perf_counter()
         failures: list[tuple[int, int, str]] = []
         accepted: list[tuple[int, LedgerState, int]] = []
@@ -582,19 +566,6 @@ class LedgerStorage:
             if state is not None:
                 state.last_entry_id = last
                 self._last_add[ledger_id] = time.monotonic()
-        return self._journal_adds(records, failures, accepted, size, started, new_keys)
-
-    def _journal_adds(
-        self,
-        records: list[bytes],
-        failures: list[tuple[int, int, str]],
-        accepted: list[tuple[int, LedgerState, int]],
-        size: int,
-        started: float,
-        new_keys: dict[int, bytes],
-    ) -> Awaitable[list[tuple[int, int, str]]]:
-        """The accepted adds (in the memtable already) to the journal, with the keys they
-        bring; the awaitable of ``add``."""
         memtable = self._memtable
         if memtable.size >= self.config.write_cache_bytes // 2 and self._flushing is None:
             self._start_flush()

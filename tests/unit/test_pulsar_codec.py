@@ -480,7 +480,7 @@ def test_the_quick_metadata_check_never_takes_what_the_full_one_refuses(
     parse stops at the first), never less; what it refuses the full check decides, so a SEND
     is taken exactly when the full check takes its metadata."""
     data = b"".join(fields)
-    full = codec._parse_metadata(pb.MessageMetadata(), memoryview(data)) is None
+    full = codec._parse(pb.MessageMetadata(), memoryview(data)) is None
     if codec._metadata_valid(memoryview(data)):
         assert full
     section = struct.pack(">I", len(data)) + data + b"payload"

@@ -481,6 +481,7 @@ class ManagedLedger(LedgerPositions):
                         self._group_done,
                         self._current.ledger_id,
                         [head],  # a group of one
+                        [data],
                         time.monotonic(),
                     )
                     while not self._current.try_push(data, listener):  # the window is full
@@ -546,8 +547,11 @@ class ManagedLedger(LedgerPositions):
             room_bytes -= length
         if len(group) < 2:
             return None if room_adds > 0 else False
-        listener = functools.partial(self._group_done, handle.ledger_id, group, time.monotonic())
-        if not handle.try_push_group([item[0] for item in group], listener):
+        datas = [item[0] for item in group]
+        listener = functools.partial(
+            self._group_done, handle.ledger_id, group, datas, time.monotonic()
+        )
+        if not handle.try_push_group(datas, listener):
             return False
         popleft = self._queue.popleft
         for _ in group:
@@ -560,6 +564,7 @@ class ManagedLedger(LedgerPositions):
         self,
         ledger_id: int,
         group: list[_QueuedAdd],
+        datas: list[bytes],
         pushed_at: float,
         first_entry_id: int,
         error: BaseException | None,
@@ -578,7 +583,6 @@ class ManagedLedger(LedgerPositions):
         current = self._current
         if current is not None and ledger_id == current.ledger_id:
             self._confirmed_in_current = True
-        datas = [item[0] for item in group]
         sizes = list(map(len, datas))
         positions = [
             position_of((ledger_id, entry_id))

@@ -133,9 +133,6 @@ class NonPersistentTopic:
         """Each entry goes on its own here (``publish``); runs are a persistent topic's."""
         return False
 
-    def publish_run(self, *_: object) -> bool:
-        return False  # never asked: this topic takes no runs
-
     def publish(
         self,
         stored: bytes,

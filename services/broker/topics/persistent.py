@@ -230,20 +230,17 @@ class PersistentTopic:
         run: list[tuple[bytes, StoredListener]],
         messages: int,
         size: int,
-    ) -> bool:
+    ) -> None:
         """``publish`` of one producer's plain entries (not markers, not chunks) that arrived
         together, in their order, ``(stored, on_stored)`` each, counted once: ``messages`` and
-        ``size`` in all. False, and nothing done, when the topic takes no runs now
-        (``takes_runs``): each must go on its own."""
-        if not self.takes_runs():
-            return False
+        ``size`` in all. Only while the topic ``takes_runs`` (the caller asked in the same turn
+        of the event loop, so nothing changed it since)."""
         self._last_publish = self.ml.add_run_async(run)  # type: ignore[arg-type]
         self.last_active = self.last_data_at = time.monotonic()
         self.msg_in += len(run)
         self.bytes_in += size
         self.messages_in += messages
         self.producers.count(producer_name, messages, size)
-        return True
 
     @property
     def terminated(self) -> bool:
