@@ -8,6 +8,7 @@ want); ``close()`` stops it and deletes the data dir.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -21,6 +22,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from tests.support.process import Pausable
 
@@ -230,6 +232,21 @@ class EtcdServer(Pausable):
             f"etcd did not become healthy within {START_TIMEOUT_SECONDS}s:\n" + self._log_tail()
         )
 
+    def status(self) -> tuple[str, str]:
+        """(this member's id, the id of the leader it follows), from its maintenance status."""
+        answer = self._post("/v3/maintenance/status", {})
+        return answer["header"]["member_id"], answer["leader"]
+
+    def _post(self, path: str, body: dict[str, str]) -> dict[str, Any]:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.client_port}{path}",
+            data=json.dumps(body).encode(),
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=5) as response:
+            answer: dict[str, Any] = json.load(response)
+        return answer
+
     def _log_tail(self) -> str:
         try:
             return self.log_path.read_text(errors="replace")[-4000:]
@@ -261,6 +278,30 @@ class EtcdCluster:
             if member.client_port == port:
                 return member
         raise KeyError(f"no member listens for clients on port {port}")
+
+    def move_leader_off(self, member: EtcdServer) -> None:
+        """If ``member`` leads the cluster, hand the leadership to another member and wait
+        until every running member follows it.
+
+        A test that pauses (SIGSTOP) a member needs this: etcd before 3.4.28 and 3.5.11 lets a
+        paused leader, on waking, revoke every lease whose keepalives went to the new leader
+        while it slept (etcd issues 12528 and 15247), so pausing the leader tests etcd's bug,
+        not the client.
+        """
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            own_id, leader_id = member.status()
+            if own_id != leader_id:
+                running = [m for m in self.members if m.running and m is not member]
+                if all(m.status()[1] == leader_id for m in running):
+                    return
+            else:
+                target = next(m for m in self.members if m.running and m is not member)
+                member._post(
+                    "/v3/maintenance/transfer-leadership", {"targetID": target.status()[0]}
+                )
+            time.sleep(0.05)
+        raise RuntimeError(f"etcd on port {member.client_port} kept the leadership")
 
     def start(self) -> EtcdCluster:
         for member in self.members:
