@@ -515,13 +515,16 @@ def test_a_peer_that_never_answers_ping_is_closed(tmp_path: Path) -> None:
         with RawConnection(own, answer_pings=False) as silent:
             silent.connect()
             started = time.monotonic()
-            assert silent.expect(Type.PING, timeout=3 * interval).type == Type.PING
+            # Bounds wide enough for a loaded machine: what is checked is that a PING comes
+            # when idle and that the close waits for the timeout after it, not the timers' grain.
+            assert silent.expect(Type.PING, timeout=3 * interval + 5).type == Type.PING
             pinged_after = time.monotonic() - started
-            assert silent.closed_by_peer(timeout=2 * timeout), "PING unanswered, still open"
+            assert silent.closed_by_peer(timeout=2 * timeout + 5), "PING unanswered, still open"
             closed_after = time.monotonic() - started
-            # A PING after an idle interval, the close once the timeout passed after it.
-            assert closed_after - pinged_after >= timeout * 0.8, (pinged_after, closed_after)
-            assert closed_after <= 2 * interval + timeout + 1, closed_after
+            # A PING after an idle interval, the close once the timeout passed after it (the
+            # PING is read late when this process is slow, so the gap is bounded loosely).
+            assert closed_after - pinged_after >= timeout * 0.5, (pinged_after, closed_after)
+            assert closed_after <= 2 * interval + timeout + 5, closed_after
         # The official client answers pings: it keeps working with the short interval.
         c = client(own)
         try:
@@ -544,12 +547,15 @@ def test_an_idle_peer_that_answers_pings_is_kept(tmp_path: Path) -> None:
     try:
         with RawConnection(own) as raw:
             raw.connect()
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline:  # idle except for answering the broker's PINGs
+            # Idle except for answering the broker's PINGs, until the second one (at about 4 s;
+            # a broker that closed the connection fails the ping_pong below).
+            deadline = time.monotonic() + 20
+            while raw.pings_seen < 2 and time.monotonic() < deadline:
                 try:
-                    raw.next_frame(timeout=deadline - time.monotonic())
+                    frame = raw.next_frame(timeout=0.2)
                 except TimeoutError:
-                    break
+                    continue
+                raise AssertionError(f"unexpected {frame.name} on an idle connection")
             assert raw.pings_seen >= 2
             ping_pong(raw)
     finally:

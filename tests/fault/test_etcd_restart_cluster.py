@@ -232,6 +232,9 @@ async def test_etcd_members_killed_under_a_live_broker_and_bookies(
                     kill_and_wait(second, producer)
                     second.start()
                     producer.wait_for(50)
+                    # Enough messages for four rollovers (checked in the log below), however
+                    # slowly a loaded machine produced during the outages.
+                    producer.wait_for(max(0, 4 * ENTRIES_PER_LEDGER + 50 - len(producer.acked)))
                 finally:
                     producer.stop()
 

@@ -208,10 +208,11 @@ def test_expire_messages_one_and_all_subscriptions(
     for sub in ("a", "b", "c"):
         pc.subscribe(f"persistent://public/default/{topic}", sub).close()
     produce(pc, topic, ["old1", "old2"])
-    time.sleep(1.2)
+    time.sleep(3.2)
     produce(pc, topic, ["new"])
-    assert call(node, "POST", f"{base}/subscription/a/expireMessages/1")[0] == 204
-    assert backlog(node, topic, "a") == 1  # the two older than a second
+    # Expire what is older than 3 s: the first two are, "new" (seconds of margin) is not.
+    assert call(node, "POST", f"{base}/subscription/a/expireMessages/3")[0] == 204
+    assert backlog(node, topic, "a") == 1  # the two older than three seconds
     assert backlog(node, topic, "b") == 3
     assert call(node, "POST", f"{base}/all_subscription/expireMessages/0")[0] == 204
     assert [backlog(node, topic, s) for s in ("a", "b", "c")] == [0, 0, 0]
@@ -838,8 +839,11 @@ def test_dispatch_rates_hold_consumers_back(node: StandaloneProcess, pc: pulsar.
     topic = "persistent://public/rated/t"
     consumer = pc.subscribe(topic, "s")
     produce_to = pc.create_producer(topic, batching_enabled=False)
+    # All at once (not a send and its receipt at a time, which a slow machine could pace
+    # under the limit): the dispatcher meets thirty messages together.
     for i in range(30):
-        produce_to.send(f"m{i}".encode())
+        produce_to.send_async(f"m{i}".encode(), None)
+    produce_to.flush()
     got = [consumer.receive(10_000).data() for _ in range(30)]
     # Ten a window: the thirty needed three, so the broker held the dispatch at the topic's
     # limit (it counts each hold, as Pulsar's stats do) and never at a subscription's.
@@ -856,7 +860,8 @@ def test_dispatch_rates_hold_consumers_back(node: StandaloneProcess, pc: pulsar.
     assert ok(node, "GET", path) == per_sub
     time.sleep(1.1)  # the policy applied, a fresh window
     for i in range(10):
-        produce_to.send(f"n{i}".encode())
+        produce_to.send_async(f"n{i}".encode(), None)
+    produce_to.flush()
     assert [consumer.receive(10_000).data() for _ in range(10)] == [
         f"n{i}".encode() for i in range(10)
     ]
