@@ -259,6 +259,11 @@ async def test_no_add_completes_while_the_ensemble_changes(
         assert stored.endswith(payload_for(handle.ledger_id, entry))
 
 
+#: Long enough that a healthy bookie slowed by a loaded machine is not taken for the paused one
+#: (four bookies: a second replacement would find no spare), short enough to keep tests quick.
+PAUSED_ADD_TIMEOUT_S = 2.0
+
+
 async def wait_stored(bookie: BookieClient, ledger_id: int, entry_id: int) -> None:
     """Until ``bookie`` answers a read of the entry (it stored it)."""
 
@@ -278,7 +283,7 @@ async def wait_stored(bookie: BookieClient, ledger_id: int, entry_id: int) -> No
 async def test_bookie_paused_adds_complete_at_ack_quorum(cluster4: LedgerCluster) -> None:
     """E3/Qw3/Qa2: SIGSTOP one ensemble bookie; adds keep completing on the other two; after
     SIGCONT and close, every entry reads back, and no replica holds a corrupt copy."""
-    config = LedgerClientConfig(add_timeout_s=1.0)
+    config = LedgerClientConfig(add_timeout_s=PAUSED_ADD_TIMEOUT_S)
     async with cluster4.client(config) as client:
         handle = await client.create_ledger(3, 3, 2)
         ensemble = handle.ensemble
@@ -314,7 +319,7 @@ async def test_paused_bookie_is_replaced_after_add_timeout(cluster4: LedgerClust
     """E3/Qw2/Qa2: with one write-set bookie paused, adds cannot reach Qa; after
     ``add_timeout_s`` the writer replaces it (ensemble change) and the adds complete. Its late
     answers after SIGCONT change nothing."""
-    config = LedgerClientConfig(add_timeout_s=1.0)
+    config = LedgerClientConfig(add_timeout_s=PAUSED_ADD_TIMEOUT_S)
     async with cluster4.client(config) as client:
         handle = await client.create_ledger(3, 2, 2)
         ensemble = handle.ensemble

@@ -50,6 +50,8 @@ PER_SUBSCRIPTION = 15
 #: check and still fail to be added to the ledger.
 MAX_MESSAGE_SIZE = 8 * 1024 * 1024
 QUIET_MS = 1000
+#: For a message that must come: long, so only a broker that never sends it fails.
+EXPECTED_MS = 10_000
 
 
 @pytest.fixture(scope="module")
@@ -87,9 +89,10 @@ def produce(pc: pulsar.Client, topic: str, count: int) -> None:
     producer.close()
 
 
-def received_until_quiet(consumer: pulsar.Consumer) -> list[pulsar.Message]:
-    """What the consumer receives, unacknowledged, until nothing arrives for a while."""
-    got = []
+def received_until_quiet(consumer: pulsar.Consumer, expect: int = 0) -> list[pulsar.Message]:
+    """What the consumer receives, unacknowledged: the ``expect`` messages that must come
+    (however slowly a loaded machine sends them), then more until nothing arrives for a while."""
+    got = [consumer.receive(timeout_millis=EXPECTED_MS) for _ in range(expect)]
     while True:
         try:
             got.append(consumer.receive(timeout_millis=QUIET_MS))
@@ -122,21 +125,22 @@ def test_shared_modes_stop_at_the_consumer_bound_until_acks(
     )
     produce(pc, topic, 30)
 
-    held = received_until_quiet(consumer)
+    held = received_until_quiet(consumer, PER_CONSUMER)
     assert data(held) == [payload(i) for i in range(PER_CONSUMER)]
 
     for message in held[:4]:
         consumer.acknowledge(message)
-    more = received_until_quiet(consumer)
+    more = received_until_quiet(consumer, 4)
     assert data(more) == [payload(i) for i in range(PER_CONSUMER, PER_CONSUMER + 4)]
 
     # Acknowledging as it goes, the consumer gets the rest, each message once.
-    rest = []
     for message in held[4:] + more:
         consumer.acknowledge(message)
+    rest = []
     while True:
+        wait = EXPECTED_MS if len(rest) < 30 - PER_CONSUMER - 4 else QUIET_MS
         try:
-            message = consumer.receive(timeout_millis=QUIET_MS)
+            message = consumer.receive(timeout_millis=wait)
         except pulsar.Timeout:
             break
         consumer.acknowledge(message)
@@ -154,7 +158,7 @@ def test_exclusive_modes_are_not_bounded(pc: pulsar.Client, mode: pulsar.Consume
         topic, "s", consumer_type=mode, initial_position=pulsar.InitialPosition.Earliest
     )
     produce(pc, topic, 3 * PER_SUBSCRIPTION)
-    held = received_until_quiet(consumer)  # nothing acknowledged
+    held = received_until_quiet(consumer, 3 * PER_SUBSCRIPTION)  # nothing acknowledged
     assert data(held) == [payload(i) for i in range(3 * PER_SUBSCRIPTION)]
     consumer.close()
 
@@ -181,12 +185,14 @@ class RawConsumer:
     def flow(self, permits: int) -> None:
         self.raw.command(pb.CommandFlow(consumer_id=1, messagePermits=permits))
 
-    def messages(self) -> list[tuple[pb.MessageIdData, bytes]]:
-        """(id, payload) of every MESSAGE until the broker goes quiet."""
+    def messages(self, expect: int = 0) -> list[tuple[pb.MessageIdData, bytes]]:
+        """(id, payload) of the ``expect`` MESSAGEs that must come, then of every other one
+        until the broker goes quiet."""
         got = []
         while True:
             try:
-                frame = self.raw.next_frame(timeout=QUIET_MS / 1000)
+                wait = EXPECTED_MS if len(got) < expect else QUIET_MS
+                frame = self.raw.next_frame(timeout=wait / 1000)
             except TimeoutError:
                 return got
             assert frame.type == Type.MESSAGE, frame.name
@@ -217,10 +223,12 @@ def test_shared_subscription_stops_at_its_bound_until_acks(
     second = RawConsumer(node, topic, "s")
     try:
         first.flow(1000)
-        assert [p for _, p in first.messages()] == [payload(i) for i in range(PER_CONSUMER)]
+        assert [p for _, p in first.messages(PER_CONSUMER)] == [
+            payload(i) for i in range(PER_CONSUMER)
+        ]
 
         second.flow(5)  # the subscription reaches its bound: 10 + 5
-        got = second.messages()
+        got = second.messages(5)
         assert [p for _, p in got] == [payload(i) for i in range(10, 15)]
 
         # Permits and room under its own bound, but the subscription is full.
@@ -228,7 +236,7 @@ def test_shared_subscription_stops_at_its_bound_until_acks(
         assert second.messages() == []
 
         second.acknowledge([message_id for message_id, _ in got])
-        assert [p for _, p in second.messages()] == [payload(i) for i in range(15, 20)]
+        assert [p for _, p in second.messages(5)] == [payload(i) for i in range(15, 20)]
 
         second.flow(5)  # full again
         assert second.messages() == []
@@ -386,7 +394,7 @@ def test_deduplication_stores_the_resend_of_a_failed_add(
         assert second[0] >= first[0] and second > first
         assert stored_at(send(1, b"second again")) == (-1, -1)  # now it did
 
-    got = received_until_quiet(consumer)
+    got = received_until_quiet(consumer, 2)
     assert data(got) == [b"first", b"second"]
     for message in got:
         consumer.acknowledge(message)
