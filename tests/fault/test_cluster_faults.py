@@ -234,11 +234,18 @@ def test_paused_owner_past_its_lease_appends_nothing_after_the_move(
         after.stop()
         old_producer.stop()
         reader = new_client.create_reader(topic, pulsar.MessageId.earliest)
+        # Until every receipted message was read (waited for long: a loaded machine may pause),
+        # then until 3 s pass without one (what else is stored, doubles included).
+        must = set(old_producer.receipted) | set(after.receipted)
         stored = []
+        deadline = time.monotonic() + 60
         while True:
+            waiting = not must <= set(stored) and time.monotonic() < deadline
             try:
-                message = reader.read_next(timeout_millis=3000)
+                message = reader.read_next(timeout_millis=10_000 if waiting else 3000)
             except pulsar.Timeout:
+                if waiting:
+                    continue
                 break
             stored.append(message.data().decode())
         reader.close()

@@ -26,6 +26,8 @@ Type = pb.BaseCommand.Type
 
 # "2024-05-01 12:00:00,123 ERROR magnetar.broker: ..." (the CLI's logging format)
 _BAD_LOG_LINE = re.compile(r"Traceback|\s(ERROR|CRITICAL)\s")
+#: How long a drain waits for a message that must come: only a broker that never sends it fails.
+EXPECTED_MS = 10_000
 
 
 class RawConnection:
@@ -165,12 +167,14 @@ def assert_log_clean(node: StandaloneProcess) -> None:
     assert not bad, "the standalone logged errors:\n" + "\n".join(bad[:40])
 
 
-def drain(consumer: pulsar.Consumer, quiet_ms: int = 1500) -> list[pulsar.Message]:
-    """Everything the consumer receives (acknowledged one by one) until `quiet_ms` of silence."""
+def drain(consumer: pulsar.Consumer, quiet_ms: int = 1500, expect: int = 0) -> list[pulsar.Message]:
+    """Everything the consumer receives (acknowledged one by one): the first ``expect``
+    messages waited for long (a loaded machine may pause for seconds), then more until
+    ``quiet_ms`` of silence."""
     got = []
     while True:
         try:
-            msg = consumer.receive(timeout_millis=quiet_ms)
+            msg = consumer.receive(timeout_millis=EXPECTED_MS if len(got) < expect else quiet_ms)
         except pulsar.Timeout:
             return got
         consumer.acknowledge(msg)
