@@ -15,6 +15,7 @@ import contextlib
 import signal
 from collections.abc import AsyncIterator
 
+import grpc
 import pytest
 
 from magnetar.common.metadata import (
@@ -220,7 +221,14 @@ async def test_lost_write_answer_is_reported_and_unsent_writes_are_resent(
         # resent on another member; the caller just sees success.
         killed = cluster.member_on(store.endpoint.port)
         killed.kill()
-        await asyncio.sleep(0.2)  # let gRPC see the reset, as any later request would
+        # Let gRPC see the reset, as any later request would (a loaded machine may take longer
+        # than the usual few milliseconds: wait until the channel is no longer ready).
+        channel = store._client.channel
+        state = channel.get_state()
+        async with asyncio.timeout(SOON):
+            while state == grpc.ChannelConnectivity.READY:
+                await channel.wait_for_state_change(state)
+                state = channel.get_state()
         version = await store.put("/writes/c", b"c", NOT_EXISTS)
         assert store.endpoint.port != killed.client_port
         assert await store.get("/writes/c") == Versioned(b"c", version)

@@ -532,19 +532,30 @@ def test_connections_beyond_the_per_ip_limit_are_closed(deployment: Deployment) 
         for _ in range(PER_IP_LIMIT + 5)
     ]
     try:
-        time.sleep(0.5)
-        closed = 0
         for sock in sockets:
             sock.setblocking(False)
-            try:
-                closed += sock.recv(1) == b""
-            except BlockingIOError:
-                pass
-            except ConnectionResetError:
-                closed += 1
-        assert 5 <= closed <= 5 + 8  # a few may be held by clients of earlier tests
         reason = 'reason="max_connections_per_ip"'
-        assert _metric(proxy, "pulsar_proxy_rejected_connections_total", reason) == closed
+        closed: set[int] = set()
+        # Until the proxy closed the excess and counted each closing (a loaded machine may take
+        # a while for either); what is checked is that the two agree and the limit held.
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            for i, sock in enumerate(sockets):
+                if i in closed:
+                    continue
+                try:
+                    if sock.recv(1) == b"":
+                        closed.add(i)
+                except BlockingIOError:
+                    pass
+                except ConnectionResetError:
+                    closed.add(i)
+            counted = _metric(proxy, "pulsar_proxy_rejected_connections_total", reason)
+            if len(closed) >= 5 and counted == len(closed):
+                break
+            time.sleep(0.2)
+        assert 5 <= len(closed) <= 5 + 8  # a few may be held by clients of earlier tests
+        assert _metric(proxy, "pulsar_proxy_rejected_connections_total", reason) == len(closed)
     finally:
         for sock in sockets:
             sock.close()
