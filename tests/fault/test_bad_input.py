@@ -524,7 +524,7 @@ def test_a_peer_that_never_answers_ping_is_closed(tmp_path: Path) -> None:
             # A PING after an idle interval, the close once the timeout passed after it (the
             # PING is read late when this process is slow, so the gap is bounded loosely).
             assert closed_after - pinged_after >= timeout * 0.5, (pinged_after, closed_after)
-            assert closed_after <= 2 * interval + timeout + 5, closed_after
+            assert closed_after - pinged_after <= timeout + 3, (pinged_after, closed_after)
         # The official client answers pings: it keeps working with the short interval.
         c = client(own)
         try:
