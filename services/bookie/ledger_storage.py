@@ -534,6 +534,7 @@ class LedgerStorage:
         put = self._memtable.put
         new_keys: dict[int, bytes] = {}
         check = self._check_entry
+        last_add, now = self._last_add, time.monotonic()
         i = -1
         for run in runs:
             ledger_id = run.ledger_id
@@ -565,7 +566,7 @@ class LedgerStorage:
                 size += len(entry)
             if state is not None:
                 state.last_entry_id = last
-                self._last_add[ledger_id] = time.monotonic()
+                last_add[ledger_id] = now
         memtable = self._memtable
         if memtable.size >= self.config.write_cache_bytes // 2 and self._flushing is None:
             self._start_flush()

@@ -22,6 +22,7 @@ import pytest
 
 from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
+from tests.support.raw_client import drain
 from tests.support.standalone import StandaloneProcess, client
 
 SMALL_LIMIT = 64 * 1024  # far below the 5 MiB default, so only the advertised value explains it
@@ -38,17 +39,6 @@ def small_limit(tmp_path: Path) -> Iterator[StandaloneProcess]:
     finally:
         node.stop()
         print(node.log_tail())
-
-
-def drain(consumer: pulsar.Consumer, quiet_ms: int = 1500, expect: int = 0) -> list[pulsar.Message]:
-    """Everything the consumer receives: the first ``expect`` messages waited for long (a
-    loaded machine may pause), then more until nothing arrives for `quiet_ms`."""
-    got = []
-    while True:
-        try:
-            got.append(consumer.receive(timeout_millis=10_000 if len(got) < expect else quiet_ms))
-        except pulsar.Timeout:
-            return got
 
 
 def drain_reader(reader: pulsar.Reader, quiet_ms: int = 1500) -> list[pulsar.Message]:
@@ -79,7 +69,7 @@ def test_client_refuses_a_message_over_the_advertised_limit_and_carries_on(
             producer.send(b"x" * (SMALL_LIMIT + 1))
         producer.send(b"after")  # same producer, same connection
 
-        got = [m.data() for m in drain(consumer)]
+        got = [m.data() for m in drain(consumer, acknowledge=False)]
         assert got == [b"before", near_limit, b"after"]
     finally:
         c.close()
@@ -263,7 +253,7 @@ def test_batch_index_acks_redeliver_exactly_the_unacked_messages(
                 consumer_type=pulsar.ConsumerType.Shared,
                 batch_index_ack_enabled=True,
             )
-            got = [m.data() for m in drain(consumer, expect=7)]
+            got = [m.data() for m in drain(consumer, expect=7, acknowledge=False)]
             assert got == [f"item-{i}".encode() for i in (1, 3, 5, 6, 7, 8, 9)], (
                 "only the unacknowledged messages of the batch may come back"
             )
@@ -318,7 +308,7 @@ def test_key_routing_keeps_a_key_in_one_partition_and_round_robin_spreads(
             sent_to[data] = spread.send(data).partition()
 
         received: dict[bytes, str] = {}
-        for message in drain(consumer):
+        for message in drain(consumer, acknowledge=False):
             assert message.data() not in received, f"{message.data()!r} delivered twice"
             received[message.data()] = message.topic_name()
             consumer.acknowledge(message)

@@ -34,9 +34,11 @@ from magnetar.common.proto import pulsar_api_pb2 as pb
 from magnetar.common.protocol import codec
 from tests.support.polling import wait_until
 from tests.support.raw_client import (
+    EXPECTED_MS,
     RawConnection,
     admin,
     assert_log_clean,
+    drain,
     module_standalone,
     send_frame,
 )
@@ -50,8 +52,6 @@ PER_SUBSCRIPTION = 15
 #: check and still fail to be added to the ledger.
 MAX_MESSAGE_SIZE = 8 * 1024 * 1024
 QUIET_MS = 1000
-#: For a message that must come: long, so only a broker that never sends it fails.
-EXPECTED_MS = 10_000
 
 
 @pytest.fixture(scope="module")
@@ -92,12 +92,7 @@ def produce(pc: pulsar.Client, topic: str, count: int) -> None:
 def received_until_quiet(consumer: pulsar.Consumer, expect: int = 0) -> list[pulsar.Message]:
     """What the consumer receives, unacknowledged: the ``expect`` messages that must come
     (however slowly a loaded machine sends them), then more until nothing arrives for a while."""
-    got = [consumer.receive(timeout_millis=EXPECTED_MS) for _ in range(expect)]
-    while True:
-        try:
-            got.append(consumer.receive(timeout_millis=QUIET_MS))
-        except pulsar.Timeout:
-            return got
+    return drain(consumer, QUIET_MS, expect, acknowledge=False)
 
 
 def data(messages: list[pulsar.Message]) -> list[bytes]:
@@ -136,15 +131,7 @@ def test_shared_modes_stop_at_the_consumer_bound_until_acks(
     # Acknowledging as it goes, the consumer gets the rest, each message once.
     for message in held[4:] + more:
         consumer.acknowledge(message)
-    rest = []
-    while True:
-        wait = EXPECTED_MS if len(rest) < 30 - PER_CONSUMER - 4 else QUIET_MS
-        try:
-            message = consumer.receive(timeout_millis=wait)
-        except pulsar.Timeout:
-            break
-        consumer.acknowledge(message)
-        rest.append(message)
+    rest = drain(consumer, QUIET_MS, 30 - PER_CONSUMER - 4)
     assert data(rest) == [payload(i) for i in range(PER_CONSUMER + 4, 30)]
     consumer.close()
 

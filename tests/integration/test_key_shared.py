@@ -10,6 +10,7 @@ import pulsar
 import pytest
 
 from magnetar.broker.topics.dispatchers.key_hash import key_hash
+from tests.support.raw_client import drain
 from tests.support.standalone import StandaloneProcess, client
 
 
@@ -203,17 +204,11 @@ def test_key_shared_unacked_messages_of_a_closed_consumer_go_to_the_others_in_ke
 
         seen: dict[str, list[int]] = defaultdict(list)
         redelivered = 0
-        while True:
-            # All 200 must come (waited for long), then nothing more (a short quiet wait).
-            wait = 10_000 if sum(map(len, seen.values())) < 10 * len(keys) else 2000
-            try:
-                message = second.receive(timeout_millis=wait)
-            except pulsar.Timeout:
-                break
+        # All 200 must come (waited for long), then nothing more (a short quiet wait).
+        for message in drain(second, quiet_ms=2000, expect=10 * len(keys)):
             key, seq = message.data().decode().split(":")
             seen[key].append(int(seq))
             redelivered += message.redelivery_count() > 0
-            second.acknowledge(message)
         assert sorted(seen) == sorted(keys)
         for key in keys:
             assert seen[key] == list(range(10)), f"{key}: {seen[key]}"

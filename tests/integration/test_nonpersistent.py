@@ -8,22 +8,15 @@ import urllib.request
 import pulsar
 import pytest
 
+from tests.support.raw_client import drain as drain_messages
 from tests.support.standalone import StandaloneProcess, client
 
 TOPIC = "non-persistent://public/default/ticks"
 
 
 def drain(consumer: pulsar.Consumer, wait_ms: int = 1000, expect: int = 0) -> list[bytes]:
-    """What the consumer receives: the first ``expect`` messages waited for long (a loaded
-    machine may pause), then more until ``wait_ms`` pass without one."""
-    got = []
-    while True:
-        try:
-            message = consumer.receive(timeout_millis=10_000 if len(got) < expect else wait_ms)
-        except pulsar.Timeout:
-            return got
-        got.append(message.data())
-        consumer.acknowledge(message)
+    """The data of what the consumer receives (``raw_client.drain``)."""
+    return [message.data() for message in drain_messages(consumer, wait_ms, expect)]
 
 
 def test_live_delivery_to_connected_consumers_only(standalone: StandaloneProcess) -> None:

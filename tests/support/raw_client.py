@@ -167,17 +167,20 @@ def assert_log_clean(node: StandaloneProcess) -> None:
     assert not bad, "the standalone logged errors:\n" + "\n".join(bad[:40])
 
 
-def drain(consumer: pulsar.Consumer, quiet_ms: int = 1500, expect: int = 0) -> list[pulsar.Message]:
-    """Everything the consumer receives (acknowledged one by one): the first ``expect``
-    messages waited for long (a loaded machine may pause for seconds), then more until
-    ``quiet_ms`` of silence."""
+def drain(
+    consumer: pulsar.Consumer, quiet_ms: int = 1500, expect: int = 0, *, acknowledge: bool = True
+) -> list[pulsar.Message]:
+    """Everything the consumer receives (acknowledged one by one unless ``acknowledge`` is
+    false): the first ``expect`` messages waited for long (a loaded machine may pause for
+    seconds), then more until ``quiet_ms`` of silence."""
     got = []
     while True:
         try:
             msg = consumer.receive(timeout_millis=EXPECTED_MS if len(got) < expect else quiet_ms)
         except pulsar.Timeout:
             return got
-        consumer.acknowledge(msg)
+        if acknowledge:
+            consumer.acknowledge(msg)
         got.append(msg)
 
 
