@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 from collections.abc import AsyncIterator
 
 import grpc
@@ -125,7 +124,7 @@ async def test_session_writes_and_watches_survive_member_failures(
                 else:
                     assert victim.process is not None
                     cluster.move_leader_off(victim)  # see move_leader_off: etcd's own bug
-                    victim.process.send_signal(signal.SIGSTOP)
+                    victim.pause()
                 killed.append(victim.client_port)
                 await writer.wait_for_writes(20)  # new writes succeed on another member
                 assert store.endpoint.port != victim.client_port
@@ -139,7 +138,7 @@ async def test_session_writes_and_watches_survive_member_failures(
                     victim.start()
                 else:
                     assert victim.process is not None
-                    victim.process.send_signal(signal.SIGCONT)
+                    victim.resume()
                     victim.wait_healthy()
             assert killed[0] != killed[1]
             await writer.wait_for_writes(20)
@@ -195,9 +194,8 @@ async def _assert_owner_key_alive(
 async def test_lost_write_answer_is_reported_and_unsent_writes_are_resent(
     cluster: EtcdCluster,
 ) -> None:
-    # Every member healthy first (the previous test restarts some): a store that opens while
-    # one still catches up may be moving to another member, and the member paused below would
-    # then not be the one the write goes to.
+    # Every member healthy first: a store that opens while one still catches up may be moving
+    # to another member, and the member paused below would then not be the one the write goes to.
     for member in cluster.members:
         member.wait_healthy()
     async with await open_store(cluster.url, session_ttl=SESSION_TTL, request_timeout=1) as store:
@@ -208,14 +206,14 @@ async def test_lost_write_answer_is_reported_and_unsent_writes_are_resent(
         paused = cluster.member_on(store.endpoint.port)
         assert paused.process is not None
         cluster.move_leader_off(paused)
-        paused.process.send_signal(signal.SIGSTOP)
+        paused.pause()  # returns once every thread of it has stopped
         try:
             with pytest.raises(OutcomeUnknownError, match="may or may not have been applied"):
                 await store.put("/writes/b", b"b", NOT_EXISTS)
             assert store.endpoint.port != paused.client_port  # moved on for the read-back
             assert (await store.get("/writes/a")) is not None
         finally:
-            paused.process.send_signal(signal.SIGCONT)
+            paused.resume()
         paused.wait_healthy()
         # Killed: the next request finds the connection refused, so it was never sent and is
         # resent on another member; the caller just sees success.

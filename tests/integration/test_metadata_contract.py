@@ -38,6 +38,7 @@ from magnetar.common.metadata import (
     open_store,
 )
 from tests.support.etcd import EtcdServer
+from tests.support.process import stop
 
 T = TypeVar("T")
 
@@ -499,7 +500,7 @@ async def test_ephemeral_keys_vanish_when_session_expires(backend: Backend) -> N
 async def _expire_by_pausing(backend: Backend, holder: SessionHolder, key: str) -> None:
     async with await backend.open() as observer:
         assert await observer.get(key) is not None
-        holder.signal(signal.SIGSTOP)  # no more keepalives: the lease runs out
+        stop(holder.process.pid)  # no more keepalives: the lease runs out
         assert await wait_until_gone(observer, key, SHORT_TTL + 5), "lease did not expire"
         holder.signal(signal.SIGCONT)
         # The paused process must notice on its own, not carry on as if nothing happened.
@@ -517,14 +518,14 @@ async def test_etcd_session_lost_when_etcd_unreachable_for_a_ttl() -> None:
         store.add_session_listener(lambda: (calls.append("lost"), lost.set()))
         await store.put("/held", b"x", ephemeral=True)
         assert server.process is not None
-        server.process.send_signal(signal.SIGSTOP)
+        server.pause()
         try:
             await asyncio.wait_for(lost.wait(), SHORT_TTL + 5)
             assert store.session_lost and calls == ["lost"]
             with pytest.raises(SessionLostError):
                 await store.put("/again", b"x", ephemeral=True)
         finally:
-            server.process.send_signal(signal.SIGCONT)
+            server.resume()
         await asyncio.sleep(0.5)
         assert calls == ["lost"]  # once, not again when etcd comes back
         late: list[str] = []

@@ -33,6 +33,7 @@ from magnetar.broker.config import BrokerConfig
 from magnetar.common.cluster.broker_info import BrokerInfo
 from magnetar.common.metadata import BadVersionError, MetadataError, MetadataStore, open_store
 from tests.support.polling import wait_until_async
+from tests.support.process import stop
 
 T = TypeVar("T")
 
@@ -306,7 +307,7 @@ async def test_paused_owner_past_its_ttl_loses_the_bundle(etcd_server: object) -
     try:
         assert await line() == "acquired"
         assert await eventually(owner_is(b, ns, broker(1)))
-        os.kill(process.pid, signal.SIGSTOP)
+        stop(process.pid)
         assert await eventually(owner_is(b, ns, None), SHORT_TTL + 8), "lease did not expire"
         assert await b.try_acquire(ns, BUNDLE) == broker(2)
         os.kill(process.pid, signal.SIGCONT)

@@ -49,6 +49,7 @@ from magnetar.proxy.metrics import ProxyMetrics
 from tests.support.certs import Pki, make_pki
 from tests.support.cluster import MagnetarCluster
 from tests.support.etcd import free_port
+from tests.support.process import stop
 from tests.support.standalone import StandaloneProcess
 
 # -- the host ---------------------------------------------------------------------------------
@@ -342,7 +343,7 @@ def test_a_paused_broker_times_out(open_node: StandaloneProcess) -> None:
     with ProxyHttpServer(Host(settings, Directory([standalone_info(open_node)]))) as proxy:
         assert proxy.call("GET", "/admin/v2/clusters").status == 200  # a pooled connection
         assert open_node.process is not None
-        os.kill(open_node.process.pid, signal.SIGSTOP)
+        stop(open_node.process.pid)
         try:
             answer = proxy.call("GET", "/admin/v2/clusters")
         finally:

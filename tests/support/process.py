@@ -3,9 +3,46 @@ service process (a bookie, a broker) the way the fault tests need it."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
+import time
+from pathlib import Path
 from typing import Self
+
+#: How long the kernel may take to stop every thread of a process after SIGSTOP.
+STOP_TIMEOUT_SECONDS = 10.0
+
+
+def stop(pid: int) -> None:
+    """SIGSTOP ``pid`` and return once every one of its threads has stopped.
+
+    kill() returns as soon as the signal is queued: the kernel wakes one thread to begin the
+    stop, and the process's other threads run on until that one gets a CPU. Measured here, an
+    etcd answered 6 of 200 requests sent right after kill(SIGSTOP) returned, so a test that
+    pauses a process to make it silent must wait for the stop to be complete.
+    """
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
+    while not _every_thread_stopped(pid):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"process {pid} still runs {STOP_TIMEOUT_SECONDS}s after SIGSTOP")
+        time.sleep(0.001)
+
+
+def _every_thread_stopped(pid: int) -> bool:
+    tasks = Path(f"/proc/{pid}/task")
+    if not tasks.is_dir():
+        raise ProcessLookupError(f"process {pid} is gone")
+    for task in tasks.iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        # The state follows the command name, which is in parentheses and may hold any byte.
+        if stat.rsplit(")", 1)[1].split()[0] not in ("T", "t", "Z", "X"):
+            return False
+    return True
 
 
 class Pausable:
@@ -14,9 +51,10 @@ class Pausable:
     process: subprocess.Popen[bytes] | None
 
     def pause(self) -> None:
-        """SIGSTOP: the process keeps its sockets and connections but answers nothing."""
-        assert self.process is not None
-        self.process.send_signal(signal.SIGSTOP)
+        """SIGSTOP: the process keeps its sockets and connections but answers nothing (from
+        the moment this returns: see :func:`stop`)."""
+        assert self.process is not None and self.process.poll() is None
+        stop(self.process.pid)
 
     def resume(self) -> None:
         assert self.process is not None
