@@ -33,6 +33,7 @@ from tests.support.cluster import (
     first_delivery_order_violations,
     wait_delivered,
 )
+from tests.support.raw_client import read_until
 from tests.support.standalone import QUIET
 
 TENANT = "faults"
@@ -234,22 +235,9 @@ def test_paused_owner_past_its_lease_appends_nothing_after_the_move(
         after.stop()
         old_producer.stop()
         reader = new_client.create_reader(topic, pulsar.MessageId.earliest)
-        # Until every receipted message was read (waited for long: a loaded machine may pause),
-        # then until 3 s pass without one (what else is stored, doubles included).
-        must = set(old_producer.receipted) | set(after.receipted)
-        stored = []
-        seen: set[str] = set()
-        deadline = time.monotonic() + 60
-        while True:
-            waiting = not must <= seen and time.monotonic() < deadline
-            try:
-                message = reader.read_next(timeout_millis=10_000 if waiting else 3000)
-            except pulsar.Timeout:
-                if waiting:
-                    continue
-                break
-            stored.append(message.data().decode())
-            seen.add(stored[-1])
+        # Until every receipted message was read, then until 3 s pass without one.
+        must = {m.encode() for m in (*old_producer.receipted, *after.receipted)}
+        stored = [data.decode() for data in read_until(reader.read_next, must, 3000)]
         reader.close()
     finally:
         after.close()

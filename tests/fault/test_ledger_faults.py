@@ -29,6 +29,9 @@ from tests.support.ledger_cluster import LedgerCluster, ledger_cluster_fixture, 
 
 # Generous bounds so a broken product fails the test instead of hanging it.
 WAIT_S = 60.0
+#: Long enough that a healthy bookie slowed by a loaded machine is not taken for the paused one
+#: (four bookies: a second replacement would find no spare), short enough to keep tests quick.
+PAUSED_ADD_TIMEOUT_S = 2.0
 
 
 @pytest.fixture(scope="module")
@@ -259,11 +262,6 @@ async def test_no_add_completes_while_the_ensemble_changes(
         assert stored.endswith(payload_for(handle.ledger_id, entry))
 
 
-#: Long enough that a healthy bookie slowed by a loaded machine is not taken for the paused one
-#: (four bookies: a second replacement would find no spare), short enough to keep tests quick.
-PAUSED_ADD_TIMEOUT_S = 2.0
-
-
 async def wait_stored(bookie: BookieClient, ledger_id: int, entry_id: int) -> None:
     """Until ``bookie`` answers a read of the entry (it stored it)."""
 
@@ -401,7 +399,7 @@ async def test_recovery_with_a_paused_ensemble_bookie(cluster3: LedgerCluster) -
         paused = cluster3.bookie(a.ensemble[2])
         paused.pause()
         try:
-            config = LedgerClientConfig(add_timeout_s=2.0, read_timeout_s=2.0)
+            config = LedgerClientConfig(add_timeout_s=PAUSED_ADD_TIMEOUT_S, read_timeout_s=2.0)
             async with cluster3.client(config) as b_client:
                 b = await asyncio.wait_for(b_client.open_ledger(a.ledger_id), 30)
                 assert b.metadata.state is LedgerState.CLOSED

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -33,7 +31,7 @@ from magnetar.broker.config import BrokerConfig
 from magnetar.common.cluster.broker_info import BrokerInfo
 from magnetar.common.metadata import BadVersionError, MetadataError, MetadataStore, open_store
 from tests.support.polling import wait_until_async
-from tests.support.process import stop
+from tests.support.process import pause, resume
 
 T = TypeVar("T")
 
@@ -307,16 +305,16 @@ async def test_paused_owner_past_its_ttl_loses_the_bundle(etcd_server: object) -
     try:
         assert await line() == "acquired"
         assert await eventually(owner_is(b, ns, broker(1)))
-        stop(process.pid)
+        pause(process.pid)
         assert await eventually(owner_is(b, ns, None), SHORT_TTL + 8), "lease did not expire"
         assert await b.try_acquire(ns, BUNDLE) == broker(2)
-        os.kill(process.pid, signal.SIGCONT)
+        resume(process.pid)
         assert await line() == "lost"
         assert await line() == "owns False"
         assert await b.owner(ns, BUNDLE) == broker(2)
     finally:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(process.pid, signal.SIGCONT)
+            resume(process.pid)
         process.stdin.close()
         try:
             await asyncio.wait_for(process.wait(), SOON)

@@ -28,9 +28,7 @@ import asyncio
 import base64
 import http.client
 import json
-import os
 import secrets
-import signal
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -49,7 +47,6 @@ from magnetar.proxy.metrics import ProxyMetrics
 from tests.support.certs import Pki, make_pki
 from tests.support.cluster import MagnetarCluster
 from tests.support.etcd import free_port
-from tests.support.process import stop
 from tests.support.standalone import StandaloneProcess
 
 # -- the host ---------------------------------------------------------------------------------
@@ -342,12 +339,11 @@ def test_a_paused_broker_times_out(open_node: StandaloneProcess) -> None:
     settings = HttpSettings(broker_proxy_read_timeout_ms=700)
     with ProxyHttpServer(Host(settings, Directory([standalone_info(open_node)]))) as proxy:
         assert proxy.call("GET", "/admin/v2/clusters").status == 200  # a pooled connection
-        assert open_node.process is not None
-        stop(open_node.process.pid)
+        open_node.pause()
         try:
             answer = proxy.call("GET", "/admin/v2/clusters")
         finally:
-            os.kill(open_node.process.pid, signal.SIGCONT)
+            open_node.resume()
         assert answer.status == 504, answer.text
         assert "did not answer within 700 ms" in answer.json()["reason"]
         assert proxy.call("GET", "/admin/v2/clusters").status == 200

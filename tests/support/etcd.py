@@ -239,6 +239,10 @@ class EtcdServer(Pausable):
         # The gateway leaves zero fields out: no "leader" while the member knows none ("0").
         return answer["header"]["member_id"], answer.get("leader", "0")
 
+    def transfer_leadership(self, target_id: str) -> None:
+        """Ask this member (the leader) to hand the leadership to member ``target_id``."""
+        self._post("/v3/maintenance/transfer-leadership", {"targetID": target_id})
+
     def _post(self, path: str, body: dict[str, str]) -> dict[str, Any]:
         request = urllib.request.Request(
             f"http://127.0.0.1:{self.client_port}{path}",
@@ -297,14 +301,10 @@ class EtcdCluster:
             with contextlib.suppress(OSError):
                 own_id, leader_id = member.status()
                 others = [m for m in self.members if m.running and m is not member]
-                if leader_id == "0":
-                    pass
-                elif own_id != leader_id:
-                    if all(m.status()[1] == leader_id for m in others):
-                        return
-                else:
-                    target = others[0].status()[0]
-                    member._post("/v3/maintenance/transfer-leadership", {"targetID": target})
+                if own_id == leader_id:
+                    member.transfer_leadership(others[0].status()[0])
+                elif leader_id != "0" and all(m.status()[1] == leader_id for m in others):
+                    return
             time.sleep(0.05)
         raise RuntimeError(f"etcd on port {member.client_port} kept the leadership")
 

@@ -14,7 +14,7 @@ from typing import Self
 STOP_TIMEOUT_SECONDS = 10.0
 
 
-def stop(pid: int) -> None:
+def pause(pid: int) -> None:
     """SIGSTOP ``pid`` and return once every one of its threads has stopped.
 
     kill() returns as soon as the signal is queued: the kernel wakes one thread to begin the
@@ -28,6 +28,11 @@ def stop(pid: int) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"process {pid} still runs {STOP_TIMEOUT_SECONDS}s after SIGSTOP")
         time.sleep(0.001)
+
+
+def resume(pid: int) -> None:
+    """SIGCONT: a paused process runs on."""
+    os.kill(pid, signal.SIGCONT)
 
 
 def _every_thread_stopped(pid: int) -> bool:
@@ -52,13 +57,13 @@ class Pausable:
 
     def pause(self) -> None:
         """SIGSTOP: the process keeps its sockets and connections but answers nothing (from
-        the moment this returns: see :func:`stop`)."""
+        the moment this returns: see :func:`pause`)."""
         assert self.process is not None and self.process.poll() is None
-        stop(self.process.pid)
+        pause(self.process.pid)
 
     def resume(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGCONT)
+        assert self.process is not None and self.process.poll() is None
+        resume(self.process.pid)
 
 
 class ServiceProcess(Pausable):

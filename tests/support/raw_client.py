@@ -13,7 +13,7 @@ import socket
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pulsar
@@ -182,6 +182,31 @@ def drain(
         if acknowledge:
             consumer.acknowledge(msg)
         got.append(msg)
+
+
+def read_until(
+    receive: Callable[..., pulsar.Message],
+    must: set[bytes],
+    quiet_ms: int,
+    within_s: float = 60.0,
+) -> list[bytes]:
+    """The data of what ``receive`` (a Consumer's ``receive``, a Reader's ``read_next``) gives,
+    in order, nothing acknowledged: until each of ``must`` came (waited for long: a loaded or
+    restarted node may stall for seconds) or ``within_s`` passed, then until ``quiet_ms`` of
+    silence (what else there is, doubles included)."""
+    got: list[bytes] = []
+    seen: set[bytes] = set()
+    deadline = time.monotonic() + within_s
+    while True:
+        waiting = not must <= seen and time.monotonic() < deadline
+        try:
+            data = receive(timeout_millis=EXPECTED_MS if waiting else quiet_ms).data()
+        except pulsar.Timeout:
+            if waiting:
+                continue
+            return got
+        got.append(data)
+        seen.add(data)
 
 
 def round_trip(node: StandaloneProcess, topic: str) -> None:

@@ -13,9 +13,10 @@ from pathlib import Path
 import pulsar
 
 from tests.support.etcd import free_port
+from tests.support.process import Pausable
 
 
-class StandaloneProcess:
+class StandaloneProcess(Pausable):
     def __init__(self, data_dir: Path, extra: list[str] | None = None) -> None:
         self.data_dir = data_dir
         self.extra = list(extra or [])

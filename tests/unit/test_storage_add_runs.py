@@ -22,6 +22,10 @@ class Add:
         self.master_key, self.recovery = key, recovery
 
 
+#: Data past the largest entry a bookie takes.
+TOO_LARGE_DATA = bytes(6 * 1024 * 1024)
+
+
 def entry(ledger_id: int, entry_id: int, *, header_id: int | None = None) -> bytes:
     """An entry as a ledger client encodes it (``header_id``: a header naming another id)."""
     named = entry_id if header_id is None else header_id
@@ -83,25 +87,26 @@ async def test_runs_end_as_their_adds_one_by_one(
     bad_header = run(2, 0, 3)
     bad_header.entries[1] = entry(2, 1, header_id=7)
     fenced_with_a_large_one = run(3, 1, 3)
-    fenced_with_a_large_one.entries[1] = encode_entry(3, 2, 1, 1, bytes(6 * 1024 * 1024))
+    fenced_with_a_large_one.entries[1] = encode_entry(3, 2, 1, 1, TOO_LARGE_DATA)
     too_large_first = run(7, 0, 1)  # its key must not stay: nothing of it reached the journal
-    too_large_first.entries[0] = encode_entry(7, 0, -1, 1, bytes(6 * 1024 * 1024))
+    too_large_first.entries[0] = encode_entry(7, 0, -1, 1, TOO_LARGE_DATA)
     rounds = [
         # fine; one entry refused; fenced (the large entry's own refusal first)
-        [run(1, 0, 5), bad_header, fenced_with_a_large_one],
-        [too_large_first, run(7, 0, 2, key=b"another writer")],
-        [run(1, 5, 3, key=b"other"), run(3, 1, 2, recovery=True), run(4, 0, 1)],
+        (
+            [run(1, 0, 5), bad_header, fenced_with_a_large_one],
+            [(6, "BAD_REQUEST"), (8, "FENCED"), (9, "TOO_LARGE"), (10, "FENCED")],
+        ),
+        # the other writer's adds were taken
+        ([too_large_first, run(7, 0, 2, key=b"another writer")], [(0, "TOO_LARGE")]),
+        (
+            [run(1, 5, 3, key=b"other"), run(3, 1, 2, recovery=True), run(4, 0, 1)],
+            [(0, "UNAUTHORIZED"), (1, "UNAUTHORIZED"), (2, "UNAUTHORIZED")],
+        ),
     ]
-    for runs in rounds:
+    for runs, expected in rounds:
         failures = await by_runs.add_runs(runs)
         assert failures == await by_adds.add(as_adds(runs))
-        assert failures  # each round holds a refusal
-        statuses = [(i, pb.Status.Name(s)) for i, s, _ in failures]
-        if runs is rounds[0]:
-            assert statuses == [(6, "BAD_REQUEST"), (8, "FENCED"), (9, "TOO_LARGE"), (10, "FENCED")]
-        if runs is rounds[1]:
-            assert statuses == [(0, "TOO_LARGE")]  # the other writer's adds were taken
-    assert statuses == [(0, "UNAUTHORIZED"), (1, "UNAUTHORIZED"), (2, "UNAUTHORIZED")]
+        assert [(i, pb.Status.Name(s)) for i, s, _ in failures] == expected
     for ledger_id, upto in ((1, 9), (2, 3), (3, 4), (4, 2), (7, 2)):
         assert await stored(by_runs, ledger_id, upto) == await stored(by_adds, ledger_id, upto)
         assert (await by_runs.read_lac(ledger_id)).lac == (await by_adds.read_lac(ledger_id)).lac
